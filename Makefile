@@ -1,0 +1,41 @@
+# factstream developer entry points. Everything runs inside ./.venv.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+EXTRAS ?= dev,spark
+PYTEST_ARGS ?=
+
+.PHONY: venv install wheel demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "factstream needs Python 3.11+ (set PYTHON=python3.11)"'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+venv: $(BIN)/python
+	$(PIP) install --quiet "cython>=3.0.10" "setuptools>=69" wheel
+
+# Build (compiling the Cython core) and install with the test extras.
+install: venv
+	$(PIP) install --quiet --no-build-isolation ".[$(EXTRAS)]"
+
+# Compiled wheel (and a pure-Python fallback wheel) into wheels/.
+wheel: venv
+	$(PIP) wheel --quiet --no-deps --no-build-isolation -w wheels .
+	FACTSTREAM_NO_EXTENSIONS=1 $(PIP) wheel --quiet --no-deps --no-build-isolation -w wheels/pure .
+	@ls -1 wheels/*.whl wheels/pure/*.whl
+
+demo: wheel
+	$(PIP) install --quiet --force-reinstall --no-deps $$(ls -t wheels/factstream-*-cp*.whl | head -n 1)
+	$(PIP) install --quiet $$(ls -t wheels/factstream-*-cp*.whl | head -n 1)
+	$(BIN)/factstream demo
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python -m pytest benchmarks -p no:randomly --benchmark-only --benchmark-group-by=group $(PYTEST_ARGS)
+
+clean:
+	rm -rf build wheels/*.whl wheels/pure .pytest_cache .benchmarks

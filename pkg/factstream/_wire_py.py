@@ -1,0 +1,267 @@
+"""Pure-Python twin of the wire codec: the readable specification.
+
+Same public names and behaviour as the compiled ``_wire_c``; this module is
+also the typing source for it. Synapse's framing: ``NAME``, one space, body;
+the body is split per command. Where Synapse is lax by accident we are strict
+(see README, "Differences from Synapse").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from . import _json
+from .commands import (
+    ClearUserSyncsCommand,
+    Command,
+    FederationAckCommand,
+    LockReleasedCommand,
+    PositionCommand,
+    RdataCommand,
+    ReplicateCommand,
+    UserIpCommand,
+    UserSyncCommand,
+    COMMAND_MAP,
+)
+from .errors import ProtocolError
+
+__all__ = ["parse_line", "encode", "encode_lines", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
+
+#: Longest line accepted by default, in bytes without the newline (Synapse's limit).
+DEFAULT_MAX_LINE_LENGTH = 16384
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+_Line = bytes | str
+
+
+def _int_field(text: str, what: str, line: _Line) -> int:
+    """ASCII digits with an optional leading '-', fitting a signed 64-bit int."""
+    digits = text[1:] if text.startswith("-") else text
+    if not digits or not digits.isascii() or not digits.isdigit():
+        raise ProtocolError(f"{what} {text!r} is not an integer", line)
+    value = int(text) if len(digits) < 20 else _INT64_MAX + 1
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ProtocolError(f"{what} {text!r} does not fit in 64 bits", line)
+    return value
+
+
+def _word_field(text: str, what: str, line: _Line) -> str:
+    if not text:
+        raise ProtocolError(f"{what} is empty", line)
+    return text
+
+
+def _json_field(text: str, what: str, line: _Line) -> Any:
+    try:
+        return _json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise ProtocolError(f"{what} is not valid JSON ({err})", line) from None
+
+
+def _split(body: str, n: int, usage: str, line: _Line) -> list[str]:
+    parts = body.split(" ", n - 1)
+    if len(parts) != n:
+        raise ProtocolError(f"expected {usage}", line)
+    return parts
+
+
+def _parse_rdata(body: str, line: _Line) -> Command:
+    stream, instance, token, row = _split(body, 4, "RDATA <stream_name> <instance_name> <token> <row_json>", line)
+    return RdataCommand(
+        _word_field(stream, "stream_name", line),
+        _word_field(instance, "instance_name", line),
+        None if token == "batch" else _int_field(token, "token", line),
+        _json_field(row, "row", line),
+    )
+
+
+def _parse_position(body: str, line: _Line) -> Command:
+    stream, instance, prev, new = _split(
+        body, 4, "POSITION <stream_name> <instance_name> <prev_token> <new_token>", line
+    )
+    return PositionCommand(
+        _word_field(stream, "stream_name", line),
+        _word_field(instance, "instance_name", line),
+        _int_field(prev, "prev_token", line),
+        _int_field(new, "new_token", line),
+    )
+
+
+def _parse_user_sync(body: str, line: _Line) -> Command:
+    instance, user, device, state, last_sync = _split(
+        body, 5, "USER_SYNC <instance_id> <user_id> <device_id> <start|end> <last_sync_ms>", line
+    )
+    if state not in ("start", "end"):
+        raise ProtocolError(f"USER_SYNC state must be 'start' or 'end', not {state!r}", line)
+    return UserSyncCommand(
+        _word_field(instance, "instance_id", line),
+        _word_field(user, "user_id", line),
+        None if device == "None" else _word_field(device, "device_id", line),
+        state == "start",
+        _int_field(last_sync, "last_sync_ms", line),
+    )
+
+
+def _parse_federation_ack(body: str, line: _Line) -> Command:
+    instance, token = _split(body, 2, "FEDERATION_ACK <instance_name> <token>", line)
+    return FederationAckCommand(_word_field(instance, "instance_name", line), _int_field(token, "token", line))
+
+
+def _parse_user_ip(body: str, line: _Line) -> Command:
+    user, fields_json = _split(body, 2, "USER_IP <user_id> <json_array>", line)
+    fields = _json_field(fields_json, "USER_IP fields", line)
+    if type(fields) is not list or len(fields) != 5:
+        raise ProtocolError(
+            "USER_IP fields must be a JSON array [access_token, ip, user_agent, device_id, last_seen]", line
+        )
+    return UserIpCommand(_word_field(user, "user_id", line), *fields)
+
+
+def _parse_lock_released(body: str, line: _Line) -> Command:
+    fields = _json_field(body, "LOCK_RELEASED fields", line)
+    if type(fields) is not list or len(fields) != 3:
+        raise ProtocolError("LOCK_RELEASED body must be a JSON array [instance_name, lock_name, lock_key]", line)
+    return LockReleasedCommand(*fields)
+
+
+def _simple(cls: Any) -> Any:
+    return lambda body, line: cls(body)
+
+
+_PARSERS: dict[str, Any] = {name: _simple(cls) for name, cls in COMMAND_MAP.items()}
+_PARSERS.update(
+    RDATA=_parse_rdata,
+    POSITION=_parse_position,
+    USER_SYNC=_parse_user_sync,
+    CLEAR_USER_SYNC=lambda body, line: ClearUserSyncsCommand(body),
+    FEDERATION_ACK=_parse_federation_ack,
+    USER_IP=_parse_user_ip,
+    LOCK_RELEASED=_parse_lock_released,
+    # Synapse ignores anything after REPLICATE (older clients sent arguments).
+    REPLICATE=lambda body, line: ReplicateCommand(),
+)
+
+
+def _parse_text(text: str, line: _Line) -> Command:
+    idx = text.find(" ")
+    if idx < 0:
+        name, body = text, ""
+    else:
+        name, body = text[:idx], text[idx + 1 :]
+    parser = _PARSERS.get(name)
+    if parser is None:
+        if not text.strip():
+            raise ProtocolError("empty line", line)
+        raise ProtocolError(f"unknown command {name!r}", line)
+    result: Command = parser(body, line)
+    return result
+
+
+def parse_line(line: bytes | str) -> Command:
+    """Parse one replication line (without its newline; one trailing ``\\n`` is allowed).
+
+    Raises :class:`ProtocolError` for anything that is not a valid command.
+    """
+    if isinstance(line, str):
+        if line.endswith("\n"):
+            line = line[:-1]
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError("line is not valid UTF-8 (it contains a lone surrogate)", line) from None
+        text = line
+    elif isinstance(line, (bytes, bytearray, memoryview)):
+        line = bytes(line)
+        if line.endswith(b"\n"):
+            line = line[:-1]
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ProtocolError(f"line is not valid UTF-8 ({err.reason} at byte {err.start})", line) from None
+    else:
+        raise TypeError(f"parse_line() takes bytes or str, not {type(line).__name__}")
+    if "\n" in text:
+        raise ProtocolError("line contains a newline", line)
+    return _parse_text(text, line)
+
+
+def encode(cmd: Command) -> bytes:
+    """One line as published on Redis: ``NAME body``, UTF-8, no newline."""
+    if not isinstance(cmd, Command):
+        raise TypeError(f"encode() takes a Command, not {type(cmd).__name__}")
+    text = cmd.NAME + " " + cmd.to_line()
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(f"cannot encode {cmd.NAME}: a field contains a lone surrogate") from None
+
+
+def encode_lines(cmds: Iterable[Command]) -> bytes:
+    """Newline-terminated lines for a TCP stream."""
+    return b"".join([encode(cmd) + b"\n" for cmd in cmds])
+
+
+class LineDecoder:
+    """Incremental decoder: feed bytes as they arrive, get completed commands.
+
+    Partial lines are held across calls; blank lines are ignored. A line
+    longer than ``max_line_length`` bytes is refused (and skipped up to its
+    newline). When a line is bad, ``feed`` raises :class:`ProtocolError` whose
+    ``commands`` holds the commands completed before it; the bytes after the
+    bad line stay buffered and come out of the next ``feed`` (``feed(b"")``
+    continues without new data).
+    """
+
+    def __init__(self, max_line_length: int = DEFAULT_MAX_LINE_LENGTH) -> None:
+        if max_line_length < 1:
+            raise ValueError("max_line_length must be positive")
+        self.max_line_length = max_line_length
+        self._buf = b""
+        self._discarding = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete line."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Command]:
+        buf = self._buf + bytes(data) if self._buf else bytes(data)
+        out: list[Command] = []
+        limit = self.max_line_length
+        start = 0
+        while True:
+            nl = buf.find(b"\n", start)
+            if nl < 0:
+                break
+            line = buf[start:nl]
+            start = nl + 1
+            if self._discarding:  # the tail of a line already reported as too long
+                self._discarding = False
+                continue
+            if len(line) > limit:
+                self._buf = buf[start:]
+                raise self._error(ProtocolError(f"line longer than {limit} bytes", line), out)
+            if not line.strip():
+                continue
+            try:
+                out.append(parse_line(line))
+            except ProtocolError as err:
+                self._buf = buf[start:]
+                raise self._error(err, out) from None
+        rest = buf[start:]
+        if self._discarding:
+            rest = b""
+        elif len(rest) > limit:
+            self._discarding = True
+            self._buf = b""
+            raise self._error(ProtocolError(f"line longer than {limit} bytes", rest), out)
+        self._buf = rest
+        return out
+
+    @staticmethod
+    def _error(err: ProtocolError, done: list[Command]) -> ProtocolError:
+        err.commands = list(done)
+        return err

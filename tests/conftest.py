@@ -1,0 +1,109 @@
+"""Shared fixtures: implementation twins and real services.
+
+Every codec and heap test takes an implementation fixture parametrised over
+the compiled (``c``) and the pure-Python (``py``) twin. Service fixtures use
+the real PostgreSQL and Redis on 127.0.0.1; when one is unreachable the test
+is skipped with a hint on how to start it, except under ``CI=true``, where it
+fails.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
+
+from factstream import _compat
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+IMPL_PARAMS = [pytest.param("c", marks=pytest.mark.c, id="c"), pytest.param("py", id="py")]
+
+
+def twin(module: str, impl: str) -> ModuleType:
+    """The ``impl`` twin of ``module`` (e.g. "_wire"), failing loudly if the compiled one is missing."""
+    if impl == "c" and _compat.NO_EXTENSIONS:
+        pytest.skip("FACTSTREAM_NO_EXTENSIONS is set: the compiled core is switched off")
+    try:
+        return _compat.load(module, impl)
+    except ImportError as err:
+        pytest.fail(f"compiled twin of {module} expected but not importable ({err}); run 'make install'")
+
+
+@pytest.fixture(params=IMPL_PARAMS, scope="session")
+def impl(request: pytest.FixtureRequest) -> str:
+    """Implementation name, "c" or "py"."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def wire_impl(impl: str) -> ModuleType:
+    """The wire codec twin under test (``parse_line``, ``encode``, ``encode_lines``, ``LineDecoder``)."""
+    return twin("_wire", impl)
+
+
+# --------------------------------------------------------------------- services
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int, how_to_start: str) -> None:
+    """Skip (or, under CI=true, fail) when a service is not listening."""
+    if _reachable(host, port):
+        return
+    msg = f"{name} is not reachable at {host}:{port}; start it with: {how_to_start}"
+    if IN_CI:
+        pytest.fail(msg + " (CI=true: a missing service is a failure)")
+    pytest.skip(msg)
+
+
+PG_HOST = os.environ.get("FACTSTREAM_TEST_PGHOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("FACTSTREAM_TEST_PGPORT", "5432"))
+PG_USER = os.environ.get("FACTSTREAM_TEST_PGUSER", "postgres")
+PG_START = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+REDIS_HOST = os.environ.get("FACTSTREAM_TEST_REDIS_HOST", "127.0.0.1")
+REDIS_PORT = int(os.environ.get("FACTSTREAM_TEST_REDIS_PORT", "6379"))
+REDIS_START = "redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save '' --appendonly no"
+
+
+def pg_dsn(dbname: str) -> str:
+    return f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{dbname}"
+
+
+@pytest.fixture
+def postgres_dsn() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
+    import psycopg
+
+    name = f"factstream_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg_dsn(name)
+    finally:
+        with psycopg.connect(pg_dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """URL of the real Redis server (skips or fails if it is down)."""
+    require_service("Redis", REDIS_HOST, REDIS_PORT, REDIS_START)
+    return f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
+
+
+@pytest.fixture
+def channel_prefix() -> str:
+    """A Redis channel name unique to one test, so tests never hear each other."""
+    return f"factstream-test-{uuid.uuid4().hex[:12]}"
