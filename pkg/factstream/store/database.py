@@ -1,0 +1,491 @@
+"""One small async interface over SQLite and PostgreSQL.
+
+Why this shape: every component (stream ids, event store, replication
+catch-up) needs the same four verbs and a transaction with after-commit /
+after-rollback hooks, on an embedded database by default and on PostgreSQL in
+real deployments. SQL is written once with ``?`` placeholders; for psycopg it
+is rewritten to ``%s`` (a literal ``%`` is escaped).
+
+* SQLite runs on the stdlib ``sqlite3`` in one dedicated thread (WAL mode).
+  An :class:`asyncio.Lock` serialises transactions, so statements of two tasks
+  never interleave inside one transaction.
+* PostgreSQL uses psycopg 3 ``AsyncConnection`` objects from a small pool;
+  each transaction holds one connection until it ends.
+
+Inside ``async with db.transaction() as txn`` the same task may also call
+``db.execute(...)`` (it is routed into the open transaction instead of
+deadlocking on the lock); a nested ``db.transaction()`` joins the outer one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import FactstreamError
+
+__all__ = ["Database", "DatabaseError", "Transaction", "connect", "to_pyformat"]
+
+logger = logging.getLogger(__name__)
+
+Params = Sequence[Any]
+Row = tuple[Any, ...]
+
+#: The transaction the current task has open, per database (routes db.* calls into it).
+_current_txn: contextvars.ContextVar[Transaction | None] = contextvars.ContextVar(
+    "factstream_current_txn", default=None
+)
+
+
+class DatabaseError(FactstreamError):
+    """A database URL, connection or usage problem (SQL errors are the driver's own)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def to_pyformat(sql: str) -> str:
+    """Rewrite ``?`` placeholders (outside quotes) to ``%s`` and escape ``%`` for psycopg."""
+    out: list[str] = []
+    quote: str | None = None
+    for ch in sql:
+        if quote is not None:
+            if ch == quote:
+                quote = None
+            out.append("%%" if ch == "%" else ch)
+        elif ch in ("'", '"'):
+            quote = ch
+            out.append(ch)
+        elif ch == "?":
+            out.append("%s")
+        elif ch == "%":
+            out.append("%%")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+class Transaction:
+    """An open transaction: the four verbs plus after-commit / after-rollback hooks.
+
+    Hooks run in registration order once the outcome is known; a hook may be a
+    plain function or return an awaitable (awaited). A failing hook is logged
+    and does not stop the others, since the transaction's outcome is final.
+    """
+
+    def __init__(self, db: Database, conn: Any) -> None:
+        self._db = db
+        self._conn = conn
+        self._after_commit: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._after_rollback: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.open = True
+
+    @property
+    def engine(self) -> str:
+        """``"sqlite"`` or ``"postgres"``."""
+        return self._db.engine
+
+    @property
+    def database(self) -> Database:
+        """The database this transaction belongs to."""
+        return self._db
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        """Run one statement; returns the driver's row count (-1 if unknown)."""
+        return await self._db._txn_execute(self._conn, sql, params)
+
+    async def executemany(self, sql: str, seq: Iterable[Params]) -> None:
+        """Run one statement once per parameter tuple."""
+        await self._db._txn_executemany(self._conn, sql, seq)
+
+    async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
+        """All rows of a query, as tuples."""
+        return await self._db._txn_fetchall(self._conn, sql, params)
+
+    async def fetchone(self, sql: str, params: Params = ()) -> Row | None:
+        """The first row of a query, or None."""
+        rows = await self._db._txn_fetchall(self._conn, sql, params)
+        return rows[0] if rows else None
+
+    def call_after_commit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` after this transaction commits."""
+        self._after_commit.append((fn, args))
+
+    def call_after_rollback(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` after this transaction rolls back (or fails to commit)."""
+        self._after_rollback.append((fn, args))
+
+    async def _run_hooks(self, committed: bool) -> None:
+        hooks = self._after_commit if committed else self._after_rollback
+        self._after_commit = []
+        self._after_rollback = []
+        for fn, args in hooks:
+            try:
+                result = fn(*args)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001 - the outcome is final; report and go on
+                logger.exception("after-%s hook %r failed", "commit" if committed else "rollback", fn)
+
+
+class Database:
+    """Base of the two engines; use :func:`connect` to get one."""
+
+    engine: str = ""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    # -- the four verbs, outside an explicit transaction (autocommit)
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        """Run one statement in its own transaction (or the task's open one)."""
+        txn = self._open_txn()
+        if txn is not None:
+            return await txn.execute(sql, params)
+        return await self._auto_execute(sql, params)
+
+    async def executemany(self, sql: str, seq: Iterable[Params]) -> None:
+        """Run one statement per parameter tuple, atomically."""
+        async with self.transaction() as txn:
+            await txn.executemany(sql, seq)
+
+    async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
+        """All rows of a query, as tuples."""
+        txn = self._open_txn()
+        if txn is not None:
+            return await txn.fetchall(sql, params)
+        return await self._auto_fetchall(sql, params)
+
+    async def fetchone(self, sql: str, params: Params = ()) -> Row | None:
+        """The first row of a query, or None."""
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """Commit on normal exit, roll back on exception; hooks run afterwards."""
+        outer = self._open_txn()
+        if outer is not None:  # nested: join the outer transaction
+            yield outer
+            return
+        async with self._begin() as conn:
+            txn = Transaction(self, conn)
+            token = _current_txn.set(txn)
+            try:
+                try:
+                    yield txn
+                finally:
+                    _current_txn.reset(token)
+            except BaseException:
+                txn.open = False
+                try:
+                    await self._rollback(conn)
+                finally:
+                    await txn._run_hooks(committed=False)
+                raise
+            txn.open = False
+            try:
+                await self._commit(conn)
+            except BaseException:
+                try:
+                    await self._rollback(conn)
+                except Exception:  # noqa: BLE001 - the commit error is the one to report
+                    pass
+                await txn._run_hooks(committed=False)
+                raise
+        await txn._run_hooks(committed=True)
+
+    async def close(self) -> None:
+        """Close every connection (idempotent)."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _open_txn(self) -> Transaction | None:
+        txn = _current_txn.get()
+        if txn is not None and txn._db is self and txn.open:
+            return txn
+        return None
+
+    # -- engine hooks
+    async def _auto_execute(self, sql: str, params: Params) -> int:
+        raise NotImplementedError
+
+    async def _auto_fetchall(self, sql: str, params: Params) -> list[Row]:
+        raise NotImplementedError
+
+    def _begin(self) -> Any:
+        raise NotImplementedError
+
+    async def _commit(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    async def _rollback(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    async def _txn_execute(self, conn: Any, sql: str, params: Params) -> int:
+        raise NotImplementedError
+
+    async def _txn_executemany(self, conn: Any, sql: str, seq: Iterable[Params]) -> None:
+        raise NotImplementedError
+
+    async def _txn_fetchall(self, conn: Any, sql: str, params: Params) -> list[Row]:
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------- SQLite
+
+
+class SqliteDatabase(Database):
+    """SQLite through the stdlib driver, in one dedicated thread."""
+
+    engine = "sqlite"
+
+    def __init__(self, url: str, path: str) -> None:
+        super().__init__(url)
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="factstream-sqlite")
+        self._lock = asyncio.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+
+    async def _open(self) -> None:
+        def opener() -> sqlite3.Connection:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA busy_timeout = 30000")
+            if self.path != ":memory:":
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            return conn
+
+        self._conn = await self._run(opener)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._closed:
+            raise DatabaseError(f"database {self.url} is closed; connect() again")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _c(self) -> sqlite3.Connection:
+        assert self._conn is not None
+        return self._conn
+
+    def _do_execute(self, sql: str, params: Params) -> int:
+        return self._c().execute(sql, tuple(params)).rowcount
+
+    def _do_fetchall(self, sql: str, params: Params) -> list[Row]:
+        return self._c().execute(sql, tuple(params)).fetchall()
+
+    def _do_executemany(self, sql: str, seq: list[Params]) -> None:
+        self._c().executemany(sql, seq)
+
+    async def _auto_execute(self, sql: str, params: Params) -> int:
+        async with self._lock:
+            return int(await self._run(self._do_execute, sql, params))
+
+    async def _auto_fetchall(self, sql: str, params: Params) -> list[Row]:
+        async with self._lock:
+            rows: list[Row] = await self._run(self._do_fetchall, sql, params)
+            return rows
+
+    @asynccontextmanager
+    async def _begin(self) -> AsyncIterator[Any]:
+        async with self._lock:
+            # IMMEDIATE takes the write lock up front, so two processes on one
+            # file never deadlock upgrading a read transaction to a write.
+            await self._run(self._do_execute, "BEGIN IMMEDIATE", ())
+            yield self._conn
+
+    async def _commit(self, conn: Any) -> None:
+        await self._run(self._do_execute, "COMMIT", ())
+
+    async def _rollback(self, conn: Any) -> None:
+        def rollback() -> None:
+            if self._c().in_transaction:
+                self._c().execute("ROLLBACK")
+
+        await self._run(rollback)
+
+    async def _txn_execute(self, conn: Any, sql: str, params: Params) -> int:
+        return int(await self._run(self._do_execute, sql, params))
+
+    async def _txn_executemany(self, conn: Any, sql: str, seq: Iterable[Params]) -> None:
+        await self._run(self._do_executemany, sql, [tuple(p) for p in seq])
+
+    async def _txn_fetchall(self, conn: Any, sql: str, params: Params) -> list[Row]:
+        rows: list[Row] = await self._run(self._do_fetchall, sql, params)
+        return rows
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        async with self._lock:
+            if self._conn is not None:
+                await self._run(self._conn.close)
+            self._closed = True
+        self._executor.shutdown(wait=False)
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+
+
+class PostgresDatabase(Database):
+    """PostgreSQL through psycopg 3, with a small pool of autocommit connections."""
+
+    engine = "postgres"
+
+    def __init__(self, url: str, max_connections: int = 10) -> None:
+        super().__init__(url)
+        if max_connections < 1:
+            raise DatabaseError("max_connections must be at least 1")
+        self.max_connections = max_connections
+        self._idle: list[Any] = []
+        self._all: set[Any] = set()
+        self._opening = 0
+        self._cond = asyncio.Condition()
+        self._closed = False
+
+    async def _new_conn(self) -> Any:
+        import psycopg
+
+        try:
+            return await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        except psycopg.OperationalError as err:
+            raise DatabaseError(
+                f"cannot connect to PostgreSQL at {self.url}: {err}; check that the server is "
+                "running and the URL (postgresql://user@host:port/db) is right"
+            ) from err
+
+    async def _acquire(self) -> Any:
+        async with self._cond:
+            while True:
+                if self._closed:
+                    raise DatabaseError(f"database {self.url} is closed; connect() again")
+                if self._idle:
+                    return self._idle.pop()
+                if len(self._all) + self._opening < self.max_connections:
+                    self._opening += 1
+                    break
+                await self._cond.wait()
+        try:
+            conn = await self._new_conn()
+        finally:
+            async with self._cond:
+                self._opening -= 1
+                self._cond.notify()
+        self._all.add(conn)
+        return conn
+
+    async def _release(self, conn: Any) -> None:
+        async with self._cond:
+            if conn.closed or self._closed or conn.info.transaction_status != 0:  # 0 = IDLE
+                self._all.discard(conn)
+                if not conn.closed:
+                    await conn.close()
+            else:
+                self._idle.append(conn)
+            self._cond.notify()
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Any]:
+        conn = await self._acquire()
+        try:
+            yield conn
+        finally:
+            await self._release(conn)
+
+    @staticmethod
+    async def _exec(conn: Any, sql: str, params: Params) -> Any:
+        if params:
+            return await conn.execute(to_pyformat(sql), tuple(params))
+        return await conn.execute(sql)
+
+    async def _auto_execute(self, sql: str, params: Params) -> int:
+        async with self._conn() as conn:
+            cur = await self._exec(conn, sql, params)
+            return int(cur.rowcount)
+
+    async def _auto_fetchall(self, sql: str, params: Params) -> list[Row]:
+        async with self._conn() as conn:
+            cur = await self._exec(conn, sql, params)
+            rows: list[Row] = await cur.fetchall()
+            return rows
+
+    @asynccontextmanager
+    async def _begin(self) -> AsyncIterator[Any]:
+        async with self._conn() as conn:
+            await conn.execute("BEGIN")
+            yield conn
+
+    async def _commit(self, conn: Any) -> None:
+        await conn.execute("COMMIT")
+
+    async def _rollback(self, conn: Any) -> None:
+        if not conn.closed and conn.info.transaction_status != 0:
+            await conn.execute("ROLLBACK")
+
+    async def _txn_execute(self, conn: Any, sql: str, params: Params) -> int:
+        cur = await self._exec(conn, sql, params)
+        return int(cur.rowcount)
+
+    async def _txn_executemany(self, conn: Any, sql: str, seq: Iterable[Params]) -> None:
+        async with conn.cursor() as cur:
+            await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
+
+    async def _txn_fetchall(self, conn: Any, sql: str, params: Params) -> list[Row]:
+        cur = await self._exec(conn, sql, params)
+        rows: list[Row] = await cur.fetchall()
+        return rows
+
+    async def close(self) -> None:
+        async with self._cond:
+            self._closed = True
+            conns = list(self._all)
+            self._all.clear()
+            self._idle.clear()
+            self._cond.notify_all()
+        for conn in conns:
+            await conn.close()
+
+
+# ----------------------------------------------------------------------------- connect
+
+
+async def connect(url: str, *, max_connections: int = 10) -> Database:
+    """Open a database by URL.
+
+    ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (the
+    SQLAlchemy rule: the path is whatever follows the third slash, so
+    ``f"sqlite:///{abs_path}"`` works), ``sqlite:///:memory:``, or ``postgresql://user@host:port/dbname``
+    (``postgres://`` accepted). ``max_connections`` bounds the PostgreSQL pool.
+    """
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "sqlite":
+        rest = url[len("sqlite://") :]
+        path = rest[1:] if rest.startswith("/") else ""
+        if not path:
+            raise DatabaseError(f"no file in {url!r}; use sqlite:///path/file.db or sqlite:///:memory:")
+        db = SqliteDatabase(url, path)
+        await db._open()
+        return db
+    if scheme in ("postgresql", "postgres"):
+        pg = PostgresDatabase(url, max_connections=max_connections)
+        conn = await pg._acquire()  # fail fast on a bad URL
+        await pg._release(conn)
+        return pg
+    raise DatabaseError(
+        f"unsupported database URL {url!r}; use sqlite:///path/file.db, sqlite:///:memory: "
+        "or postgresql://user@host:port/dbname"
+    )
+

@@ -1,0 +1,160 @@
+"""factstream.store.database on both engines: the four verbs, transactions, hooks, isolation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from factstream.store import database
+from factstream.store.database import Database, DatabaseError, connect, to_pyformat
+
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=ENGINES)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'test.db'}"
+    else:
+        url = request.getfixturevalue("postgres_dsn")
+    conn = await connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+def test_to_pyformat_rewrites_placeholders_and_escapes_percent() -> None:
+    assert to_pyformat("SELECT ? , '?%' , x % 2 FROM t WHERE a = ?") == (
+        "SELECT %s , '?%%' , x %% 2 FROM t WHERE a = %s"
+    )
+
+
+async def test_four_verbs(db: Database) -> None:
+    assert db.engine in ("sqlite", "postgres")
+    await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, name TEXT)")
+    assert await db.execute("INSERT INTO t VALUES (?, ?)", (1, "a")) == 1
+    await db.executemany("INSERT INTO t VALUES (?, ?)", [(2, "b"), (3, "c%")])
+    assert await db.fetchall("SELECT id, name FROM t ORDER BY id") == [(1, "a"), (2, "b"), (3, "c%")]
+    assert await db.fetchone("SELECT name FROM t WHERE id = ?", (3,)) == ("c%",)
+    assert await db.fetchone("SELECT name FROM t WHERE id = ?", (9,)) is None
+    assert await db.fetchone("SELECT COUNT(*) FROM t WHERE name LIKE '%b'") == (1,)
+
+
+async def test_transaction_commit_and_rollback_with_hooks(db: Database) -> None:
+    await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    seen: list[str] = []
+    async with db.transaction() as txn:
+        await txn.execute("INSERT INTO t VALUES (?)", (1,))
+        txn.call_after_commit(seen.append, "commit1")
+        txn.call_after_rollback(seen.append, "rollback1")
+        assert seen == []
+    assert seen == ["commit1"]
+
+    async def async_hook() -> None:
+        seen.append("async-rollback")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        async with db.transaction() as txn:
+            await txn.execute("INSERT INTO t VALUES (?)", (2,))
+            assert await txn.fetchone("SELECT COUNT(*) FROM t") == (2,)
+            txn.call_after_commit(seen.append, "commit2")
+            txn.call_after_rollback(seen.append, "rollback2")
+            txn.call_after_rollback(async_hook)
+            raise RuntimeError("boom")
+    assert seen == ["commit1", "rollback2", "async-rollback"]
+    assert await db.fetchall("SELECT id FROM t") == [(1,)]
+
+
+async def test_failed_commit_runs_rollback_hooks(db: Database) -> None:
+    """A statement error inside the block rolls back and reports the driver's error."""
+    await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    await db.execute("INSERT INTO t VALUES (1)")
+    seen: list[str] = []
+    with pytest.raises(Exception):
+        async with db.transaction() as txn:
+            txn.call_after_rollback(seen.append, "rb")
+            await txn.execute("INSERT INTO t VALUES (?)", (1,))
+    assert seen == ["rb"]
+    # the connection is usable afterwards
+    assert await db.fetchone("SELECT COUNT(*) FROM t") == (1,)
+
+
+async def test_db_calls_inside_transaction_join_it(db: Database) -> None:
+    await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    with pytest.raises(KeyError):
+        async with db.transaction():
+            await db.execute("INSERT INTO t VALUES (?)", (1,))
+            async with db.transaction() as inner:  # nested joins the outer
+                await inner.execute("INSERT INTO t VALUES (?)", (2,))
+            assert await db.fetchone("SELECT COUNT(*) FROM t") == (2,)
+            raise KeyError("undo")
+    assert await db.fetchone("SELECT COUNT(*) FROM t") == (0,)
+
+
+async def test_transactions_of_different_tasks_do_not_interleave(db: Database) -> None:
+    """Read-modify-write of a counter from many tasks loses no update."""
+    await db.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, v BIGINT)")
+    await db.execute("INSERT INTO c VALUES (1, 0)")
+
+    async def bump() -> None:
+        for _ in range(10):
+            async with db.transaction() as txn:
+                lock = " FOR UPDATE" if db.engine == "postgres" else ""
+                row = await txn.fetchone("SELECT v FROM c WHERE k = 1" + lock)
+                assert row is not None
+                await asyncio.sleep(0)
+                await txn.execute("UPDATE c SET v = ? WHERE k = 1", (row[0] + 1,))
+
+    await asyncio.gather(*(bump() for _ in range(8)))
+    assert await db.fetchone("SELECT v FROM c WHERE k = 1") == (80,)
+
+
+async def test_sqlite_memory_and_wal(tmp_path: Path) -> None:
+    mem = await connect("sqlite:///:memory:")
+    try:
+        assert mem.engine == "sqlite"
+        assert await mem.fetchone("SELECT 1 + 1") == (2,)
+    finally:
+        await mem.close()
+    filedb = await connect(f"sqlite:///{tmp_path / 'w.db'}")
+    try:
+        assert await filedb.fetchone("PRAGMA journal_mode") == ("wal",)
+    finally:
+        await filedb.close()
+    assert (tmp_path / "w.db").exists()
+
+
+async def test_closed_database_says_so(tmp_path: Path) -> None:
+    db = await connect(f"sqlite:///{tmp_path / 'c.db'}")
+    await db.close()
+    await db.close()  # idempotent
+    with pytest.raises(DatabaseError, match="closed"):
+        await db.fetchall("SELECT 1")
+
+
+async def test_bad_urls() -> None:
+    with pytest.raises(DatabaseError, match="unsupported database URL"):
+        await connect("mysql://x")
+    with pytest.raises(DatabaseError, match="no file"):
+        await connect("sqlite://")
+
+
+@pytest.mark.postgres
+async def test_postgres_unreachable_server_is_reported(postgres_dsn: str) -> None:
+    with pytest.raises(DatabaseError, match="cannot connect"):
+        await connect("postgresql://postgres@127.0.0.1:1/nope")
+
+
+@pytest.mark.postgres
+async def test_postgres_pool_is_bounded(postgres_dsn: str) -> None:
+    db = await database.connect(postgres_dsn, max_connections=2)
+    try:
+        results = await asyncio.gather(*(db.fetchone("SELECT pg_sleep(0.01), ?::int", (i,)) for i in range(10)))
+        assert [r[1] for r in results if r] == list(range(10))
+        assert len(db._all) <= 2  # type: ignore[attr-defined]
+    finally:
+        await db.close()
