@@ -1,0 +1,782 @@
+"""Replication over Redis pub/sub: the carrier.
+
+Synapse's Redis layout: every instance (writers and readers alike) holds two
+connections to Redis, one subscribed and one publishing. Each command is one
+pub/sub message holding one line without its newline, published on the
+channel named after the deployment (``<server_name>``), except USER_IP, which
+goes to ``<server_name>/USER_IP`` (subscribing to that one is opt-in).
+
+The carrier turns messages into commands and commands into messages, nothing
+more: it never looks at positions. What it adds around that:
+
+* both connections reconnect forever, independently, with capped exponential
+  backoff and jitter; a silent dead connection is found by PING health checks;
+* ``on_subscribed`` fires every time the subscription is confirmed by Redis
+  (the owner publishes REPLICATE and its positions from there, so no answer
+  can arrive before anyone listens);
+* outbound commands go into a bounded queue that is flushed with pipelining:
+  everything queued in one event-loop tick goes out in one round trip, in
+  order. Past the bound, new commands are refused and counted, loudly;
+  ``on_resync`` then fires once the queue has drained, and after every
+  publisher reconnect, so the owner can announce its positions and let
+  readers repair the gap from the database (pub/sub is at-most-once);
+* an instance's own RDATA / POSITION / LOCK_RELEASED echoes are dropped by
+  instance name;
+* invalid messages are logged (rate-limited) and counted, never raised.
+
+The transport is redis-py's asyncio ``Connection`` with the hiredis parser,
+used directly (no pool, no client object) so reconnects, health checks and
+pipelining are under this module's control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import IO, Any
+
+from redis.asyncio.connection import AbstractConnection, Connection, parse_url
+from redis.exceptions import RedisError, ResponseError
+from redis.utils import HIREDIS_AVAILABLE
+
+from .. import wire
+from ..commands import Command
+
+__all__ = [
+    "RedisCarrier",
+    "RedisCarrierStats",
+    "RedisChannels",
+    "backoff_delay",
+    "connection_kwargs_from_url",
+    "redacted_url",
+    "tail_redis",
+    "command_to_json",
+    "USER_IP_CHANNEL",
+    "ECHO_COMMANDS",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Suffix of the opt-in channel that carries USER_IP (``<server_name>/USER_IP``).
+USER_IP_CHANNEL = "USER_IP"
+#: Commands an instance drops when they carry its own instance name.
+ECHO_COMMANDS: frozenset[str] = frozenset({"RDATA", "POSITION", "LOCK_RELEASED"})
+
+CommandHandler = Callable[[Command], object]
+Hook = Callable[[], object]
+
+# URL options that configure redis-py's pool, not one connection.
+_POOL_ONLY_OPTIONS = ("max_connections", "timeout")
+
+
+@dataclass(frozen=True)
+class RedisChannels:
+    """The channel names of one deployment (Synapse's layout)."""
+
+    main: str
+    user_ip: str
+
+    @classmethod
+    def for_server(cls, server_name: str) -> RedisChannels:
+        """Channels of the deployment ``server_name``."""
+        if not server_name or any(c in server_name for c in " \r\n"):
+            raise ValueError(f"server name {server_name!r} must be non-empty without spaces or line breaks")
+        return cls(main=server_name, user_ip=f"{server_name}/{USER_IP_CHANNEL}")
+
+    def for_command(self, name: str) -> str:
+        """The channel a command named ``name`` is published on."""
+        return self.user_ip if name == "USER_IP" else self.main
+
+
+@dataclass
+class RedisCarrierStats:
+    """Counters of one carrier; plain integers, cheap to read and to export."""
+
+    received: int = 0  #: commands decoded and handed to ``on_command``
+    invalid: int = 0  #: messages that did not parse (logged, skipped)
+    echoes: int = 0  #: own RDATA/POSITION/LOCK_RELEASED dropped
+    handler_errors: int = 0  #: ``on_command`` raised (logged, skipped)
+    queued: int = 0  #: commands accepted by ``send``
+    published: int = 0  #: commands Redis acknowledged
+    publish_errors: int = 0  #: commands Redis answered with an error
+    round_trips: int = 0  #: pipelined flushes (one write, one read of all replies)
+    dropped: int = 0  #: commands refused because the outbound queue was full
+    overflows: int = 0  #: times the bound was hit (each followed by a resync)
+    lost_in_flight: int = 0  #: written, but the connection died before Redis replied
+    subscriber_connects: int = 0  #: subscriptions confirmed (first one included)
+    publisher_connects: int = 0  #: publisher connections made (first one included)
+    subscriber_failures: int = 0  #: subscriber connects that failed or connections lost
+    publisher_failures: int = 0  #: publisher connects that failed or connections lost
+    health_check_failures: int = 0  #: connections declared dead by the PING health check
+    resyncs: int = 0  #: ``on_resync`` calls
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a dict (for logs, JSON and metrics)."""
+        return asdict(self)
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random | None = None) -> float:
+    """Seconds to wait before reconnect ``attempt`` (0-based).
+
+    Exponential from ``initial`` capped at ``maximum``, with jitter over the
+    upper half so that many instances restarted together do not reconnect in
+    lockstep, yet never retry faster than half the nominal delay.
+    """
+    ceiling = min(maximum, initial * (2 ** min(attempt, 62)))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe for logs)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
+
+
+def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[AbstractConnection], dict[str, Any]]:
+    """The redis-py connection class and arguments for ``url``.
+
+    Accepts ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS;
+    options such as ``ssl_ca_certs``, ``ssl_cert_reqs`` or
+    ``ssl_check_hostname`` go in the query string or in ``overrides``) and
+    ``unix:///path/to/redis.sock[?db=N&password=...]``. Pub/sub channels are
+    global to a Redis server: the database number does not separate
+    deployments, the server name does.
+    """
+    try:
+        kwargs: dict[str, Any] = dict(parse_url(url))
+    except ValueError as err:
+        raise ValueError(f"bad Redis URL {redacted_url(url)!r}: {err}") from None
+    for option in _POOL_ONLY_OPTIONS:
+        kwargs.pop(option, None)
+    cls: type[AbstractConnection] = kwargs.pop("connection_class", Connection)
+    kwargs.update(overrides)
+    return cls, kwargs
+
+
+class _RateLimitedLog:
+    """Log at most one line per ``interval`` seconds, counting what it held back."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self._next = 0.0
+        self._held = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._held += 1
+            return
+        if self._held:
+            msg += " (%d similar messages suppressed)"
+            args = (*args, self._held)
+        self._held = 0
+        self._next = now + self.interval
+        logger.warning(msg, *args)
+
+
+def _pack_publish_header(channel: bytes) -> bytes:
+    return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(channel), channel)
+
+
+class RedisCarrier:
+    """Carries replication commands over Redis pub/sub for one instance.
+
+    ``on_command(cmd)`` is called for each command received (own echoes
+    removed when ``instance_name`` is given). ``on_subscribed()`` is called
+    each time Redis confirms the subscription, ``on_resync()`` when commands
+    may have been lost on the way out (publisher reconnect, queue overflow)
+    and the owner should announce its positions. Hooks may be plain functions
+    or coroutine functions (run as tasks); their errors are logged, never
+    propagated.
+
+    Use ``async with RedisCarrier(...) as carrier:`` or ``start()`` /
+    ``close()``. ``send(cmd)`` never blocks and never raises for connection
+    trouble; it returns False when the command was refused (queue full).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        server_name: str,
+        *,
+        on_command: CommandHandler | None = None,
+        on_subscribed: Hook | None = None,
+        on_resync: Hook | None = None,
+        instance_name: str | None = None,
+        subscribe_user_ip: bool = False,
+        max_pending: int = 10_000,
+        max_batch: int = 10_000,
+        pipelining: bool = True,
+        ping_interval: float = 5.0,
+        ping_timeout: float = 15.0,
+        connect_timeout: float = 5.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        client_name: str | None = None,
+        connection_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if max_pending < 1 or max_batch < 1:
+            raise ValueError("max_pending and max_batch must be at least 1")
+        if not 0 < ping_interval <= ping_timeout:
+            raise ValueError("need 0 < ping_interval <= ping_timeout")
+        self.url = url
+        self.server_name = server_name
+        self.channels = RedisChannels.for_server(server_name)
+        self.instance_name = instance_name
+        self.subscribe_user_ip = subscribe_user_ip
+        self.max_pending = max_pending
+        self.max_batch = max_batch if pipelining else 1
+        self.ping_interval = ping_interval
+        self.ping_timeout = ping_timeout
+        self.connect_timeout = connect_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.stats = RedisCarrierStats()
+        self._on_command = on_command
+        self._on_subscribed = on_subscribed
+        self._on_resync = on_resync
+        name = client_name or f"factstream-{instance_name or 'anon'}"
+        self._client_name = "".join(c if c.isalnum() or c in "-_.:/" else "_" for c in name)
+        self._conn_class, self._conn_kwargs = connection_kwargs_from_url(url, **(connection_options or {}))
+        # Validate the URL options now, not on the first reconnect.
+        self._new_connection("check")
+
+        self._subscribe_to = [self.channels.main]
+        if subscribe_user_ip:
+            self._subscribe_to.append(self.channels.user_ip)
+        self._header_main = _pack_publish_header(self.channels.main.encode())
+        self._header_user_ip = _pack_publish_header(self.channels.user_ip.encode())
+
+        self._queue: deque[bytes] = deque()
+        self._overflowing = False
+        self._need_resync = False
+        self._wake = asyncio.Event()
+        self._flusher_waiting = False
+        self._in_flight = 0
+        self._drained_waiters: list[asyncio.Future[None]] = []
+        self._subscribed = False
+        self._subscribed_event = asyncio.Event()
+        self._rx = 0  # messages read on the current subscriber connection (health check)
+        self._publisher_up = False
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._hook_tasks: set[asyncio.Task[Any]] = set()
+        self._rng = random.Random()
+        self._invalid_log = _RateLimitedLog()
+        self._drop_log = _RateLimitedLog(interval=5.0)
+        #: redis-side client ids of the live connections (for operators and tests)
+        self.subscriber_client_id: int | None = None
+        self.publisher_client_id: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start both connection loops; returns at once (see ``wait_subscribed``)."""
+        if self._tasks:
+            raise RuntimeError("RedisCarrier already started")
+        if not HIREDIS_AVAILABLE:  # pragma: no cover - hiredis is a dependency
+            logger.warning("hiredis is not available; redis-py falls back to its slower Python parser")
+        logger.info(
+            "replicating over Redis %s as %s (channels %s)",
+            redacted_url(self.url), self.instance_name or "(anonymous)", ", ".join(self._subscribe_to),
+        )
+        self._tasks = [
+            asyncio.create_task(self._subscriber_main(), name=f"redis-subscriber-{self.server_name}"),
+            asyncio.create_task(self._publisher_main(), name=f"redis-publisher-{self.server_name}"),
+        ]
+
+    async def close(self, flush_timeout: float = 1.0) -> None:
+        """Stop both connections, first trying for ``flush_timeout`` s to publish what is queued."""
+        if self._closing:
+            return
+        if flush_timeout > 0 and self._tasks and (self._queue or self._in_flight):
+            try:
+                await self.flush(timeout=flush_timeout)
+            except TimeoutError:
+                logger.warning("closing with %d commands still unpublished", len(self._queue) + self._in_flight)
+        self._closing = True
+        tasks = self._tasks + list(self._hook_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = []
+        self._subscribed = self._publisher_up = False
+        for fut in self._drained_waiters:
+            if not fut.done():
+                fut.cancel()
+
+    async def __aenter__(self) -> RedisCarrier:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def subscribed(self) -> bool:
+        """True while the subscriber connection is up and its subscription confirmed."""
+        return self._subscribed
+
+    @property
+    def publisher_connected(self) -> bool:
+        """True while the publishing connection is up."""
+        return self._publisher_up
+
+    @property
+    def pending(self) -> int:
+        """Commands queued or in flight, not yet acknowledged by Redis."""
+        return len(self._queue) + self._in_flight
+
+    async def wait_subscribed(self, timeout: float | None = None) -> None:
+        """Wait until the subscription is confirmed (raises TimeoutError after ``timeout``)."""
+        async with asyncio.timeout(timeout):
+            while not self._subscribed:
+                self._subscribed_event.clear()
+                await self._subscribed_event.wait()
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until the queue is empty and Redis acknowledged the last batch.
+
+        While the publisher is disconnected this waits for the reconnect; a
+        batch lost with a connection counts as done (see ``stats.lost_in_flight``).
+        """
+        if not self._queue and not self._in_flight:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drained_waiters.append(fut)
+        async with asyncio.timeout(timeout):
+            await fut
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, cmd: Command) -> bool:
+        """Queue ``cmd`` for publishing; False if refused because the queue is full.
+
+        Encoding errors (a command Synapse could not carry) raise
+        :class:`factstream.wire.ProtocolError` here, at the caller.
+        """
+        data = wire.encode(cmd)
+        header = self._header_user_ip if cmd.NAME == "USER_IP" else self._header_main
+        return self._enqueue(b"%s$%d\r\n%s\r\n" % (header, len(data), data))
+
+    def send_many(self, cmds: Iterable[Command]) -> int:
+        """Queue several commands in order; returns how many were accepted."""
+        accepted = 0
+        for cmd in cmds:
+            accepted += self.send(cmd)
+        return accepted
+
+    def _enqueue(self, packed: bytes) -> bool:
+        queue = self._queue
+        if self._overflowing or len(queue) >= self.max_pending:
+            self.stats.dropped += 1
+            if not self._overflowing:
+                self._overflowing = True
+                self._need_resync = True
+                self.stats.overflows += 1
+                logger.error(
+                    "Redis publish queue full (%d commands, publisher %s): dropping new commands until it "
+                    "drains; readers will catch up from positions announced afterwards. Raise max_pending "
+                    "or check the Redis connection.",
+                    len(queue), "connected" if self._publisher_up else "DISCONNECTED",
+                )
+            else:
+                self._drop_log.warning("Redis publish queue still full: %d commands dropped so far", self.stats.dropped)
+            return False
+        queue.append(packed)
+        self.stats.queued += 1
+        if self._flusher_waiting:
+            self._flusher_waiting = False
+            self._wake.set()
+        return True
+
+    # ------------------------------------------------------------------ connections
+
+    def _new_connection(self, role: str) -> AbstractConnection:
+        options = dict(
+            protocol=2,  # pub/sub messages as plain arrays, identical on every Redis version
+            socket_connect_timeout=self.connect_timeout,
+            socket_timeout=None,
+            socket_keepalive=True,
+            health_check_interval=0,  # our own health checks, see _watch_subscriber/_publish_on
+            client_name=f"{self._client_name}:{role}",
+            retry=None,
+            retry_on_error=[],
+        )
+        options.update(self._conn_kwargs)
+        try:
+            return self._conn_class(**options)
+        except TypeError as err:
+            raise ValueError(f"unsupported option in Redis URL {redacted_url(self.url)!r}: {err}") from None
+
+    async def _connect(self, role: str) -> AbstractConnection:
+        conn = self._new_connection(role)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await conn.connect()
+                await conn.send_command("CLIENT", "ID", check_health=False)
+                client_id = int(await conn.read_response())
+        except BaseException:
+            await self._discard(conn)
+            raise
+        if role == "sub":
+            self.subscriber_client_id = client_id
+        else:
+            self.publisher_client_id = client_id
+        return conn
+
+    @staticmethod
+    async def _discard(conn: AbstractConnection) -> None:
+        try:
+            await conn.disconnect(nowait=True)
+        except Exception:  # noqa: BLE001 - closing a broken socket may fail any way
+            pass
+
+    def _describe(self, err: BaseException) -> str:
+        if isinstance(err, TimeoutError):
+            return "timed out"
+        return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+    async def _backoff(self, role: str, attempt: int, err: BaseException) -> None:
+        delay = backoff_delay(attempt, self.backoff_initial, self.backoff_max, self._rng)
+        log = logger.warning if attempt < 3 or attempt % 10 == 0 else logger.info
+        log(
+            "Redis %s connection to %s failed (%s); retry %d in %.2fs",
+            role, redacted_url(self.url), self._describe(err), attempt + 1, delay,
+        )
+        await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------------ subscriber
+
+    async def _subscriber_main(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                conn = await self._connect("sub")
+            except Exception as err:  # noqa: BLE001 - keep trying forever, whatever went wrong
+                self.stats.subscriber_failures += 1
+                await self._backoff("subscriber", attempt, err)
+                attempt += 1
+                continue
+            confirmed_before = self.stats.subscriber_connects
+            try:
+                reason = await self._subscribe_on(conn)
+            except Exception as err:  # noqa: BLE001
+                reason = self._describe(err)
+                if not isinstance(err, (RedisError, OSError, TimeoutError)):
+                    logger.exception("unexpected error on the Redis subscriber connection")
+            finally:
+                was_subscribed = self._subscribed
+                self._subscribed = False
+                await self._discard(conn)
+            if self.stats.subscriber_connects != confirmed_before:
+                attempt = 0  # it worked for a while: start the backoff over
+            self.stats.subscriber_failures += 1
+            logger.warning(
+                "Redis subscriber connection lost (%s)%s; reconnecting",
+                reason, "; messages published meanwhile are missed until catch-up" if was_subscribed else "",
+            )
+            await self._backoff("subscriber", attempt, ConnectionError(reason))
+            attempt += 1
+
+    async def _subscribe_on(self, conn: AbstractConnection) -> str:
+        """Subscribe and read messages until the connection dies; returns why it stopped."""
+        self._rx = 0
+        reader = asyncio.create_task(self._read_subscribed(conn))
+        watcher = asyncio.create_task(self._watch_subscriber(conn))
+        try:
+            done, _ = await asyncio.wait((reader, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, watcher):
+                task.cancel()
+            await asyncio.gather(reader, watcher, return_exceptions=True)
+        if watcher in done and not watcher.cancelled() and watcher.exception() is None:
+            return str(watcher.result())
+        task = reader if reader in done else watcher
+        err = task.exception()
+        if err is not None:
+            raise err
+        return "closed"
+
+    async def _read_subscribed(self, conn: AbstractConnection) -> None:
+        await conn.send_command("SUBSCRIBE", *self._subscribe_to, check_health=False)
+        unconfirmed = set(self._subscribe_to)
+        dispatch = self._dispatch
+        read = conn.read_response
+        while True:
+            msg = await read()
+            self._rx += 1
+            kind = msg[0]
+            if kind == b"message":
+                dispatch(msg[2])
+            elif kind == b"subscribe":
+                unconfirmed.discard(msg[1].decode())
+                if not unconfirmed and not self._subscribed:
+                    self._subscribed = True
+                    self.stats.subscriber_connects += 1
+                    self._subscribed_event.set()
+                    logger.info("subscribed to Redis channels %s", ", ".join(self._subscribe_to))
+                    self._run_hook(self._on_subscribed, "on_subscribed")
+            # b"pong" answers our health check; nothing else is expected.
+
+    async def _watch_subscriber(self, conn: AbstractConnection) -> str:
+        """PING when idle; return when nothing at all came back within ping_timeout."""
+        loop = asyncio.get_running_loop()
+        seen = self._rx
+        last_rx = loop.time()
+        while True:
+            await asyncio.sleep(self.ping_interval)
+            now = loop.time()
+            if self._rx != seen:
+                seen, last_rx = self._rx, now
+                continue
+            if now - last_rx >= self.ping_timeout:
+                self.stats.health_check_failures += 1
+                return f"no reply to PING within {self.ping_timeout:g}s"
+            async with asyncio.timeout(self.ping_timeout):
+                await conn.send_command("PING", check_health=False)
+
+    def _dispatch(self, data: bytes) -> None:
+        if not data or data.isspace():
+            return
+        try:
+            cmd = wire.parse_line(data)
+        except Exception as err:  # noqa: BLE001 - a bad message must never stop the reader
+            self.stats.invalid += 1
+            self._invalid_log.warning("ignoring invalid replication message on Redis: %s", err)
+            return
+        own = self.instance_name
+        if own is not None and cmd.NAME in ECHO_COMMANDS and cmd.instance_name == own:  # type: ignore[attr-defined]
+            self.stats.echoes += 1
+            return
+        self.stats.received += 1
+        handler = self._on_command
+        if handler is None:
+            return
+        try:
+            result = handler(cmd)
+        except Exception:  # noqa: BLE001
+            self.stats.handler_errors += 1
+            logger.exception("replication handler failed on %s", cmd.NAME)
+            return
+        if inspect.isawaitable(result):
+            self._track(asyncio.ensure_future(result), f"handler for {cmd.NAME}")
+
+    # ------------------------------------------------------------------ hooks
+
+    def _run_hook(self, hook: Hook | None, what: str) -> None:
+        if hook is None:
+            return
+        try:
+            result = hook()
+        except Exception:  # noqa: BLE001
+            logger.exception("Redis carrier hook %s failed", what)
+            return
+        if inspect.isawaitable(result):
+            self._track(asyncio.ensure_future(result), what)
+
+    def _track(self, fut: asyncio.Future[Any], what: str) -> None:
+        self._hook_tasks.add(fut)  # type: ignore[arg-type]
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self._hook_tasks.discard(f)  # type: ignore[arg-type]
+            if not f.cancelled() and f.exception() is not None:
+                if what.startswith("handler"):
+                    self.stats.handler_errors += 1
+                logger.error("Redis carrier %s failed", what, exc_info=f.exception())
+
+        fut.add_done_callback(done)
+
+    # ------------------------------------------------------------------ publisher
+
+    async def _publisher_main(self) -> None:
+        attempt = 0
+        connected_before = False
+        while True:
+            try:
+                conn = await self._connect("pub")
+            except Exception as err:  # noqa: BLE001 - keep trying forever, whatever went wrong
+                self.stats.publisher_failures += 1
+                await self._backoff("publisher", attempt, err)
+                attempt += 1
+                continue
+            attempt = 0
+            self.stats.publisher_connects += 1
+            self._publisher_up = True
+            if connected_before:
+                logger.info("Redis publisher reconnected; %d commands queued", len(self._queue))
+            connected_before = True
+            try:
+                await self._publish_on(conn)
+                reason = "closed"
+            except Exception as err:  # noqa: BLE001
+                reason = self._describe(err)
+                if not isinstance(err, (RedisError, OSError, TimeoutError)):
+                    logger.exception("unexpected error on the Redis publisher connection")
+            finally:
+                self._publisher_up = False
+                await self._discard(conn)
+                if self._in_flight:
+                    self.stats.lost_in_flight += self._in_flight
+                    self._in_flight = 0
+                # Whatever was published since the last resync may be lost: announce positions again.
+                self._need_resync = True
+            self.stats.publisher_failures += 1
+            logger.warning(
+                "Redis publisher connection lost (%s); %d commands queued, reconnecting", reason, len(self._queue)
+            )
+            await self._backoff("publisher", attempt, ConnectionError(reason))
+            attempt += 1
+
+    async def _publish_on(self, conn: AbstractConnection) -> None:
+        """Flush the queue over ``conn`` until it fails; PING it when idle."""
+        queue = self._queue
+        read = conn.read_response
+        write = conn.send_packed_command
+        stats = self.stats
+        while True:
+            if not queue:
+                self._drained()
+                if queue:
+                    continue  # the resync hook queued positions
+                self._wake.clear()
+                self._flusher_waiting = True
+                try:
+                    async with asyncio.timeout(self.ping_interval):
+                        await self._wake.wait()
+                    continue
+                except TimeoutError:
+                    self._flusher_waiting = False
+                try:
+                    async with asyncio.timeout(self.ping_timeout):
+                        await write(b"*1\r\n$4\r\nPING\r\n", check_health=False)
+                        await read()
+                except TimeoutError:
+                    stats.health_check_failures += 1
+                    raise TimeoutError(f"no reply to PING within {self.ping_timeout:g}s") from None
+                continue
+            n = min(len(queue), self.max_batch)
+            if n == len(queue):
+                batch = list(queue)
+                queue.clear()
+            else:
+                batch = [queue.popleft() for _ in range(n)]
+            self._in_flight = n
+            try:
+                async with asyncio.timeout(self.ping_timeout):
+                    await write(batch, check_health=False)
+                    errors = 0
+                    for _ in range(n):
+                        try:
+                            await read()
+                        except ResponseError as err:
+                            errors += 1
+                            if errors == 1:
+                                logger.error("Redis refused PUBLISH: %s", err)
+            except TimeoutError:
+                stats.health_check_failures += 1
+                raise TimeoutError(f"no reply from Redis within {self.ping_timeout:g}s") from None
+            self._in_flight = 0
+            stats.round_trips += 1
+            stats.published += n - errors
+            stats.publish_errors += errors
+
+    def _drained(self) -> None:
+        """The queue is empty: resync if something may have been lost, wake flush() waiters."""
+        if self._need_resync:
+            self._need_resync = False
+            if self._overflowing:
+                logger.warning("Redis publish queue drained after dropping %d commands; resyncing", self.stats.dropped)
+            self._overflowing = False
+            self.stats.resyncs += 1
+            self._run_hook(self._on_resync, "on_resync")
+            if self._queue:
+                return
+        waiters, self._drained_waiters = self._drained_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+# ---------------------------------------------------------------------- tail
+
+
+def command_to_json(cmd: Command) -> dict[str, Any]:
+    """A JSON-ready dict of ``cmd``: ``{"command": NAME, <field>: value, ...}``."""
+    out: dict[str, Any] = {"command": cmd.NAME}
+    for field in cmd._FIELDS:  # noqa: SLF001 - the field list is the public shape of a command
+        out[field] = getattr(cmd, field)
+    return out
+
+
+def _stream_of(cmd: Command) -> str | None:
+    return getattr(cmd, "stream_name", None)
+
+
+async def tail_redis(
+    url: str,
+    server_name: str,
+    streams: Sequence[str] = (),
+    json_output: bool = False,
+    *,
+    user_ip: bool = False,
+    replicate: bool = False,
+    out: IO[str] | None = None,
+    limit: int | None = None,
+    stop: asyncio.Event | None = None,
+) -> RedisCarrierStats:
+    """Print a live deployment's replication traffic, decoded, until cancelled.
+
+    ``streams`` keeps only RDATA/POSITION of those streams (other commands
+    always show). ``json_output`` prints one JSON object per line instead of
+    the wire line. ``user_ip`` also subscribes to ``<server_name>/USER_IP``.
+    ``replicate`` publishes REPLICATE once subscribed, so writers announce
+    their positions (otherwise tail only listens). Stops after ``limit``
+    commands or when ``stop`` is set; returns the carrier's counters.
+    """
+    out = out or sys.stdout
+    wanted = frozenset(streams)
+    done = stop or asyncio.Event()
+    shown = 0
+
+    def show(cmd: Command) -> None:
+        nonlocal shown
+        stream = _stream_of(cmd)
+        if wanted and stream is not None and stream not in wanted:
+            return
+        if json_output:
+            out.write(json.dumps(command_to_json(cmd), separators=(",", ":")) + "\n")
+        else:
+            out.write(wire.encode(cmd).decode("utf-8", "replace") + "\n")
+        out.flush()
+        shown += 1
+        if limit is not None and shown >= limit:
+            done.set()
+
+    carrier: RedisCarrier
+
+    def subscribed() -> None:
+        if replicate:
+            carrier.send(wire.ReplicateCommand())
+
+    carrier = RedisCarrier(
+        url, server_name, on_command=show, on_subscribed=subscribed,
+        subscribe_user_ip=user_ip, client_name="factstream-tail",
+    )
+    async with carrier:
+        await done.wait()
+    return carrier.stats
