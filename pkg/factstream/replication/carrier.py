@@ -1,0 +1,75 @@
+"""The carrier contract: the whole interface between the replication core and a transport.
+
+A transport (TCP, Redis pub/sub, an in-memory pipe in tests) does framing,
+handshakes, keepalives and reconnection, and nothing about streams or
+positions. It talks to the core through two small types:
+
+* the transport implements :class:`Connection` for every live link and
+  calls ``send``-side code never; the core calls ``conn.send(cmd)`` /
+  ``conn.send_many(cmds)`` (non-blocking, in order) and ``conn.close(reason)``;
+* the core implements :class:`CommandSink` (``ReplicationHub`` does) and the
+  transport calls ``connection_made(conn)`` once a link is usable (after its
+  own handshake), ``command_received(conn, cmd)`` for every command that is
+  not transport business (SERVER, NAME and PING stay in the transport; so do
+  ERROR replies to bad lines), and ``connection_lost(conn, reason)`` exactly
+  once per ``connection_made``.
+
+``Connection.broadcast`` is False for point-to-point links (TCP: the writer
+streams RDATA to a connection only after it asked REPLICATE) and True for
+shared buses (Redis: every RDATA is published for whoever listens).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Protocol
+
+from ..commands import Command
+
+__all__ = ["Connection", "CommandSink"]
+
+
+class Connection(ABC):
+    """One live link to one peer (or to a bus); created and owned by a transport."""
+
+    #: True for a shared bus where RDATA goes out without a REPLICATE first.
+    broadcast: bool = False
+    #: Human-readable description for logs and metrics ("tcp 127.0.0.1:9092").
+    description: str = "connection"
+    #: The peer's name once known (TCP: SERVER or NAME), else None.
+    peer_name: str | None = None
+
+    @abstractmethod
+    def send(self, cmd: Command) -> None:
+        """Queue ``cmd`` for the peer; never blocks. May close the link if the peer fell behind."""
+
+    def send_many(self, cmds: Iterable[Command]) -> None:
+        """Queue several commands in order (transports override this to write once)."""
+        for cmd in cmds:
+            self.send(cmd)
+
+    @abstractmethod
+    def close(self, reason: str | None = None) -> None:
+        """Close the link (sending ``ERROR reason`` first when given); idempotent."""
+
+    @property
+    @abstractmethod
+    def connected(self) -> bool:
+        """False once the link is closing or closed."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.description}>"
+
+
+class CommandSink(Protocol):
+    """What a transport drives; implemented by :class:`factstream.replication.ReplicationHub`."""
+
+    def connection_made(self, conn: Connection) -> None:
+        """``conn`` finished its handshake and can carry commands."""
+
+    def command_received(self, conn: Connection, cmd: Command) -> None:
+        """A valid command arrived on ``conn``."""
+
+    def connection_lost(self, conn: Connection, reason: str) -> None:
+        """``conn`` is gone (called once per ``connection_made``)."""

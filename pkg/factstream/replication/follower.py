@@ -1,0 +1,357 @@
+"""Reader side: positions per (stream, writer), batches, catch-up, in-order delivery.
+
+The follower consumes RDATA and POSITION (handed over by the hub, from any
+transport) and delivers rows to the application strictly in token order per
+(stream, writer), each fact exactly once:
+
+* ``batch`` rows are held per (stream, writer) until the row with the numeric
+  token arrives, then delivered together at that token;
+* rows at or below the known position are dropped (stale or duplicate);
+* ``POSITION s w prev new`` with ``prev`` ahead of the known position means
+  facts were missed: they are fetched from the stream's update source in
+  pages of ``page_limit`` (the database, or the writer for in-memory
+  streams) while later commands for that (stream, writer) wait in order;
+* a (stream, writer) seen for the first time starts at ``start_position``
+  (e.g. 0 to replay everything the source holds) or, when that is None, at
+  the first POSITION's ``new`` token (live only).
+
+Delivery: ``add_handler(fn, stream=None)`` with ``fn(stream, writer, token,
+rows)`` (synchronous, called in order), or ``async for update in
+follower.updates()``. ``await wait_for_position(stream, writer, token,
+timeout)`` raises :class:`PositionTimeout` on timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .. import metrics
+from ..commands import PositionCommand, RdataCommand
+from ..errors import FactstreamError, ProtocolError
+from ..streams.registry import StreamRegistry, default_registry
+from ..streams.sources import UpdateSource
+
+__all__ = ["Follower", "Update", "PositionTimeout", "RowsHandler"]
+
+log = logging.getLogger(__name__)
+
+#: ``handler(stream_name, writer, token, rows)``.
+RowsHandler = Callable[[str, str, int, list[Any]], Any]
+
+
+class PositionTimeout(FactstreamError, TimeoutError):
+    """A stream did not reach the awaited position in time."""
+
+
+class Update(NamedTuple):
+    """Rows of one fact (all rows at one token) as yielded by ``Follower.updates()``."""
+
+    stream: str
+    writer: str
+    token: int
+    rows: list[Any]
+
+
+@dataclass
+class _Key:
+    stream: str
+    writer: str
+    position: int | None
+    batch: list[Any] = field(default_factory=list)
+    batch_conn: object = None
+    queue: deque[tuple[Any, ...]] = field(default_factory=deque)
+    fetching: bool = False
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    gauge: Any = None
+
+
+class Follower:
+    """Follows the streams of every writer it hears about (see module doc)."""
+
+    def __init__(
+        self,
+        registry: StreamRegistry | None = None,
+        *,
+        sources: Mapping[str, UpdateSource] | None = None,
+        positions: Mapping[tuple[str, str], int] | None = None,
+        start_position: int | None = None,
+        page_limit: int = 1000,
+        typed: bool = True,
+        streams: set[str] | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else default_registry()
+        self.sources: dict[str, UpdateSource] = dict(sources or {})
+        self.start_position = start_position
+        self.page_limit = page_limit
+        self.typed = typed
+        #: Only these streams are followed (None: all).
+        self.streams = streams
+        self._keys: dict[tuple[str, str], _Key] = {}
+        for (s, w), pos in (positions or {}).items():
+            self._key(s, w).position = pos
+        self._handlers: list[tuple[str | None, RowsHandler]] = []
+        self._queues: list[asyncio.Queue[Update]] = []
+        self._unknown_reported: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._drop_metric: dict[tuple[str, str], Any] = {}
+        self._rows_metric: dict[str, Any] = {}
+        #: Counters kept for tests and the demo.
+        self.stats: dict[str, int] = {"delivered_rows": 0, "stale_rows": 0, "catchup_rows": 0, "catchup_fetches": 0}
+
+    # ------------------------------------------------------------ application API
+
+    def add_handler(self, handler: RowsHandler, stream: str | None = None) -> None:
+        """Call ``handler(stream, writer, token, rows)`` for each fact (of ``stream``, or all)."""
+        self._handlers.append((stream, handler))
+
+    def remove_handler(self, handler: RowsHandler) -> None:
+        """Stop calling ``handler``."""
+        self._handlers = [(s, h) for s, h in self._handlers if h is not handler]
+
+    async def updates(self, maxsize: int = 0) -> AsyncIterator[Update]:
+        """Iterate facts as they are delivered (from now on), in order per (stream, writer)."""
+        queue: asyncio.Queue[Update] = asyncio.Queue(maxsize)
+        self._queues.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._queues.remove(queue)
+
+    def position(self, stream: str, writer: str) -> int | None:
+        """The last delivered position of ``writer`` in ``stream`` (None if never heard of)."""
+        key = self._keys.get((stream, writer))
+        return None if key is None else key.position
+
+    def positions(self) -> dict[tuple[str, str], int | None]:
+        """(stream, writer) -> position, for every pair heard of."""
+        return {k: v.position for k, v in self._keys.items()}
+
+    def is_catching_up(self) -> bool:
+        """True while any out-of-band fetch is running."""
+        return any(k.fetching for k in self._keys.values())
+
+    async def wait_for_position(self, stream: str, writer: str, token: int, timeout: float = 30.0) -> None:
+        """Return once ``writer``'s ``stream`` was delivered up to ``token``; PositionTimeout after ``timeout``."""
+        key = self._key(stream, writer)
+        if key.position is not None and key.position >= token:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (token, fut)
+        key.waiters.append(entry)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise PositionTimeout(
+                f"stream {stream} of writer {writer} is at {key.position}, not {token}, after {timeout}s; "
+                "is the writer running and the reader connected?"
+            ) from None
+        finally:
+            if entry in key.waiters:
+                key.waiters.remove(entry)
+
+    # ------------------------------------------------------------ hub-facing
+
+    def on_rdata(self, cmd: RdataCommand, conn: object = None) -> None:
+        """Consume one RDATA (batched rows wait for their numeric token)."""
+        stream = cmd.stream_name
+        if self.streams is not None and stream not in self.streams:
+            return
+        key = self._keys.get((stream, cmd.instance_name)) or self._key(stream, cmd.instance_name)
+        row = self._parse(stream, cmd.row)
+        if cmd.token is None:
+            key.batch.append(row)
+            key.batch_conn = conn
+            return
+        if key.batch:
+            rows = key.batch
+            rows.append(row)
+            key.batch = []
+        else:
+            rows = [row]
+        if key.fetching:
+            key.queue.append(("rows", cmd.token, rows))
+        else:
+            self._apply_rows(key, cmd.token, rows)
+
+    def on_position(self, cmd: PositionCommand, conn: object = None) -> None:
+        """Consume one POSITION: advance, or fetch what was missed."""
+        if self.streams is not None and cmd.stream_name not in self.streams:
+            return
+        key = self._key(cmd.stream_name, cmd.instance_name)
+        if key.fetching:
+            key.queue.append(("pos", cmd.prev_token, cmd.new_token))
+        else:
+            self._apply_position(key, cmd.prev_token, cmd.new_token)
+
+    def connection_lost(self, conn: object) -> None:
+        """Forget batches begun on ``conn``: their closing row will never come (catch-up repairs)."""
+        for key in self._keys.values():
+            if key.batch and (conn is None or key.batch_conn is conn):
+                key.batch = []
+
+    async def close(self) -> None:
+        """Cancel running catch-up fetches."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except BaseException:
+                pass
+
+    # ------------------------------------------------------------ internals
+
+    def _key(self, stream: str, writer: str) -> _Key:
+        key = self._keys.get((stream, writer))
+        if key is None:
+            key = self._keys[(stream, writer)] = _Key(stream, writer, None)
+            key.gauge = metrics.POSITION.labels("reader", stream, writer)
+        return key
+
+    def _parse(self, stream: str, row: Any) -> Any:
+        if not self.typed:
+            return row
+        try:
+            return self.registry.parse_row(stream, row)
+        except KeyError:
+            if stream not in self._unknown_reported:
+                self._unknown_reported.add(stream)
+                log.warning("rows of unknown stream %r are delivered untyped; register it in the StreamRegistry", stream)
+            return row
+        except ProtocolError as err:
+            log.warning("malformed %s row delivered untyped: %s", stream, err)
+            return row
+
+    def _drop(self, stream: str, why: str, n: int) -> None:
+        m = self._drop_metric.get((stream, why))
+        if m is None:
+            m = self._drop_metric[(stream, why)] = metrics.DROPPED_ROWS.labels(stream, why)
+        m.inc(n)
+
+    def _apply_rows(self, key: _Key, token: int, rows: list[Any]) -> None:
+        pos = key.position
+        if pos is None:
+            if self.start_position is None:
+                self._drop(key.stream, "unknown_position", len(rows))
+                return
+            pos = key.position = self.start_position
+            if token > pos + 1 and key.stream in self.sources:
+                # We do not know what lies between our start and this row: fetch it first.
+                key.queue.append(("rows", token, rows))
+                self._start_fetch(key, token - 1)
+                return
+        if token <= pos:
+            self.stats["stale_rows"] += len(rows)
+            self._drop(key.stream, "stale", len(rows))
+            return
+        self._deliver(key, token, rows)
+        self._advance(key, token)
+
+    def _apply_position(self, key: _Key, prev: int, new: int) -> None:
+        pos = key.position
+        if pos is None:
+            if self.start_position is None:
+                self._advance(key, new)
+                return
+            pos = key.position = self.start_position
+        if prev > pos:
+            self._start_fetch(key, new)
+        elif new > pos:
+            self._advance(key, new)
+
+    def _start_fetch(self, key: _Key, target: int) -> None:
+        source = self.sources.get(key.stream)
+        if source is None:
+            log.warning(
+                "%s/%s: missed facts (%s, %d] but no update source is configured for this stream; skipping them",
+                key.stream, key.writer, key.position, target,
+            )
+            self._advance(key, target)
+            return
+        key.fetching = True
+        task = asyncio.get_running_loop().create_task(self._catch_up(key, source, target))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _catch_up(self, key: _Key, source: UpdateSource, target: int) -> None:
+        delay = 0.05
+        fetches = metrics.CATCHUP_FETCHES.labels(key.stream)
+        fetched = metrics.CATCHUP_ROWS.labels(key.stream)
+        while True:
+            assert key.position is not None
+            pos = key.position
+            if pos >= target:
+                break
+            try:
+                updates, upto, limited = await source.get_updates(key.writer, pos, target, self.page_limit)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning("%s/%s: catch-up after %d failed (%s); retrying in %.2fs", key.stream, key.writer, pos, err, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.05
+            fetches.inc()
+            fetched.inc(len(updates))
+            self.stats["catchup_fetches"] += 1
+            self.stats["catchup_rows"] += len(updates)
+            i, n = 0, len(updates)
+            while i < n:
+                token = updates[i][0]
+                rows = []
+                while i < n and updates[i][0] == token:
+                    rows.append(self._parse(key.stream, updates[i][1]))
+                    i += 1
+                if token > key.position:
+                    self._deliver(key, token, rows)
+                    self._advance(key, token)
+            if upto > key.position:
+                self._advance(key, min(upto, target))
+            if not limited and key.position < target:
+                self._advance(key, target)
+        key.fetching = False
+        self._drain_queue(key)
+
+    def _drain_queue(self, key: _Key) -> None:
+        queue = key.queue
+        while queue and not key.fetching:
+            item = queue.popleft()
+            if item[0] == "rows":
+                self._apply_rows(key, item[1], item[2])
+            else:
+                self._apply_position(key, item[1], item[2])
+
+    def _deliver(self, key: _Key, token: int, rows: list[Any]) -> None:
+        stream, writer = key.stream, key.writer
+        for only, handler in self._handlers:
+            if only is None or only == stream:
+                try:
+                    handler(stream, writer, token, rows)
+                except Exception:
+                    log.exception("handler %r failed on %s/%s token %d", handler, stream, writer, token)
+        if self._queues:
+            update = Update(stream, writer, token, rows)
+            for q in self._queues:
+                q.put_nowait(update)
+        self.stats["delivered_rows"] += len(rows)
+        m = self._rows_metric.get(stream)
+        if m is None:
+            m = self._rows_metric[stream] = metrics.ROWS.labels("reader", stream)
+        m.inc(len(rows))
+
+    def _advance(self, key: _Key, token: int) -> None:
+        if key.position is not None and token <= key.position:
+            return
+        key.position = token
+        key.gauge.set(token)
+        if key.waiters:
+            for entry in list(key.waiters):
+                if entry[0] <= token and not entry[1].done():
+                    entry[1].set_result(None)

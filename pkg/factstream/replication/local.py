@@ -1,0 +1,74 @@
+"""A small in-memory writer: reserve a token, write rows, complete, publish.
+
+Used for streams that live only in a writer's memory (typing, the caches
+stream when no database backs it), in tests and in benchmarks. It follows
+the id-generator contract: tokens are reserved in order, complete in any
+order (success or rollback), and the position advances to the largest token
+below which everything completed; listeners get ``(stream, writer, old,
+new)`` synchronously, exactly like ``factstream.ids`` listeners.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..streams.sources import MemoryUpdateSource
+
+__all__ = ["LocalStream"]
+
+Listener = Callable[[str, str, int, int], None]
+
+
+class LocalStream:
+    """An in-memory stream written by this process (see module doc)."""
+
+    def __init__(
+        self, name: str, instance_name: str, *, start: int = 0, source: MemoryUpdateSource | None = None
+    ) -> None:
+        self.name = name
+        self.instance_name = instance_name
+        self.source = source or MemoryUpdateSource()
+        self._next = start
+        self._position = start
+        self._pending: list[int] = []  # reserved, not completed (heap)
+        self._done: set[int] = set()
+        self._listeners: list[Listener] = []
+
+    def add_listener(self, cb: Listener) -> None:
+        """``cb(stream, writer, old, new)`` whenever the position advances."""
+        self._listeners.append(cb)
+
+    def current_token(self) -> int:
+        """Largest token with everything at or below it completed."""
+        return self._position
+
+    def reserve(self) -> int:
+        """Reserve the next token (complete it later with :meth:`complete`)."""
+        self._next += 1
+        heapq.heappush(self._pending, self._next)
+        return self._next
+
+    def complete(self, token: int, rows: Iterable[Any] | None = ()) -> None:
+        """Complete ``token`` with ``rows`` (None or empty = rolled back, a hole)."""
+        if rows:
+            for row in rows:
+                self.source.add(self.instance_name, token, row)
+        self._done.add(token)
+        pending = self._pending
+        new = self._position
+        while pending and pending[0] in self._done:
+            t = heapq.heappop(pending)
+            self._done.discard(t)
+            new = t
+        if new > self._position:
+            old, self._position = self._position, new
+            for cb in self._listeners:
+                cb(self.name, self.instance_name, old, new)
+
+    def write(self, rows: Iterable[Any]) -> int:
+        """Reserve, write ``rows`` at one token and complete; returns the token."""
+        token = self.reserve()
+        self.complete(token, list(rows))
+        return token

@@ -1,0 +1,172 @@
+"""Writer side: turn "position moved old -> new" into RDATA and POSITION commands.
+
+Register each stream this process writes with :meth:`Publisher.add_stream`
+(its current position and an update source), then hook
+:meth:`Publisher.notify` to the id generator's listener
+(``id_gen.add_listener(publisher.notify)``). For every advance the publisher
+asks the update source for the rows in ``(sent, new]`` and emits, in token
+order, one RDATA per row; several rows at one token go out as ``batch`` rows
+ending with the numeric token; a range with no rows (rollback holes, an idle
+writer) or rows ending below ``new`` is closed by ``POSITION sent new``.
+
+Sources with a synchronous ``get_updates_now`` (the in-memory source) are
+published inside ``notify`` itself; others (database tables) are drained by
+one background task in pages of ``page_limit`` rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import metrics
+from ..commands import Command, PositionCommand, RdataCommand
+from ..streams.rows import Row
+from ..streams.sources import UpdateSource
+
+__all__ = ["Publisher"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Published:
+    name: str
+    source: UpdateSource
+    sent: int
+    target: int
+    sync_get: Callable[..., Any] | None = None
+    gauge: Any = field(default=None)
+
+
+def _wire(row: Any) -> Any:
+    return row.to_wire() if isinstance(row, Row) else row
+
+
+class Publisher:
+    """Publishes the facts of the streams one writer instance writes (see module doc)."""
+
+    def __init__(self, instance_name: str, *, page_limit: int = 1000) -> None:
+        self.instance_name = instance_name
+        self.page_limit = page_limit
+        self._streams: dict[str, _Published] = {}
+        self._sinks: list[Callable[[list[Command]], None]] = []
+        self._dirty: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._rows_metric: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ setup
+
+    def add_stream(self, name: str, source: UpdateSource, current_token: int) -> None:
+        """Publish stream ``name`` from ``current_token`` on, reading rows from ``source``."""
+        if name in self._streams:
+            raise ValueError(f"stream {name!r} is already published by {self.instance_name}")
+        gauge = metrics.POSITION.labels("writer", name, self.instance_name)
+        gauge.set(current_token)
+        self._streams[name] = _Published(
+            name, source, current_token, current_token, getattr(source, "get_updates_now", None), gauge
+        )
+        self._rows_metric[name] = metrics.ROWS.labels("writer", name)
+
+    def add_sink(self, sink: Callable[[list[Command]], None]) -> None:
+        """``sink(commands)`` receives every batch of outgoing commands (the hub's broadcast)."""
+        self._sinks.append(sink)
+
+    @property
+    def streams(self) -> list[str]:
+        """Names of the published streams."""
+        return list(self._streams)
+
+    def positions(self) -> dict[str, int]:
+        """Stream -> the position up to which facts were published."""
+        return {name: st.sent for name, st in self._streams.items()}
+
+    def position_commands(self) -> list[PositionCommand]:
+        """What to answer to REPLICATE: ``POSITION s w p p`` per stream, at the published position."""
+        return [PositionCommand(s.name, self.instance_name, s.sent, s.sent) for s in self._streams.values()]
+
+    # ------------------------------------------------------------ listener
+
+    def notify(self, stream_name: str, instance_name: str, old: int, new: int) -> None:
+        """Id-generator listener: ``instance_name``'s position in ``stream_name`` moved to ``new``."""
+        st = self._streams.get(stream_name)
+        if st is None or instance_name != self.instance_name or new <= st.target:
+            return
+        st.target = new
+        if st.sync_get is not None:
+            self._publish_now(st)
+            return
+        self._dirty.add(stream_name)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain(), name="factstream-publisher")
+
+    def _publish_now(self, st: _Published) -> None:
+        while st.sent < st.target:
+            updates, upto, _limited = st.sync_get(self.instance_name, st.sent, st.target, self.page_limit)
+            self._emit(st, updates, upto)
+
+    async def _drain(self) -> None:
+        delay = 0.1
+        while self._dirty:
+            name = min(self._dirty)  # any order across streams; within a stream, strict
+            st = self._streams[name]
+            try:
+                while st.sent < st.target:
+                    updates, upto, _limited = await st.source.get_updates(
+                        self.instance_name, st.sent, st.target, self.page_limit
+                    )
+                    self._emit(st, updates, upto)
+                delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("publisher: fetching %s rows after %d failed; retrying in %.1fs", name, st.sent, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if st.sent >= st.target:
+                self._dirty.discard(name)
+
+    def _emit(self, st: _Published, updates: list[tuple[int, Any]], upto: int) -> None:
+        name, inst = st.name, self.instance_name
+        cmds: list[Command] = []
+        last = st.sent
+        n = len(updates)
+        i = 0
+        while i < n:
+            token = updates[i][0]
+            j = i
+            while j + 1 < n and updates[j + 1][0] == token:
+                j += 1
+            if token > last:
+                for k in range(i, j):
+                    cmds.append(RdataCommand(name, inst, None, _wire(updates[k][1])))
+                cmds.append(RdataCommand(name, inst, token, _wire(updates[j][1])))
+                last = token
+            i = j + 1
+        if upto > last:
+            cmds.append(PositionCommand(name, inst, last, upto))
+        if upto > st.sent:
+            st.sent = upto
+            st.gauge.set(upto)
+        if n:
+            self._rows_metric[name].inc(n)
+        if cmds:
+            for sink in self._sinks:
+                sink(cmds)
+
+    async def flush(self) -> None:
+        """Wait until every notified position has been published."""
+        while self._dirty:
+            task = self._task
+            if task is None or task.done():
+                self._task = task = asyncio.get_running_loop().create_task(self._drain())
+            await asyncio.shield(task)
+
+    def close(self) -> None:
+        """Stop the background task (pending publications are dropped; readers catch up later)."""
+        if self._task is not None:
+            self._task.cancel()

@@ -1,0 +1,307 @@
+"""Typed rows of Synapse's replication streams, field for field in wire order.
+
+A row travels as a JSON array (``RDATA <stream> <writer> <token> <row>``);
+``Row.from_wire(list)`` gives the typed value and ``row.to_wire()`` the array
+back, so a line from a real Synapse decodes into a typed row and re-encodes to
+the same bytes. The ``events`` stream wraps one of three kinds (``ev``,
+``state``, ``state-all``) as ``[kind, [fields...]]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, TypeVar
+
+from ..errors import ProtocolError
+
+__all__ = [
+    "Row",
+    "BackfillRow",
+    "PresenceRow",
+    "PresenceFederationRow",
+    "TypingRow",
+    "ReceiptsRow",
+    "PushRulesRow",
+    "PushersRow",
+    "CachesRow",
+    "DeviceListsRow",
+    "ToDeviceRow",
+    "AccountDataRow",
+    "ThreadSubscriptionsRow",
+    "ProfileUpdatesRow",
+    "StickyEventsRow",
+    "QuarantinedMediaRow",
+    "FederationRow",
+    "UnPartialStatedRoomRow",
+    "UnPartialStatedEventRow",
+    "EventsRow",
+    "EventRow",
+    "CurrentStateRow",
+    "AllStateRow",
+    "EVENT_ROW_KINDS",
+]
+
+R = TypeVar("R", bound="Row")
+
+
+class Row:
+    """Base of the row types: a frozen dataclass whose fields are in wire order."""
+
+    __slots__ = ()
+    STREAM: ClassVar[str] = ""
+
+    @classmethod
+    def from_wire(cls: type[R], row: Any) -> R:
+        """The typed row for a decoded JSON array; ProtocolError if its shape is wrong."""
+        if not isinstance(row, (list, tuple)):
+            raise ProtocolError(f"{cls.STREAM} row must be a JSON array, not {type(row).__name__}", repr(row))
+        n = len(dataclasses.fields(cls))  # type: ignore[arg-type]
+        if len(row) != n:
+            raise ProtocolError(f"{cls.STREAM} row must have {n} fields, got {len(row)}", repr(row))
+        return cls(*row)
+
+    def to_wire(self) -> list[Any]:
+        """The JSON array Synapse sends for this row."""
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]  # type: ignore[arg-type]
+
+
+def _row(stream: str) -> Any:
+    def wrap(cls: type[Row]) -> type[Row]:
+        cls.STREAM = stream
+        return dataclasses.dataclass(frozen=True, slots=True)(cls)
+
+    return wrap
+
+
+@_row("backfill")
+class BackfillRow(Row):
+    """An old event was fetched, or stopped being an outlier (tokens are negative)."""
+
+    event_id: str
+    room_id: str
+    type: str
+    state_key: str | None
+    redacts: str | None
+    relates_to: str | None
+
+
+@_row("presence")
+class PresenceRow(Row):
+    """A user's presence changed."""
+
+    user_id: str
+    state: str
+    last_active_ts: int
+    last_federation_update_ts: int
+    last_user_sync_ts: int
+    status_msg: str | None
+    currently_active: bool
+
+
+@_row("presence_federation")
+class PresenceFederationRow(Row):
+    """A presence update to send to one remote destination."""
+
+    destination: str
+    user_id: str
+
+
+@_row("typing")
+class TypingRow(Row):
+    """Everyone typing in a room right now (replaces the previous list)."""
+
+    room_id: str
+    user_ids: list[str]
+
+
+@_row("receipts")
+class ReceiptsRow(Row):
+    """A read receipt."""
+
+    room_id: str
+    receipt_type: str
+    user_id: str
+    event_id: str
+    thread_id: str | None
+    data: dict[str, Any]
+
+
+@_row("push_rules")
+class PushRulesRow(Row):
+    """A user changed their push rules."""
+
+    user_id: str
+
+
+@_row("pushers")
+class PushersRow(Row):
+    """A pusher was added, changed or removed."""
+
+    user_id: str
+    app_id: str
+    pushkey: str
+    deleted: bool
+
+
+@_row("caches")
+class CachesRow(Row):
+    """Invalidate ``keys`` of ``cache_func`` (the whole cache when ``keys`` is None)."""
+
+    cache_func: str
+    keys: list[Any] | None
+    invalidation_ts: int
+
+
+@_row("device_lists")
+class DeviceListsRow(Row):
+    """A user's devices or cross-signing signatures changed."""
+
+    user_id: str
+    is_signature: bool
+    hosts_calculated: bool
+
+
+@_row("to_device")
+class ToDeviceRow(Row):
+    """New to-device messages for a user or a remote server (``entity``)."""
+
+    entity: str
+
+
+@_row("account_data")
+class AccountDataRow(Row):
+    """Global (room_id None) or per-room account data changed."""
+
+    user_id: str
+    room_id: str | None
+    data_type: str
+
+
+@_row("thread_subscriptions")
+class ThreadSubscriptionsRow(Row):
+    """A thread subscription changed."""
+
+    user_id: str
+    room_id: str
+    event_id: str
+
+
+@_row("profile_updates")
+class ProfileUpdatesRow(Row):
+    """A profile changed (``affected_fields`` only for action ``update``)."""
+
+    user_id: str
+    action: str
+    affected_fields: list[str] | None
+
+
+@_row("sticky_events")
+class StickyEventsRow(Row):
+    """A sticky event changed."""
+
+    room_id: str
+    event_id: str
+
+
+@_row("quarantined_media")
+class QuarantinedMediaRow(Row):
+    """Media was quarantined or released."""
+
+    origin: str
+    media_id: str
+    quarantined: bool
+
+
+@_row("federation")
+class FederationRow(Row):
+    """Data for the federation sender (``type`` names the kind of ``data``)."""
+
+    type: str
+    data: Any
+
+
+@_row("un_partial_stated_room")
+class UnPartialStatedRoomRow(Row):
+    """A room now has full state."""
+
+    room_id: str
+
+
+@_row("un_partial_stated_event")
+class UnPartialStatedEventRow(Row):
+    """An event now has full state."""
+
+    event_id: str
+    rejection_status_changed: bool
+
+
+# ----------------------------------------------------------------- events
+
+
+@_row("events")
+class EventRow(Row):
+    """Events-stream kind ``ev``: a new event (or an ex-outlier)."""
+
+    KIND: ClassVar[str] = "ev"
+    event_id: str
+    room_id: str
+    type: str
+    state_key: str | None
+    redacts: str | None
+    relates_to: str | None
+    membership: str | None
+    rejected: bool
+    outlier: bool
+
+
+@_row("events")
+class CurrentStateRow(Row):
+    """Events-stream kind ``state``: one current-state entry changed (event_id None = removed)."""
+
+    KIND: ClassVar[str] = "state"
+    room_id: str
+    type: str
+    state_key: str
+    event_id: str | None
+
+
+@_row("events")
+class AllStateRow(Row):
+    """Events-stream kind ``state-all``: all of a room's current state changed."""
+
+    KIND: ClassVar[str] = "state-all"
+    room_id: str
+
+
+#: Events-stream kind -> its row type.
+EVENT_ROW_KINDS: dict[str, type[Row]] = {cls.KIND: cls for cls in (EventRow, CurrentStateRow, AllStateRow)}  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventsRow(Row):
+    """A row of the ``events`` stream: ``[kind, data]`` with ``data`` one of the kinds above."""
+
+    STREAM: ClassVar[str] = "events"
+    type: str
+    data: Row
+
+    @classmethod
+    def from_wire(cls, row: Any) -> EventsRow:
+        if not isinstance(row, (list, tuple)) or len(row) != 2:
+            raise ProtocolError("events row must be a JSON array [kind, fields]", repr(row))
+        kind, data = row
+        try:
+            kind_cls = EVENT_ROW_KINDS[kind]
+        except (KeyError, TypeError):
+            raise ProtocolError(
+                f"events row kind {kind!r} is unknown (expected one of {', '.join(EVENT_ROW_KINDS)})", repr(row)
+            ) from None
+        return cls(kind, kind_cls.from_wire(data))
+
+    @classmethod
+    def of(cls, data: Row) -> EventsRow:
+        """Wrap an EventRow / CurrentStateRow / AllStateRow for sending."""
+        return cls(data.KIND, data)  # type: ignore[attr-defined]
+
+    def to_wire(self) -> list[Any]:
+        return [self.type, self.data.to_wire()]

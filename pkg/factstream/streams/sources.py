@@ -1,0 +1,183 @@
+"""Update sources: how to fetch the facts of a stream between two positions.
+
+Every source answers Synapse's question::
+
+    await source.get_updates(instance_name, from_token, upto_token, limit)
+        -> (updates, upto_token, limited)
+
+``updates`` is a list of ``(token, row)`` in token order with
+``from_token < token <= upto_token``; when ``limited`` is true the returned
+``upto_token`` is where this page stopped (a token boundary: all rows of that
+token are included) and the caller asks again from there. A writer uses its
+source to turn "position moved old -> new" into rows; a reader uses one to
+repair gaps (catch-up).
+
+- :class:`MemoryUpdateSource`: facts held in a writer's memory (typing,
+  benchmarks, tests); bounded, answers only for what it still holds.
+- :class:`TableUpdateSource`: facts in a backing table, read through
+  ``factstream.store.database`` (SQLite or PostgreSQL).
+- ``factstream.transport.tcp.RemoteUpdateSource``: asks the writer process.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import FactstreamError
+
+__all__ = ["UpdateSource", "Updates", "MemoryUpdateSource", "TableUpdateSource", "UpdatesUnavailable"]
+
+#: ``(updates, upto_token, limited)``.
+Updates = tuple[list[tuple[int, Any]], int, bool]
+
+
+class UpdatesUnavailable(FactstreamError):
+    """The source no longer holds the facts asked for (e.g. a memory source's window moved on)."""
+
+
+@runtime_checkable
+class UpdateSource(Protocol):
+    """Anything that can list a stream's facts between two positions (see module doc)."""
+
+    async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
+        """Rows of ``instance_name`` in ``(from_token, upto_token]``, at most about ``limit``."""
+        ...
+
+
+def page(updates: Sequence[tuple[int, Any]], upto_token: int, limit: int) -> Updates:
+    """Cut sorted ``updates`` to about ``limit`` rows without splitting a token.
+
+    Returns Synapse's triple; when cut, ``upto_token`` becomes the last token
+    kept. A single token with more than ``limit`` rows is returned whole.
+    """
+    if len(updates) <= limit:
+        return list(updates), upto_token, False
+    last = updates[limit - 1][0]
+    end = limit
+    while end < len(updates) and updates[end][0] == last:
+        end += 1
+    if end == len(updates):
+        return list(updates), upto_token, False
+    return list(updates[:end]), last, True
+
+
+class MemoryUpdateSource:
+    """The recent facts of in-memory streams, kept by the writer (bounded per stream).
+
+    The writer calls :meth:`add` for each row *before* completing its token;
+    rows older than ``capacity`` are forgotten, and a request reaching below
+    the window raises :class:`UpdatesUnavailable` so a reader knows it lost
+    facts instead of silently skipping them. Holes (tokens without rows) need
+    no record.
+    """
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._tokens: dict[str, list[int]] = {}
+        self._rows: dict[str, list[Any]] = {}
+        self._floor: dict[str, int] = {}
+
+    def add(self, instance_name: str, token: int, row: Any) -> None:
+        """Record ``row`` written by ``instance_name`` at ``token`` (tokens non-decreasing)."""
+        tokens = self._tokens.setdefault(instance_name, [])
+        rows = self._rows.setdefault(instance_name, [])
+        if tokens and token < tokens[-1]:
+            # Out-of-order reservation completing: keep the list sorted.
+            i = bisect.bisect_right(tokens, token)
+            tokens.insert(i, token)
+            rows.insert(i, row)
+        else:
+            tokens.append(token)
+            rows.append(row)
+        if len(tokens) > self.capacity * 2:
+            cut = len(tokens) - self.capacity
+            while cut < len(tokens) and tokens[cut] == tokens[cut - 1]:
+                cut += 1
+            self._floor[instance_name] = tokens[cut - 1]
+            del tokens[:cut]
+            del rows[:cut]
+
+    async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
+        return self.get_updates_now(instance_name, from_token, upto_token, limit)
+
+    def get_updates_now(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
+        """Synchronous :meth:`get_updates` (the writer's hot path)."""
+        floor = self._floor.get(instance_name)
+        if floor is not None and from_token < floor:
+            raise UpdatesUnavailable(
+                f"facts of {instance_name} after {from_token} are no longer in memory (kept from {floor}); "
+                "raise MemoryUpdateSource capacity or back the stream with a table"
+            )
+        tokens = self._tokens.get(instance_name)
+        if not tokens:
+            return [], upto_token, False
+        lo = bisect.bisect_right(tokens, from_token)
+        hi = bisect.bisect_right(tokens, upto_token)
+        if hi - lo <= limit:
+            rows = self._rows[instance_name]
+            return [(tokens[i], rows[i]) for i in range(lo, hi)], upto_token, False
+        rows = self._rows[instance_name]
+        return page([(tokens[i], rows[i]) for i in range(lo, hi)], upto_token, limit)
+
+
+class TableUpdateSource:
+    """Facts read from a backing table through ``factstream.store.database``.
+
+    ``columns`` are the row's fields in wire order; ``instance_column`` may be
+    None for single-writer tables. ``to_row`` turns a result tuple (without the
+    token) into the wire row (default: a list). The query pages by token so a
+    token's rows are never split.
+    """
+
+    def __init__(
+        self,
+        db: Any,
+        table: str,
+        columns: Sequence[str],
+        *,
+        id_column: str = "stream_id",
+        instance_column: str | None = "instance_name",
+        to_row: Callable[[tuple[Any, ...]], Any] | None = None,
+        where: str = "",
+    ) -> None:
+        self.db = db
+        self.table = table
+        self.columns = list(columns)
+        self.id_column = id_column
+        self.instance_column = instance_column
+        self.to_row = to_row or list
+        cols = ", ".join([id_column, *self.columns])
+        cond = f"{id_column} > ? AND {id_column} <= ?"
+        if instance_column:
+            cond += f" AND {instance_column} = ?"
+        if where:
+            cond += f" AND ({where})"
+        self._sql = f"SELECT {cols} FROM {table} WHERE {cond} ORDER BY {id_column} LIMIT ?"
+
+    async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
+        params: list[Any] = [from_token, upto_token]
+        if self.instance_column:
+            params.append(instance_name)
+        # One extra row tells whether the page ended inside a token.
+        result = await _fetchall(self.db, self._sql, (*params, limit + 1))
+        updates = [(int(t[0]), self.to_row(tuple(t[1:]))) for t in result]
+        if len(updates) <= limit:
+            return updates, upto_token, False
+        last = updates[limit - 1][0]
+        if updates[limit][0] != last:
+            return updates[:limit], last, True
+        # The page ends inside a token: fetch that whole token, keep it, stop after it.
+        rest = await _fetchall(
+            self.db, self._sql, (last - 1, last, *params[2:], 1_000_000_000)
+        )
+        head = [u for u in updates if u[0] < last]
+        return head + [(int(t[0]), self.to_row(tuple(t[1:]))) for t in rest], last, True
+
+
+async def _fetchall(db: Any, sql: str, params: Sequence[Any]) -> list[Any]:
+    result = db.fetchall(sql, tuple(params))
+    if hasattr(result, "__await__"):
+        result = await result
+    return list(result)
