@@ -1,0 +1,144 @@
+"""The Spark job: archive files -> typed DataFrame -> Parquet.
+
+The driver lists the files and cuts them into chunks (see :mod:`.sources`);
+one Spark task per chunk reads its lines and parses them with
+:func:`.lines.parse_block` inside ``mapInArrow`` (why ``mapInArrow`` and not an
+Arrow pandas UDF: docs/bench-spark.md). Columns are described in docs/spark.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from .lines import SPARK_DDL, ParseOptions, detect_format, parse_block
+from .sources import DEFAULT_CHUNK_BYTES, Chunk, count_newlines, list_files, plan_chunks, read_chunk_lines, read_head
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["parse_archives", "parse_text_column", "write_parquet", "plan", "TASK_DDL"]
+
+#: One row per Spark task: a chunk, where its line numbering starts, its format.
+TASK_DDL = "path string, start bigint, end bigint, size bigint, newlines_before bigint, format string"
+
+#: SQL turning the ``ts_text`` the executors saw into a UTC timestamp:
+#: ISO-8601 (comma or dot before the fraction) or redis MONITOR's unix seconds.
+TS_SQL = (
+    "CASE WHEN ts_text RLIKE '^[0-9]+(\\\\.[0-9]+)?$' "
+    "THEN timestamp_seconds(try_cast(ts_text AS DECIMAL(20,6))) "
+    "ELSE try_cast(replace(ts_text, ',', '.') AS TIMESTAMP) END"
+)
+
+
+def plan(
+    spark: SparkSession,
+    inputs: Sequence[str],
+    fmt: str = "auto",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> list[tuple[str, int, int, int, int, str]]:
+    """The task rows (see TASK_DDL) for ``inputs``: files found, formats detected, chunks numbered."""
+    files = list_files(inputs)
+    formats = {path: (detect_format(read_head(path)) if fmt == "auto" else fmt) for path, _ in files}
+    chunks: list[Chunk] = []
+    for path, size in files:
+        if formats[path] == "redis-raw":  # records span lines: never split
+            chunks.append(Chunk(path, 0, size, size))
+        else:
+            chunks.extend(plan_chunks([(path, size)], chunk_bytes))
+    # Line numbers of later chunks need the newlines before them: count them in parallel.
+    to_count = [c for c in chunks if not c.gzip and c.end < c.size]
+    counts: dict[tuple[str, int], int] = {}
+    if to_count:
+        sc = spark.sparkContext
+        sc.setJobDescription("factstream: counting lines of split files")
+        got = sc.parallelize(to_count, len(to_count)).map(lambda c: ((c.path, c.start), count_newlines(c))).collect()
+        counts = dict(got)
+    rows = []
+    before = 0
+    for chunk in chunks:
+        if chunk.start == 0:
+            before = 0
+        rows.append((chunk.path, chunk.start, chunk.end, chunk.size, before, formats[chunk.path]))
+        before += counts.get((chunk.path, chunk.start), 0)
+    return rows
+
+
+def _parse_tasks(typed: bool, batch_rows: int):  # type: ignore[no-untyped-def]
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for task in batch.to_pylist():
+                chunk = Chunk(task["path"], task["start"], task["end"], task["size"])
+                blocks = read_chunk_lines(chunk, task["newlines_before"])
+                first = next(blocks, None)
+                if first is None:
+                    continue
+                lines = itertools.chain(first[1], itertools.chain.from_iterable(b for _, b in blocks))
+                yield from parse_block(
+                    lines, source=chunk.path, first_line=first[0], fmt=task["format"], typed=typed, batch_rows=batch_rows
+                )
+
+    return run
+
+
+def _finish(df: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (
+        df.withColumn("ts", F.expr(TS_SQL))
+        .withColumn("date", F.to_date("ts"))
+        .select("source_file", "line_number", "ts", "date", *[c for c in df.columns if c not in ("source_file", "line_number", "ts_text")])
+    )
+
+
+def parse_archives(
+    spark: SparkSession,
+    inputs: Sequence[str],
+    options: ParseOptions | None = None,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    batch_rows: int = 16384,
+) -> DataFrame:
+    """Parse archive files, directories or globs into a DataFrame (one row per line; see docs/spark.md).
+
+    Nothing is read on the executors until an action runs; listing, format
+    detection and line counting of split files happen here.
+    """
+    options = options or ParseOptions()
+    rows = plan(spark, inputs, options.format, chunk_bytes)
+    tasks = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), TASK_DDL)
+    parsed = tasks.mapInArrow(_parse_tasks(options.typed, batch_rows), SPARK_DDL)
+    return _finish(parsed)
+
+
+def _parse_column(column: str, typed: bool, fmt: str):  # type: ignore[no-untyped-def]
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            values = batch.column(column).to_pylist()
+            lines = [v.encode("utf-8") if isinstance(v, str) else (v or b"") for v in values]
+            yield from parse_block(lines, source="", fmt=fmt, typed=typed, batch_rows=len(lines) + 1)
+
+    return run
+
+
+def parse_text_column(df: DataFrame, column: str = "value", options: ParseOptions | None = None) -> DataFrame:
+    """Parse lines already in a DataFrame column (e.g. ``spark.read.text``) with ``mapInArrow``.
+
+    Without byte offsets there are no line numbers: ``line_number`` counts
+    within each Arrow batch only and ``source_file`` is empty. Prefer
+    :func:`parse_archives` for files.
+    """
+    options = options or ParseOptions(format="lines")
+    fmt = "lines" if options.format == "auto" else options.format
+    return _finish(df.select(column).mapInArrow(_parse_column(column, options.typed, fmt), SPARK_DDL))
+
+
+def write_parquet(df: DataFrame, out: str, mode: str = "errorifexists") -> None:
+    """Write parsed lines as Parquet partitioned by ``date`` and ``stream``.
+
+    ``mode`` is Spark's save mode: errorifexists (default), overwrite
+    (replaces the dates/streams written again), append, ignore.
+    """
+    df.write.mode(mode).partitionBy("date", "stream").parquet(out)

@@ -1,0 +1,215 @@
+"""Finding archive files and cutting them into chunks that executors read.
+
+Files are read by the executors themselves through ``pyarrow.fs`` (local or
+shared paths, or URIs pyarrow understands: ``s3://``, ``gs://``, ``hdfs://``),
+not through Spark's text source, because only a reader that knows byte
+offsets can number lines exactly. Plain files are cut into chunks of about
+``chunk_bytes`` at any byte; a chunk owns the lines that *start* inside it, so
+a line is never split or read twice. gzip files are not splittable and are one
+chunk each, decompressed as a stream.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+__all__ = ["Chunk", "list_files", "plan_chunks", "read_chunk_lines", "count_newlines", "read_head"]
+
+#: Default plain-file chunk size: small enough to spread work over cores,
+#: large enough that per-task overhead stays small.
+DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
+_READ = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A byte range ``[start, end)`` of one file; gzip files have one chunk covering all."""
+
+    path: str
+    start: int
+    end: int
+    size: int
+    index: int = 0
+
+    @property
+    def gzip(self) -> bool:
+        return self.path.endswith((".gz", ".gzip"))
+
+
+def _fs(path: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in path and not path.startswith("file://"):
+        return pafs.FileSystem.from_uri(path)
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+def _has_glob(path: str) -> bool:
+    return any(ch in path for ch in "*?[")
+
+
+def _is_data_file(name: str) -> bool:
+    base = os.path.basename(name)
+    return not base.startswith((".", "_"))
+
+
+def list_files(inputs: Sequence[str]) -> list[tuple[str, int]]:
+    """Expand files, directories (recursively) and globs into (path, size), sorted.
+
+    Raises FileNotFoundError naming every input that matched nothing.
+    """
+    found: dict[str, int] = {}
+    missing = []
+    for item in inputs:
+        fs, path = _fs(item)
+        prefix = item.split("://", 1)[0] + "://" if "://" in item and not item.startswith("file://") else ""
+        matches: list[pafs.FileInfo] = []
+        if _has_glob(path):
+            base = path
+            while _has_glob(base):
+                base = os.path.dirname(base)
+            sel = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+            matches = [i for i in fs.get_file_info(sel) if fnmatch.fnmatchcase(i.path, path)]
+            expanded = []
+            for info in matches:
+                if info.type == pafs.FileType.Directory:
+                    expanded.extend(fs.get_file_info(pafs.FileSelector(info.path, recursive=True)))
+                else:
+                    expanded.append(info)
+            matches = expanded
+        else:
+            info = fs.get_file_info(path)
+            if info.type == pafs.FileType.Directory:
+                matches = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            elif info.type == pafs.FileType.File:
+                matches = [info]
+        files = [i for i in matches if i.type == pafs.FileType.File and _is_data_file(i.path)]
+        if not files:
+            missing.append(item)
+        for info in files:
+            found[prefix + info.path] = int(info.size or 0)
+    if missing:
+        raise FileNotFoundError(f"no archive files found for: {', '.join(missing)} (check the paths and globs)")
+    return sorted(found.items())
+
+
+def plan_chunks(files: Sequence[tuple[str, int]], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Chunk]:
+    """Cut plain files into chunks of about ``chunk_bytes``; gzip files stay whole."""
+    chunks = []
+    for path, size in files:
+        probe = Chunk(path, 0, size, size)
+        if probe.gzip or size <= chunk_bytes or chunk_bytes <= 0:
+            chunks.append(probe)
+            continue
+        for i, start in enumerate(range(0, size, chunk_bytes)):
+            chunks.append(Chunk(path, start, min(start + chunk_bytes, size), size, i))
+    return chunks
+
+
+def count_newlines(chunk: Chunk) -> int:
+    """Newlines in the chunk's byte range (the driver turns these into first line numbers)."""
+    fs, path = _fs(chunk.path)
+    total = 0
+    with fs.open_input_file(path) as fh:
+        pos = chunk.start
+        while pos < chunk.end:
+            data = fh.read_at(min(_READ, chunk.end - pos), pos)
+            if not data:
+                break
+            total += data.count(b"\n")
+            pos += len(data)
+    return total
+
+
+def read_head(path: str, nbytes: int = 65536) -> list[bytes]:
+    """The first complete lines of a file (decompressed if gzip), for format detection."""
+    fs, local = _fs(path)
+    with fs.open_input_stream(local, compression=None) as raw:
+        if path.endswith((".gz", ".gzip")):
+            with gzip.GzipFile(fileobj=raw) as fh:
+                data = fh.read(nbytes)
+        else:
+            data = raw.read(nbytes)
+    lines = data.split(b"\n")
+    return lines[:-1] if len(lines) > 1 else lines
+
+
+def read_chunk_lines(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> Iterator[tuple[int, list[bytes]]]:
+    """The lines starting inside ``chunk``, without newlines, as (first line number, lines) blocks.
+
+    ``newlines_before`` is the number of newlines in the file before ``chunk.start``.
+    """
+    fs, path = _fs(chunk.path)
+    if chunk.gzip:
+        with fs.open_input_stream(path, compression=None) as raw, gzip.GzipFile(fileobj=raw) as fh:
+            yield from _numbered(_split_stream(fh.read, block_bytes), 1)
+        return
+    with fs.open_input_file(path) as fh:
+        if chunk.start == 0:
+            pos = 0
+        else:
+            pos = -1
+            probe = chunk.start - 1  # a line starts at p when byte p-1 is a newline
+            while probe < chunk.end - 1:
+                data = fh.read_at(min(block_bytes, chunk.end - 1 - probe), probe)
+                k = data.find(b"\n")
+                if k >= 0:
+                    pos = probe + k + 1
+                    break
+                probe += len(data)
+            if pos < 0 or pos >= chunk.end:
+                return  # no line starts in this chunk
+        first = 1 + newlines_before + (1 if pos > chunk.start else 0)
+        reader = _RangeReader(fh, pos, chunk.end, chunk.size)
+        yield from _numbered(_split_stream(reader.read, block_bytes), first)
+
+
+class _RangeReader:
+    """Reads ``[pos, end)`` and then on to the end of the line that straddles ``end``."""
+
+    def __init__(self, fh: pafs.NativeFile, pos: int, end: int, size: int) -> None:
+        self.fh, self.pos, self.end, self.size = fh, pos, end, size
+        self.last = b""
+
+    def read(self, n: int) -> bytes:
+        cur = self.pos
+        if cur >= self.end:
+            if cur >= self.size or self.last.endswith(b"\n"):
+                return b""
+            data = self.fh.read_at(min(n, self.size - cur), cur)
+            k = data.find(b"\n")
+            if k >= 0:
+                data = data[: k + 1]
+        else:
+            data = self.fh.read_at(min(n, self.end - cur), cur)
+        self.pos = cur + len(data)
+        if data:
+            self.last = data
+        return data
+
+
+def _numbered(blocks: Iterator[list[bytes]], first: int) -> Iterator[tuple[int, list[bytes]]]:
+    for lines in blocks:
+        yield first, lines
+        first += len(lines)
+
+
+def _split_stream(read: Callable[[int], bytes], block_bytes: int) -> Iterator[list[bytes]]:
+    rest = b""
+    while True:
+        data = read(block_bytes)
+        if not data:
+            break
+        data = rest + data if rest else data
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        if lines:
+            yield lines
+    if rest:
+        yield [rest]
