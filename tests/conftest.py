@@ -107,3 +107,9 @@ def redis_url() -> str:
 def channel_prefix() -> str:
     """A Redis channel name unique to one test, so tests never hear each other."""
     return f"factstream-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def heap_impl(impl: str) -> ModuleType:
+    """The pending-completion heap twin under test (``PendingHeap``)."""
+    return twin("_heap", impl)

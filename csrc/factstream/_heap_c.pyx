@@ -1,0 +1,209 @@
+# distutils: language = c++
+# cython: language_level=3
+"""The pending-completion heap, compiled twin of ``factstream._heap_py``.
+
+Same names, behaviour, error types and messages; see the pure twin for the
+specification. Storage: a binary min-heap of tracked ids in a C++ vector and
+an unordered_map id -> completed flag.
+"""
+
+from libc.stdint cimport int64_t
+from libcpp.unordered_map cimport unordered_map
+from libcpp.unordered_set cimport unordered_set
+from libcpp.vector cimport vector
+from cython.operator cimport dereference as deref
+
+__all__ = ["PendingHeap", "INT64_MIN", "INT64_MAX"]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+cdef inline object _range_error():
+    return OverflowError("stream id out of the signed 64-bit range")
+
+
+cdef class PendingHeap:
+    """Reserved-but-incomplete ids of one writer, and its position (see ``_heap_py``)."""
+
+    # Invariant: _heap[0] (if any) is pending; ids below it are settled.
+    cdef int64_t _position
+    cdef vector[int64_t] _heap
+    cdef unordered_map[int64_t, char] _done   # tracked id -> completed?
+    cdef Py_ssize_t _pending
+
+    def __init__(self, position=1):
+        self._position = self._as_id(position)
+        self._pending = 0
+
+    cdef inline int64_t _as_id(self, object value) except? -1:
+        cdef int64_t out
+        try:
+            out = value
+        except OverflowError:
+            raise _range_error() from None
+        return out
+
+    @property
+    def position(self):
+        """The writer's current position."""
+        return self._position
+
+    @property
+    def pending(self):
+        """How many reserved ids have not completed."""
+        return self._pending
+
+    def __len__(self):
+        return self._heap.size()
+
+    def is_idle(self):
+        """True when nothing is in flight (the position may then jump)."""
+        return self._heap.size() == 0
+
+    def lowest_pending(self):
+        """The smallest pending id (which holds the position back), or None."""
+        if self._heap.size() == 0:
+            return None
+        return self._heap[0]
+
+    def is_pending(self, stream_id):
+        """Whether ``stream_id`` is reserved and not completed."""
+        cdef int64_t sid = self._as_id(stream_id)
+        it = self._done.find(sid)
+        return it != self._done.end() and deref(it).second == 0
+
+    def pending_ids(self):
+        """The pending ids, ascending."""
+        out = [p.first for p in self._done if p.second == 0]
+        out.sort()
+        return out
+
+    # -- heap primitives (min-heap on int64)
+
+    cdef inline void _push(self, int64_t value) noexcept:
+        cdef Py_ssize_t i = self._heap.size()
+        cdef Py_ssize_t parent
+        self._heap.push_back(value)
+        cdef int64_t* h = self._heap.data()
+        while i > 0:
+            parent = (i - 1) >> 1
+            if h[parent] <= value:
+                break
+            h[i] = h[parent]
+            i = parent
+        h[i] = value
+
+    cdef inline int64_t _pop(self) noexcept:
+        cdef int64_t* h = self._heap.data()
+        cdef int64_t top = h[0]
+        cdef int64_t last = h[self._heap.size() - 1]
+        self._heap.pop_back()
+        cdef Py_ssize_t n = self._heap.size()
+        cdef Py_ssize_t i = 0
+        cdef Py_ssize_t child
+        if n == 0:
+            return top
+        h = self._heap.data()
+        while True:
+            child = 2 * i + 1
+            if child >= n:
+                break
+            if child + 1 < n and h[child + 1] < h[child]:
+                child += 1
+            if h[child] >= last:
+                break
+            h[i] = h[child]
+            i = child
+        h[i] = last
+        return top
+
+    # -- API
+
+    cdef int _check_reservable(self, int64_t sid) except -1:
+        if sid <= self._position:
+            raise ValueError(f"stream id {sid} is at or below the position {self._position}")
+        if self._done.count(sid):
+            raise ValueError(f"stream id {sid} is already reserved")
+        return 0
+
+    cpdef reserve(self, stream_id):
+        """Register ``stream_id`` as reserved by this writer."""
+        cdef int64_t sid = self._as_id(stream_id)
+        self._check_reservable(sid)
+        self._done[sid] = 0
+        self._pending += 1
+        self._push(sid)
+
+    def reserve_many(self, stream_ids):
+        """Reserve several ids (all checked first: on error nothing is reserved)."""
+        cdef vector[int64_t] ids
+        cdef unordered_set[int64_t] seen
+        cdef int64_t sid
+        for value in stream_ids:
+            sid = self._as_id(value)
+            self._check_reservable(sid)
+            if seen.count(sid):
+                raise ValueError(f"stream id {sid} is already reserved")
+            seen.insert(sid)
+            ids.push_back(sid)
+        for sid in ids:
+            self._done[sid] = 0
+            self._push(sid)
+        self._pending += ids.size()
+
+    cdef int _check_completable(self, int64_t sid) except -1:
+        it = self._done.find(sid)
+        if it == self._done.end():
+            raise ValueError(f"stream id {sid} was not reserved")
+        if deref(it).second != 0:
+            raise ValueError(f"stream id {sid} is already completed")
+        return 0
+
+    cpdef complete(self, stream_id):
+        """Mark ``stream_id`` finished (committed or failed); the new position, or None."""
+        cdef int64_t sid = self._as_id(stream_id)
+        self._check_completable(sid)
+        self._done[sid] = 1
+        self._pending -= 1
+        return self._absorb()
+
+    def complete_many(self, stream_ids):
+        """Complete several ids (all checked first); the new position, or None."""
+        cdef vector[int64_t] ids
+        cdef unordered_set[int64_t] seen
+        cdef int64_t sid
+        for value in stream_ids:
+            sid = self._as_id(value)
+            if seen.count(sid):
+                raise ValueError(f"stream id {sid} is already completed")
+            self._check_completable(sid)
+            seen.insert(sid)
+            ids.push_back(sid)
+        for sid in ids:
+            self._done[sid] = 1
+        self._pending -= ids.size()
+        return self._absorb()
+
+    cdef object _absorb(self):
+        cdef bint moved = False
+        cdef int64_t sid
+        while self._heap.size() > 0 and self._done[self._heap[0]] != 0:
+            sid = self._pop()
+            self._done.erase(sid)
+            self._position = sid
+            moved = True
+        if moved:
+            return self._position
+        return None
+
+    cpdef advance(self, new_position):
+        """Move an idle writer's position up to ``new_position``; the new position, or None."""
+        cdef int64_t pos = self._as_id(new_position)
+        if self._heap.size() > 0 or pos <= self._position:
+            return None
+        self._position = pos
+        return pos
+
+    def __repr__(self):
+        return f"PendingHeap(position={self._position}, pending={self._pending}, tracked={self._heap.size()})"
