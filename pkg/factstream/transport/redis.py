@@ -411,12 +411,13 @@ class RedisCarrier:
             protocol=2,  # pub/sub messages as plain arrays, identical on every Redis version
             socket_connect_timeout=self.connect_timeout,
             socket_timeout=None,
-            socket_keepalive=True,
             health_check_interval=0,  # our own health checks, see _watch_subscriber/_publish_on
             client_name=f"{self._client_name}:{role}",
             retry=None,
             retry_on_error=[],
         )
+        if issubclass(self._conn_class, Connection):  # TCP (and TLS): let the kernel probe idle peers too
+            options["socket_keepalive"] = True
         options.update(self._conn_kwargs)
         try:
             return self._conn_class(**options)
