@@ -113,3 +113,32 @@ def channel_prefix() -> str:
 def heap_impl(impl: str) -> ModuleType:
     """The pending-completion heap twin under test (``PendingHeap``)."""
     return twin("_heap", impl)
+
+
+# --------------------------------------------------------------- event loops
+
+
+def _uvloop_policy() -> object:
+    import uvloop
+
+    return uvloop.EventLoopPolicy()
+
+
+LOOP_PARAMS = [pytest.param("asyncio", id="asyncio"), pytest.param("uvloop", id="uvloop")]
+
+
+@pytest.fixture(params=LOOP_PARAMS)
+def both_loop_policies(request: pytest.FixtureRequest) -> object:
+    """An event loop policy per param: stdlib asyncio and uvloop.
+
+    Transport test modules opt in by overriding pytest-asyncio's fixture::
+
+        @pytest.fixture
+        def event_loop_policy(both_loop_policies):
+            return both_loop_policies
+    """
+    import asyncio
+
+    if request.param == "uvloop":
+        return _uvloop_policy()
+    return asyncio.DefaultEventLoopPolicy()

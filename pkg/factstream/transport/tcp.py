@@ -1,0 +1,633 @@
+"""Replication over TCP (Synapse's protocol), on asyncio or uvloop.
+
+:class:`TcpServer` is the writer end (it answers SERVER + PING on connect),
+:class:`TcpClient` the reader end (NAME + PING, then the hub's REPLICATE; it
+reconnects forever with capped exponential backoff and jitter). Both carry
+commands for a :class:`~factstream.replication.ReplicationHub` through the
+carrier contract and handle, themselves and nothing more:
+
+* handshake: SERVER / NAME / PING; a client that hears an unexpected server
+  name sends ERROR and closes (then retries with backoff);
+* keepalive: a command at least every ``ping_interval`` (PING when idle); once
+  the peer has sent a PING, ``timeout`` seconds of silence close the link
+  (a netcat session that never PINGs is never timed out);
+* validation: a command the peer may not send (server-only vs client-only
+  lists), an unparseable, non-UTF-8 or over-long line gets ``ERROR <why>``
+  and a close; the server never raises on a bad client;
+* congestion: while the socket is backed up, at most ``max_buffered``
+  commands wait per connection; past that the peer is told it fell behind
+  and disconnected (it reconnects and catches up from the database);
+* optional TLS (:func:`server_ssl_context`, :func:`client_ssl_context`).
+
+The fetch endpoint (:class:`FetchServer`, :class:`RemoteUpdateSource`) lets
+readers fetch missed facts of in-memory streams from the writer: one JSON
+request line, one JSON answer line, on its own port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import ssl as _ssl
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .. import _json, metrics, wire
+from ..commands import (
+    CLIENT_COMMANDS,
+    SERVER_COMMANDS,
+    Command,
+    ErrorCommand,
+    NameCommand,
+    PingCommand,
+    ServerCommand,
+)
+from ..errors import FactstreamError, ProtocolError
+from ..replication.carrier import CommandSink, Connection
+from ..streams.rows import Row
+from ..streams.sources import UpdateSource, Updates
+
+__all__ = [
+    "TcpServer",
+    "TcpClient",
+    "TcpConnection",
+    "FetchServer",
+    "RemoteUpdateSource",
+    "server_ssl_context",
+    "client_ssl_context",
+    "DEFAULT_PING_INTERVAL",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_MAX_BUFFERED",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PING_INTERVAL = 5.0
+DEFAULT_TIMEOUT = 15.0
+DEFAULT_MAX_BUFFERED = 10_000
+_ABORT_GRACE = 1.0  # seconds a closing connection may take to flush its ERROR
+
+
+def _now_ms() -> str:
+    return str(int(time.time() * 1000))
+
+
+class TcpConnection(asyncio.Protocol, Connection):
+    """One TCP link, server or client end (see module doc)."""
+
+    def __init__(
+        self,
+        sink: CommandSink,
+        *,
+        is_server: bool,
+        local_name: str,
+        expected_server_name: str | None = None,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
+        on_close: Any = None,
+    ) -> None:
+        self.sink = sink
+        self.is_server = is_server
+        self.local_name = local_name
+        self.expected_server_name = expected_server_name
+        self.ping_interval = ping_interval
+        self.timeout = timeout
+        self.max_buffered = max_buffered
+        self._allowed = CLIENT_COMMANDS if is_server else SERVER_COMMANDS
+        self._decoder = wire.LineDecoder(max_line_length=max_line_length)
+        self._transport: asyncio.Transport | None = None
+        self._paused = False
+        self._pending: deque[Command] = deque()
+        self._closing = False
+        self._made = False
+        self._peer_pinged = False
+        self._last_recv = self._last_sent = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+        self._close_reason = "closed"
+        self._on_close = on_close
+        self.handshake_done = False
+        self.closed: asyncio.Future[str] = asyncio.get_event_loop().create_future()
+        self.description = "tcp"
+
+    # ------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        side = "from" if self.is_server else "to"
+        self.description = f"tcp {side} {peer[0]}:{peer[1]}" if peer else "tcp"
+        if self.is_server:
+            self._write([ServerCommand(self.local_name), PingCommand(_now_ms())])
+        else:
+            self._write([NameCommand(self.local_name), PingCommand(_now_ms())])
+        self._schedule()
+        self._made = True
+        self.sink.connection_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._last_recv = time.monotonic()
+        error: ProtocolError | None = None
+        try:
+            cmds = self._decoder.feed(data)
+        except ProtocolError as err:
+            cmds = err.commands  # type: ignore[assignment]
+            error = err
+        if cmds:
+            counts = Counter(c.NAME for c in cmds)
+            for name, n in counts.items():
+                metrics.COMMANDS_IN.labels(name).inc(n)
+            for cmd in cmds:
+                if self._closing:
+                    return
+                self._handle(cmd)
+        if error is not None and not self._closing:
+            log.warning("%s: bad line, closing: %s", self.description, error)
+            self._abort_with("protocol", f"invalid line: {error}")
+
+    def eof_received(self) -> bool | None:
+        self._close_reason = "eof"
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._closing = True
+        if self._pending:
+            metrics.PENDING_OUT.dec(len(self._pending))
+            self._pending.clear()
+        reason = self._close_reason if exc is None or self._close_reason != "closed" else f"error: {exc}"
+        metrics.DISCONNECTS.labels(reason.split(":")[0]).inc()
+        if self._made:
+            self._made = False
+            self.sink.connection_lost(self, reason)
+        if not self.closed.done():
+            self.closed.set_result(reason)
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._pending and not self._closing:
+            cmds = list(self._pending)
+            metrics.PENDING_OUT.dec(len(cmds))
+            self._pending.clear()
+            self._write(cmds)
+
+    # ------------------------------------------------------------ Connection
+
+    def send(self, cmd: Command) -> None:
+        self.send_many((cmd,))
+
+    def send_many(self, cmds: Iterable[Command]) -> None:
+        if self._closing:
+            return
+        if self._paused:
+            before = len(self._pending)
+            self._pending.extend(cmds)
+            metrics.PENDING_OUT.inc(len(self._pending) - before)
+            if len(self._pending) > self.max_buffered:
+                log.error(
+                    "%s (%s) fell behind: more than %d commands buffered; disconnecting it "
+                    "(it will reconnect and catch up)", self.description, self.peer_name, self.max_buffered,
+                )
+                self._abort_with("congestion", f"client fell behind: more than {self.max_buffered} commands buffered")
+            return
+        self._write(cmds)
+
+    def close(self, reason: str | None = None) -> None:
+        if self._closing:
+            return
+        if reason:
+            self._abort_with("closed", reason)
+        else:
+            self._close_reason = "closed"
+            self._shutdown()
+
+    @property
+    def connected(self) -> bool:
+        return not self._closing and self._transport is not None
+
+    @property
+    def buffered(self) -> int:
+        """Commands waiting because the socket is backed up."""
+        return len(self._pending)
+
+    # ------------------------------------------------------------ internals
+
+    def _write(self, cmds: Iterable[Command]) -> None:
+        cmds = list(cmds) if not isinstance(cmds, (list, tuple)) else cmds
+        if not cmds or self._transport is None:
+            return
+        try:
+            data = wire.encode_lines(cmds)
+        except ProtocolError:
+            log.exception("%s: cannot encode outgoing commands; dropping them", self.description)
+            return
+        self._transport.write(data)
+        self._last_sent = time.monotonic()
+        if len(cmds) == 1:
+            metrics.COMMANDS_OUT.labels(cmds[0].NAME).inc()
+        else:
+            for name, n in Counter(c.NAME for c in cmds).items():
+                metrics.COMMANDS_OUT.labels(name).inc(n)
+
+    def _handle(self, cmd: Command) -> None:
+        name = cmd.NAME
+        if name not in self._allowed:
+            side = "client" if self.is_server else "server"
+            self._abort_with("direction", f"{name} is not a command a {side} may send")
+            return
+        if name == "PING":
+            self._peer_pinged = True
+            return
+        if name == "SERVER":
+            server_name = cmd.data  # type: ignore[attr-defined]
+            self.peer_name = server_name
+            if self.expected_server_name is not None and server_name != self.expected_server_name:
+                log.error("%s: expected server %r but it says it is %r", self.description, self.expected_server_name, server_name)
+                self._abort_with("server_name", f"wrong server name: expected {self.expected_server_name!r}, got {server_name!r}")
+                return
+            self.handshake_done = True
+            return
+        if name == "NAME":
+            self.peer_name = cmd.data  # type: ignore[attr-defined]
+            self.handshake_done = True
+            return
+        if name == "ERROR":
+            log.warning("%s (%s) reported an error: %s", self.description, self.peer_name, cmd.data)  # type: ignore[attr-defined]
+            return
+        self.sink.command_received(self, cmd)
+
+    def _abort_with(self, reason: str, message: str) -> None:
+        """Send ERROR <message> (bypassing the congestion buffer) and close."""
+        if self._closing:
+            return
+        self._close_reason = reason
+        if self._transport is not None:
+            try:
+                self._transport.write(wire.encode_lines([ErrorCommand(message.replace("\n", " ").replace("\r", " "))]))
+                metrics.COMMANDS_OUT.labels("ERROR").inc()
+            except Exception:  # the ERROR is a courtesy
+                pass
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._closing = True
+        if self._pending:
+            metrics.PENDING_OUT.dec(len(self._pending))
+            self._pending.clear()
+        transport = self._transport
+        if transport is None:
+            return
+        transport.close()
+        # A peer that does not read would keep the socket open forever: abort after a grace period.
+        asyncio.get_event_loop().call_later(_ABORT_GRACE, transport.abort)
+
+    def _schedule(self) -> None:
+        interval = max(0.01, min(self.ping_interval, self.timeout) / 3)
+        self._timer = asyncio.get_event_loop().call_later(interval, self._tick)
+
+    def _tick(self) -> None:
+        if self._closing:
+            return
+        now = time.monotonic()
+        if self._peer_pinged and now - self._last_recv > self.timeout:
+            log.warning("%s (%s): nothing received for %.1fs, closing", self.description, self.peer_name, now - self._last_recv)
+            self._abort_with("timeout", f"no command received for {self.timeout:g}s")
+            return
+        if now - self._last_sent >= self.ping_interval:
+            self.send(PingCommand(_now_ms()))
+            self._last_sent = now
+        self._schedule()
+
+
+# ====================================================================== server
+
+
+class TcpServer:
+    """The writer end: accepts readers on ``host:port`` (loopback unless told otherwise)."""
+
+    def __init__(
+        self,
+        sink: CommandSink,
+        server_name: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl: _ssl.SSLContext | None = None,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
+    ) -> None:
+        self.sink = sink
+        self.server_name = server_name
+        self.host = host
+        self.port = port
+        self.ssl = ssl
+        self.opts = dict(
+            ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length
+        )
+        self._server: asyncio.Server | None = None
+        self.connections: set[TcpConnection] = set()
+
+    def _protocol(self) -> TcpConnection:
+        conn = TcpConnection(
+            self.sink, is_server=True, local_name=self.server_name, on_close=self.connections.discard, **self.opts  # type: ignore[arg-type]
+        )
+        self.connections.add(conn)
+        return conn
+
+    async def start(self) -> TcpServer:
+        """Start listening; ``self.port`` holds the bound port (useful with port 0)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, self.host, self.port, ssl=self.ssl, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("replication listening on %s:%d%s", self.host, self.port, " (TLS)" if self.ssl else "")
+        return self
+
+    async def stop(self, reason: str = "server stopping") -> None:
+        """Stop listening and close every connection with ERROR ``reason``."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close(reason)
+        for conn in list(self.connections):
+            try:
+                await asyncio.wait_for(asyncio.shield(conn.closed), _ABORT_GRACE + 1)
+            except TimeoutError:
+                pass
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> TcpServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+# ====================================================================== client
+
+
+class TcpClient:
+    """The reader end: keeps one connection to a writer, reconnecting forever with backoff."""
+
+    def __init__(
+        self,
+        sink: CommandSink,
+        host: str,
+        port: int,
+        *,
+        client_name: str = "factstream",
+        expected_server_name: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.sink = sink
+        self.host = host
+        self.port = port
+        self.client_name = client_name
+        self.expected_server_name = expected_server_name
+        self.ssl = ssl
+        self.server_hostname = server_hostname
+        self.opts = dict(
+            ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length
+        )
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.connection: TcpConnection | None = None
+        self.connects = 0
+        self.attempts = 0
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+
+    async def start(self) -> TcpClient:
+        """Start connecting (returns at once; see :meth:`wait_connected`)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"factstream-tcp-client-{self.port}")
+        return self
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until a connection is up."""
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    @property
+    def connected(self) -> bool:
+        """True while a connection is up."""
+        return self.connection is not None and self.connection.connected
+
+    def next_delay(self, attempt: int) -> float:
+        """Backoff before retry ``attempt`` (1-based): exponential, capped, with jitter."""
+        base = min(self.backoff_max, self.backoff_initial * (2 ** min(attempt - 1, 30)))
+        return base * random.uniform(0.5, 1.0)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        target = f"{self.host}:{self.port}"
+        attempt = 0
+        while True:
+            conn = TcpConnection(
+                self.sink,
+                is_server=False,
+                local_name=self.client_name,
+                expected_server_name=self.expected_server_name,
+                **self.opts,  # type: ignore[arg-type]
+            )
+            self.attempts += 1
+            try:
+                await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: conn, self.host, self.port, ssl=self.ssl,
+                        server_hostname=self.server_hostname if self.ssl else None,
+                    ),
+                    self.connect_timeout,
+                )
+            except (OSError, TimeoutError, _ssl.SSLError) as err:
+                attempt += 1
+                delay = self.next_delay(attempt)
+                log.info("replication connect to %s failed (%s); retrying in %.2fs", target, err, delay)
+                metrics.RECONNECTS.labels(target).inc()
+                await asyncio.sleep(delay)
+                continue
+            self.connection = conn
+            self.connects += 1
+            self._connected.set()
+            reason = await asyncio.shield(conn.closed)
+            self._connected.clear()
+            self.connection = None
+            attempt = 0 if conn.handshake_done and reason != "server_name" else attempt + 1
+            delay = self.next_delay(max(attempt, 1))
+            log.info("replication connection to %s lost (%s); reconnecting in %.2fs", target, reason, delay)
+            metrics.RECONNECTS.labels(target).inc()
+            await asyncio.sleep(delay)
+
+    async def stop(self) -> None:
+        """Stop reconnecting and close the connection."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        conn = self.connection
+        if conn is not None:
+            conn.close()
+            try:
+                await asyncio.wait_for(asyncio.shield(conn.closed), _ABORT_GRACE + 1)
+            except TimeoutError:
+                pass
+        self.connection = None
+
+    async def __aenter__(self) -> TcpClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+# ====================================================================== TLS
+
+
+def server_ssl_context(certfile: str, keyfile: str | None = None, *, client_cafile: str | None = None) -> _ssl.SSLContext:
+    """A listener context; with ``client_cafile`` clients must present a certificate signed by it."""
+    ctx = _ssl.create_default_context(_ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certfile, keyfile)
+    if client_cafile:
+        ctx.load_verify_locations(client_cafile)
+        ctx.verify_mode = _ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_ssl_context(
+    cafile: str | None = None, *, verify: bool = True, certfile: str | None = None, keyfile: str | None = None
+) -> _ssl.SSLContext:
+    """A client context verifying the server (against ``cafile`` or the system store) unless ``verify=False``."""
+    ctx = _ssl.create_default_context(_ssl.Purpose.SERVER_AUTH, cafile=cafile)
+    if not verify:
+        log.warning("TLS certificate verification is OFF for replication; anyone on the path can read and inject")
+        ctx.check_hostname = False
+        ctx.verify_mode = _ssl.CERT_NONE
+    if certfile:
+        ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
+# ====================================================================== fetch endpoint
+
+
+class FetchError(FactstreamError):
+    """The writer could not answer a catch-up fetch."""
+
+
+class FetchServer:
+    """Answers catch-up fetches for in-memory streams: one JSON line in, one out (loopback by default)."""
+
+    def __init__(
+        self, sources: Mapping[str, UpdateSource], *, host: str = "127.0.0.1", port: int = 0,
+        ssl: _ssl.SSLContext | None = None, max_limit: int = 10_000,
+    ) -> None:
+        self.sources = dict(sources)
+        self.host = host
+        self.port = port
+        self.ssl = ssl
+        self.max_limit = max_limit
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> FetchServer:
+        """Start listening; ``self.port`` is the bound port."""
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self.ssl, limit=1 << 20)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                writer.write(_json.dumps(await self._answer(line)).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            req = json.loads(line)
+            stream, instance = str(req["stream"]), str(req["instance"])
+            start, upto, limit = int(req["from"]), int(req["upto"]), min(int(req["limit"]), self.max_limit)
+        except (ValueError, KeyError, TypeError) as err:
+            return {"error": f"bad request: {err}"}
+        source = self.sources.get(stream)
+        if source is None:
+            return {"error": f"stream {stream!r} is not served here (have: {', '.join(sorted(self.sources))})"}
+        try:
+            updates, upto_token, limited = await source.get_updates(instance, start, upto, limit)
+        except Exception as err:
+            return {"error": f"{type(err).__name__}: {err}"}
+        return {
+            "updates": [[t, r.to_wire() if isinstance(r, Row) else r] for t, r in updates],
+            "upto": upto_token,
+            "limited": limited,
+        }
+
+
+class RemoteUpdateSource:
+    """An update source that asks a writer's :class:`FetchServer` (for in-memory streams)."""
+
+    def __init__(
+        self, stream: str, host: str, port: int, *, ssl: _ssl.SSLContext | None = None, timeout: float = 10.0
+    ) -> None:
+        self.stream = stream
+        self.host = host
+        self.port = port
+        self.ssl = ssl
+        self.timeout = timeout
+
+    async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
+        req = {"stream": self.stream, "instance": instance_name, "from": from_token, "upto": upto_token, "limit": limit}
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=1 << 24), self.timeout
+        )
+        try:
+            writer.write(_json.dumps(req).encode() + b"\n")
+            line = await asyncio.wait_for(reader.readline(), self.timeout)
+        finally:
+            writer.close()
+        if not line:
+            raise FetchError(f"writer at {self.host}:{self.port} closed the fetch connection")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise FetchError(f"writer at {self.host}:{self.port} refused the fetch: {answer['error']}")
+        return [(int(t), r) for t, r in answer["updates"]], int(answer["upto"]), bool(answer["limited"])
