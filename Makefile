@@ -6,7 +6,7 @@ PIP    := $(BIN)/python -m pip
 EXTRAS ?= dev,spark
 PYTEST_ARGS ?=
 
-.PHONY: venv install wheel demo test bench clean
+.PHONY: venv install wheel demo test bench clean oracle
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "factstream needs Python 3.11+ (set PYTHON=python3.11)"'
@@ -31,7 +31,7 @@ demo: wheel
 	$(PIP) install --quiet $$(ls -t wheels/factstream-*-cp*.whl | head -n 1)
 	$(BIN)/factstream demo
 
-test: install
+test: install oracle
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install
@@ -39,3 +39,11 @@ bench: install
 
 clean:
 	rm -rf build wheels/*.whl wheels/pure .pytest_cache .benchmarks
+
+# Synapse itself, as a test-only oracle for the codec's differential tests (never a dependency).
+SYNAPSE_VERSION ?= 1.163.2
+.venv-synapse/bin/python:
+	$(PYTHON) -m venv .venv-synapse
+	.venv-synapse/bin/python -m pip install --quiet "matrix-synapse==$(SYNAPSE_VERSION)"
+
+oracle: .venv-synapse/bin/python

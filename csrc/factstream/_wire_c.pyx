@@ -1,18 +1,32 @@
-"""Compiled twin of the wire codec (first cut: the twin compiled as is).
+# cython: language_level=3
+"""Compiled twin of the wire codec (see ``factstream._wire_py`` for the specification).
 
-Same public names and behaviour as the compiled ``_wire_c``; this module is
-also the typing source for it. Synapse's framing: ``NAME``, one space, body;
-the body is split per command. Where Synapse is lax by accident we are strict
-(see README, "Differences from Synapse").
+Works on the UTF-8 bytes directly: lines are found with memchr, headers are
+sliced without copies, and the row JSON is validated in one pass that also
+decides whether the bytes are already in Synapse's canonical encoding. The row
+is only built into Python objects when ``RdataCommand.row`` is first read.
+
+Invariants:
+- every line handed to ``_parse`` has no newline and is valid UTF-8;
+- ``_scan_*`` never read past ``end`` and never allocate;
+- ``_build_*`` only run on bytes ``_scan_*`` accepted.
 """
 
-from __future__ import annotations
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_SetItem
+from cpython.list cimport PyList_Append
+from cpython.long cimport PyLong_FromLongLong, PyLong_FromString
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8AndSize
+from libc.stdint cimport int64_t, uint64_t
+from libc.math cimport isfinite
+from libc.string cimport memchr, memcmp, memcpy, memmove
 
-from collections.abc import Iterable
-from typing import Any
+import sys
 
 from . import _json
 from .commands import (
+    COMMAND_MAP,
     ClearUserSyncsCommand,
     Command,
     FederationAckCommand,
@@ -22,189 +36,1134 @@ from .commands import (
     ReplicateCommand,
     UserIpCommand,
     UserSyncCommand,
-    COMMAND_MAP,
 )
+from .commands import _UNSET
 from .errors import ProtocolError
 
 __all__ = ["parse_line", "encode", "encode_lines", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
 
-#: Longest line accepted by default, in bytes without the newline (Synapse's limit).
+cdef extern from "Python.h":
+    object PyUnicode_FromKindAndData(int kind, const void *buffer, Py_ssize_t size)
+    double PyOS_string_to_double(const char *s, char **endptr, object overflow_exception) except? -1.0
+    object PyFloat_FromDouble(double v)
+    bint PyUnicode_IS_ASCII(object o)
+    void* PyUnicode_DATA(object o)
+    int PyUnicode_KIND(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    Py_UCS4 PyUnicode_READ(int kind, void *data, Py_ssize_t index)
+    long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
+    int PyUnicode_4BYTE_KIND
+
 DEFAULT_MAX_LINE_LENGTH = 16384
 
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
+cdef int MAX_DEPTH = _json.MAX_DEPTH
+cdef object _new = object.__new__
+cdef object _dumps = _json.dumps
+cdef object _RDATA = RdataCommand
+cdef object _POSITION = PositionCommand
 
-_Line = bytes | str
+# ------------------------------------------------------------------ JSON scan
+#
+# The scanner mirrors CPython's json decoder (the C scanner Synapse runs on):
+# same grammar, same whitespace set, NaN/Infinity refused (Synapse's
+# parse_constant), \uXXXX surrogate pairs joined, control characters refused
+# in strings. It also tracks whether re-encoding the decoded value with
+# Synapse's encoder would give back exactly these bytes ("canonical").
+
+cdef enum:
+    ERR_NONE = 0
+    ERR_VALUE = 1        # expecting a value
+    ERR_STRING = 2       # unterminated string
+    ERR_CONTROL = 3      # control character in string
+    ERR_ESCAPE = 4       # bad escape
+    ERR_DELIM = 5        # expecting , or closing bracket
+    ERR_KEY = 6          # expecting property name
+    ERR_COLON = 7        # expecting :
+    ERR_EXTRA = 8        # extra data after the value
+    ERR_CONSTANT = 9     # NaN / Infinity
+    ERR_DEPTH = 10       # nested too deep
+    ERR_BIGINT = 11      # integer with too many digits
+
+cdef const char* _ERRORS[12]
+_ERRORS[0] = b"ok"
+_ERRORS[1] = b"expecting value"
+_ERRORS[2] = b"unterminated string"
+_ERRORS[3] = b"invalid control character in string"
+_ERRORS[4] = b"invalid escape"
+_ERRORS[5] = b"expecting ',' or closing bracket"
+_ERRORS[6] = b"expecting property name enclosed in double quotes"
+_ERRORS[7] = b"expecting ':' delimiter"
+_ERRORS[8] = b"extra data"
+_ERRORS[9] = b"NaN and Infinity are not valid JSON"
+_ERRORS[10] = b"nested too deep"
+_ERRORS[11] = b"integer has too many digits"
+
+cdef struct Scan:
+    const unsigned char* start
+    const unsigned char* end
+    int err
+    Py_ssize_t err_at
+    bint canonical
+    Py_ssize_t int_limit
 
 
-def _int_field(text: str, what: str, line: _Line) -> int:
-    """ASCII digits with an optional leading '-', fitting a signed 64-bit int."""
-    digits = text[1:] if text.startswith("-") else text
-    if not digits or not digits.isascii() or not digits.isdigit():
-        raise ProtocolError(f"{what} {text!r} is not an integer", line)
-    value = int(text) if len(digits) < 20 else _INT64_MAX + 1
-    if not _INT64_MIN <= value <= _INT64_MAX:
-        raise ProtocolError(f"{what} {text!r} does not fit in 64 bits", line)
-    return value
+cdef inline bint _is_ws(unsigned char c) nogil:
+    return c == 32 or c == 9 or c == 10 or c == 13
 
 
-def _word_field(text: str, what: str, line: _Line) -> str:
-    if not text:
-        raise ProtocolError(f"{what} is empty", line)
-    return text
+cdef inline int _hexval(unsigned char c) nogil:
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1
 
 
-def _json_field(text: str, what: str, line: _Line) -> Any:
+cdef inline const unsigned char* _fail(Scan* s, const unsigned char* p, int err) nogil:
+    s.err = err
+    s.err_at = p - s.start
+    return NULL
+
+
+cdef inline const unsigned char* _skip_ws(Scan* s, const unsigned char* p) nogil:
+    cdef const unsigned char* q = p
+    while q < s.end and _is_ws(q[0]):
+        q += 1
+    if q != p:
+        s.canonical = False
+    return q
+
+
+cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) nogil:
+    # p points just after the opening quote; returns the pointer after the closing quote.
+    cdef const unsigned char* end = s.end
+    cdef unsigned char c
+    cdef int i, h
+    cdef unsigned int cp
+    while p < end:
+        c = p[0]
+        if c == 34:  # "
+            return p + 1
+        if c == 92:  # backslash
+            if p + 1 >= end:
+                return _fail(s, p, ERR_STRING)
+            c = p[1]
+            if c == 117:  # u
+                if p + 6 > end:
+                    return _fail(s, p, ERR_ESCAPE)
+                cp = 0
+                for i in range(2, 6):
+                    h = _hexval(p[i])
+                    if h < 0:
+                        return _fail(s, p, ERR_ESCAPE)
+                    if p[i] >= 65 and p[i] <= 70:
+                        s.canonical = False  # the encoder writes lowercase hex
+                    cp = (cp << 4) | h
+                # The encoder escapes exactly: controls without a short form and
+                # everything from DEL up (surrogates included).
+                if cp < 0x20:
+                    if cp == 8 or cp == 9 or cp == 10 or cp == 12 or cp == 13:
+                        s.canonical = False
+                elif cp < 0x7f:
+                    s.canonical = False
+                p += 6
+            elif c == 34 or c == 92 or c == 98 or c == 102 or c == 110 or c == 114 or c == 116:
+                p += 2
+            elif c == 47:  # \/ decodes to '/', which the encoder writes bare
+                s.canonical = False
+                p += 2
+            else:
+                return _fail(s, p, ERR_ESCAPE)
+        elif c < 0x20:
+            return _fail(s, p, ERR_CONTROL)
+        else:
+            if c >= 0x7f:  # raw DEL or UTF-8: the encoder would write \\u escapes
+                s.canonical = False
+            p += 1
+    return _fail(s, p, ERR_STRING)
+
+
+cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) nogil:
+    cdef const unsigned char* end = s.end
+    cdef const unsigned char* digits
+    cdef const unsigned char* e_start
+    cdef bint is_float = False
+    if p[0] == 45:  # -
+        p += 1
+        if p < end and p[0] == 73:  # -Infinity
+            return _fail(s, p, ERR_CONSTANT)
+    if p >= end or not (48 <= p[0] <= 57):
+        return _fail(s, p, ERR_VALUE)
+    digits = p
+    if p[0] == 48:
+        p += 1
+    else:
+        while p < end and 48 <= p[0] <= 57:
+            p += 1
+    if p + 1 < end and p[0] == 46 and 48 <= p[1] <= 57:  # fraction
+        is_float = True
+        p += 2
+        while p < end and 48 <= p[0] <= 57:
+            p += 1
+    if p < end and (p[0] == 101 or p[0] == 69):  # exponent, backtracked if empty
+        e_start = p
+        p += 1
+        if p < end and (p[0] == 43 or p[0] == 45):
+            p += 1
+        if p < end and 48 <= p[0] <= 57:
+            is_float = True
+            while p < end and 48 <= p[0] <= 57:
+                p += 1
+        else:
+            p = e_start
+    if is_float:
+        s.canonical = False  # decided by float repr; re-encode to be safe
+    else:
+        if p - digits > s.int_limit:
+            return _fail(s, digits, ERR_BIGINT)
+        if digits != s.start and (digits - 1)[0] == 45 and p - digits == 1 and digits[0] == 48:
+            s.canonical = False  # -0 re-encodes as 0
+    return p
+
+
+cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth) nogil:
+    cdef const unsigned char* end = s.end
+    cdef unsigned char c
+    cdef const unsigned char* keys[16]
+    cdef Py_ssize_t key_lens[16]
+    cdef int nkeys, k
+    cdef const unsigned char* key_start
+    if p >= end:
+        return _fail(s, p, ERR_VALUE)
+    c = p[0]
+    if c == 34:
+        return _scan_string(s, p + 1)
+    if c == 123:  # {
+        if depth >= MAX_DEPTH:
+            return _fail(s, p, ERR_DEPTH)
+        p = _skip_ws(s, p + 1)
+        if p < end and p[0] == 125:
+            return p + 1
+        nkeys = 0
+        while True:
+            if p >= end or p[0] != 34:
+                return _fail(s, p, ERR_KEY)
+            key_start = p
+            p = _scan_string(s, p + 1)
+            if p == NULL:
+                return NULL
+            if s.canonical:
+                # A repeated key collapses when decoded; in canonical text equal
+                # keys are equal bytes, so comparing bytes is enough.
+                if nkeys == 16:
+                    s.canonical = False
+                else:
+                    for k in range(nkeys):
+                        if key_lens[k] == p - key_start and memcmp(keys[k], key_start, p - key_start) == 0:
+                            s.canonical = False
+                            break
+                    keys[nkeys] = key_start
+                    key_lens[nkeys] = p - key_start
+                    nkeys += 1
+            p = _skip_ws(s, p)
+            if p >= end or p[0] != 58:
+                return _fail(s, p, ERR_COLON)
+            p = _skip_ws(s, p + 1)
+            p = _scan_value(s, p, depth + 1)
+            if p == NULL:
+                return NULL
+            p = _skip_ws(s, p)
+            if p < end and p[0] == 44:
+                p = _skip_ws(s, p + 1)
+                continue
+            if p < end and p[0] == 125:
+                return p + 1
+            return _fail(s, p, ERR_DELIM)
+    if c == 91:  # [
+        if depth >= MAX_DEPTH:
+            return _fail(s, p, ERR_DEPTH)
+        p = _skip_ws(s, p + 1)
+        if p < end and p[0] == 93:
+            return p + 1
+        while True:
+            p = _scan_value(s, p, depth + 1)
+            if p == NULL:
+                return NULL
+            p = _skip_ws(s, p)
+            if p < end and p[0] == 44:
+                p = _skip_ws(s, p + 1)
+                continue
+            if p < end and p[0] == 93:
+                return p + 1
+            return _fail(s, p, ERR_DELIM)
+    if c == 110:  # null
+        if end - p >= 4 and memcmp(p, b"null", 4) == 0:
+            return p + 4
+        return _fail(s, p, ERR_VALUE)
+    if c == 116:  # true
+        if end - p >= 4 and memcmp(p, b"true", 4) == 0:
+            return p + 4
+        return _fail(s, p, ERR_VALUE)
+    if c == 102:  # false
+        if end - p >= 5 and memcmp(p, b"false", 5) == 0:
+            return p + 5
+        return _fail(s, p, ERR_VALUE)
+    if c == 78:  # NaN
+        if end - p >= 3 and memcmp(p, b"NaN", 3) == 0:
+            return _fail(s, p, ERR_CONSTANT)
+        return _fail(s, p, ERR_VALUE)
+    if c == 73:  # Infinity
+        if end - p >= 8 and memcmp(p, b"Infinity", 8) == 0:
+            return _fail(s, p, ERR_CONSTANT)
+        return _fail(s, p, ERR_VALUE)
+    if c == 45 or 48 <= c <= 57:
+        return _scan_number(s, p)
+    return _fail(s, p, ERR_VALUE)
+
+
+cdef Py_ssize_t _int_limit():
+    # The interpreter's int(str) digit limit (CPython's decoder obeys it too).
     try:
-        return _json.loads(text)
-    except (ValueError, RecursionError) as err:
-        raise ProtocolError(f"{what} is not valid JSON ({err})", line) from None
+        limit = sys.get_int_max_str_digits()
+    except AttributeError:
+        return <Py_ssize_t>1 << 60
+    return limit if limit > 0 else (<Py_ssize_t>1 << 60)
 
 
-def _split(body: str, n: int, usage: str, line: _Line) -> list[str]:
-    parts = body.split(" ", n - 1)
-    if len(parts) != n:
-        raise ProtocolError(f"expected {usage}", line)
-    return parts
+cdef int _scan_json(const unsigned char* p, Py_ssize_t n, bint* canonical, str what, object line) except -1:
+    """Validate one JSON document; sets ``canonical``; raises ProtocolError."""
+    cdef Scan s
+    cdef const unsigned char* q
+    s.start = p
+    s.end = p + n
+    s.err = ERR_NONE
+    s.err_at = 0
+    s.canonical = True
+    s.int_limit = 640 if n <= 640 else _int_limit()
+    q = _skip_ws(&s, p)
+    q = _scan_value(&s, q, 0)
+    if q != NULL:
+        q = _skip_ws(&s, q)
+        if q != s.end:
+            _fail(&s, q, ERR_EXTRA)
+            q = NULL
+    if q == NULL:
+        if s.err == ERR_DEPTH:
+            msg = f"JSON nested deeper than {MAX_DEPTH} levels"
+        else:
+            msg = f"{_ERRORS[s.err].decode()} at char {s.err_at}"
+        raise ProtocolError(f"{what} is not valid JSON ({msg})", line)
+    canonical[0] = s.canonical
+    return 0
 
 
-def _parse_rdata(body: str, line: _Line) -> Command:
-    stream, instance, token, row = _split(body, 4, "RDATA <stream_name> <instance_name> <token> <row_json>", line)
-    return RdataCommand(
-        _word_field(stream, "stream_name", line),
-        _word_field(instance, "instance_name", line),
-        None if token == "batch" else _int_field(token, "token", line),
-        _json_field(row, "row", line),
-    )
+# ----------------------------------------------------------------- JSON build
+
+cdef class _Builder:
+    """Builds Python objects from JSON bytes the scanner accepted."""
+
+    cdef const unsigned char* end
+    cdef Py_UCS4* buf
+    cdef Py_ssize_t cap
+
+    def __dealloc__(self):
+        if self.buf != NULL:
+            PyMem_Free(self.buf)
+
+    cdef Py_UCS4* _ensure(self, Py_ssize_t n) except NULL:
+        cdef Py_UCS4* nb
+        if n > self.cap:
+            nb = <Py_UCS4*>PyMem_Realloc(self.buf, n * sizeof(Py_UCS4))
+            if nb == NULL:
+                raise MemoryError()
+            self.buf = nb
+            self.cap = n
+        return self.buf
+
+    cdef inline const unsigned char* _ws(self, const unsigned char* p):
+        while p < self.end and _is_ws(p[0]):
+            p += 1
+        return p
+
+    cdef object build(self, const unsigned char* p, Py_ssize_t n):
+        cdef object out
+        self.end = p + n
+        p = self._ws(p)
+        out = self._value(&p)
+        return out
+
+    cdef object _value(self, const unsigned char** pp):
+        cdef const unsigned char* p = pp[0]
+        cdef unsigned char c = p[0]
+        cdef object container, key, value
+        if c == 34:
+            return self._string(pp)
+        if c == 91:
+            container = []
+            p = self._ws(p + 1)
+            if p[0] == 93:
+                pp[0] = p + 1
+                return container
+            while True:
+                pp[0] = p
+                PyList_Append(container, self._value(pp))
+                p = self._ws(pp[0])
+                if p[0] == 44:
+                    p = self._ws(p + 1)
+                    continue
+                pp[0] = p + 1  # ]
+                return container
+        if c == 123:
+            container = {}
+            p = self._ws(p + 1)
+            if p[0] == 125:
+                pp[0] = p + 1
+                return container
+            while True:
+                pp[0] = p
+                key = self._string(pp)
+                p = self._ws(pp[0])
+                pp[0] = self._ws(p + 1)  # past ':'
+                value = self._value(pp)
+                PyDict_SetItem(container, key, value)
+                p = self._ws(pp[0])
+                if p[0] == 44:
+                    p = self._ws(p + 1)
+                    continue
+                pp[0] = p + 1  # }
+                return container
+        if c == 110:
+            pp[0] = p + 4
+            return None
+        if c == 116:
+            pp[0] = p + 4
+            return True
+        if c == 102:
+            pp[0] = p + 5
+            return False
+        return self._number(pp)
+
+    cdef object _number(self, const unsigned char** pp):
+        cdef const unsigned char* p = pp[0]
+        cdef const unsigned char* start = p
+        cdef const unsigned char* end = self.end
+        cdef const unsigned char* e_start
+        cdef bint is_float = False
+        cdef long long v = 0
+        cdef bint neg = False
+        cdef Py_ssize_t ndigits
+        cdef bytes text
+        if p[0] == 45:
+            neg = True
+            p += 1
+        if p[0] == 48:
+            p += 1
+        else:
+            while p < end and 48 <= p[0] <= 57:
+                p += 1
+        ndigits = p - start - neg
+        if p + 1 < end and p[0] == 46 and 48 <= p[1] <= 57:
+            is_float = True
+            p += 2
+            while p < end and 48 <= p[0] <= 57:
+                p += 1
+        if p < end and (p[0] == 101 or p[0] == 69):
+            e_start = p
+            p += 1
+            if p < end and (p[0] == 43 or p[0] == 45):
+                p += 1
+            if p < end and 48 <= p[0] <= 57:
+                is_float = True
+                while p < end and 48 <= p[0] <= 57:
+                    p += 1
+            else:
+                p = e_start
+        pp[0] = p
+        text = PyBytes_FromStringAndSize(<const char*>start, p - start)
+        if is_float:
+            # Same correctly rounded conversion as float(); overflow gives inf.
+            return PyFloat_FromDouble(PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, None))
+        if ndigits <= 18:
+            p = start + neg
+            while p < start + neg + ndigits:
+                v = v * 10 + (p[0] - 48)
+                p += 1
+            return PyLong_FromLongLong(-v if neg else v)
+        return PyLong_FromString(PyBytes_AS_STRING(text), NULL, 10)
+
+    cdef object _string(self, const unsigned char** pp):
+        cdef const unsigned char* p = pp[0] + 1
+        cdef const unsigned char* start = p
+        cdef const unsigned char* end = self.end
+        cdef bint simple = True
+        cdef Py_UCS4* out
+        cdef Py_ssize_t n = 0
+        cdef unsigned char c
+        cdef unsigned int cp, cp2
+        cdef int i
+        while p < end:
+            c = p[0]
+            if c == 34:
+                break
+            if c == 92:
+                simple = False
+                p += 2
+            else:
+                p += 1
+        if simple:
+            pp[0] = p + 1
+            return PyUnicode_DecodeUTF8(<const char*>start, p - start, NULL)
+        # Escapes present: decode into a code point buffer (at most one code
+        # point per input byte).
+        end = p
+        out = self._ensure(end - start + 1)
+        p = start
+        while p < end:
+            c = p[0]
+            if c == 92:
+                c = p[1]
+                if c == 117:
+                    cp = 0
+                    for i in range(2, 6):
+                        cp = (cp << 4) | _hexval(p[i])
+                    p += 6
+                    if 0xD800 <= cp <= 0xDBFF and end - p >= 6 and p[0] == 92 and p[1] == 117:
+                        cp2 = 0
+                        for i in range(2, 6):
+                            cp2 = (cp2 << 4) | _hexval(p[i])
+                        if 0xDC00 <= cp2 <= 0xDFFF:
+                            cp = 0x10000 + ((cp - 0xD800) << 10) + (cp2 - 0xDC00)
+                            p += 6
+                    out[n] = cp
+                else:
+                    if c == 98:
+                        out[n] = 8
+                    elif c == 102:
+                        out[n] = 12
+                    elif c == 110:
+                        out[n] = 10
+                    elif c == 114:
+                        out[n] = 13
+                    elif c == 116:
+                        out[n] = 9
+                    else:  # " \ /
+                        out[n] = c
+                    p += 2
+            elif c < 0x80:
+                out[n] = c
+                p += 1
+            elif c < 0xE0:
+                out[n] = ((c & 0x1F) << 6) | (p[1] & 0x3F)
+                p += 2
+            elif c < 0xF0:
+                out[n] = ((c & 0x0F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F)
+                p += 3
+            else:
+                out[n] = ((c & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F)
+                p += 4
+            n += 1
+        pp[0] = end + 1
+        return PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, out, n)
 
 
-def _parse_position(body: str, line: _Line) -> Command:
-    stream, instance, prev, new = _split(
-        body, 4, "POSITION <stream_name> <instance_name> <prev_token> <new_token>", line
-    )
-    return PositionCommand(
-        _word_field(stream, "stream_name", line),
-        _word_field(instance, "instance_name", line),
-        _int_field(prev, "prev_token", line),
-        _int_field(new, "new_token", line),
-    )
+cdef _Builder _BUILDER = _Builder()
 
 
-def _parse_user_sync(body: str, line: _Line) -> Command:
-    instance, user, device, state, last_sync = _split(
-        body, 5, "USER_SYNC <instance_id> <user_id> <device_id> <start|end> <last_sync_ms>", line
-    )
-    if state not in ("start", "end"):
+def loads_row(raw):
+    """Decode JSON bytes this codec has already validated."""
+    cdef bytes data = raw
+    return _BUILDER.build(<const unsigned char*>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+
+
+cdef object _loads_row = loads_row
+
+
+cdef object _loads_checked(const unsigned char* p, Py_ssize_t n, str what, object line):
+    cdef bint canonical
+    _scan_json(p, n, &canonical, what, line)
+    return _BUILDER.build(p, n)
+
+
+# -------------------------------------------------------------- line parsing
+
+cdef inline bint _all_ascii(const unsigned char* p, Py_ssize_t n) nogil:
+    cdef Py_ssize_t i = 0
+    cdef uint64_t acc = 0
+    cdef uint64_t w
+    while i + 8 <= n:
+        memcpy(&w, p + i, 8)
+        acc |= w
+        i += 8
+    while i < n:
+        acc |= p[i]
+        i += 1
+    return (acc & <uint64_t>0x8080808080808080ULL) == 0
+
+
+cdef inline str _text(const unsigned char* p, Py_ssize_t n):
+    return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+
+
+cdef inline object _word(const unsigned char* p, Py_ssize_t n, str what, object line):
+    if n == 0:
+        raise ProtocolError(f"{what} is empty", line)
+    return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+
+
+cdef object _int_field(const unsigned char* p, Py_ssize_t n, str what, object line):
+    """ASCII digits with an optional leading '-', fitting a signed 64-bit int."""
+    cdef const unsigned char* q = p
+    cdef const unsigned char* end = p + n
+    cdef bint neg = False
+    cdef uint64_t v = 0
+    cdef uint64_t limit
+    cdef unsigned int d
+    if q < end and q[0] == 45:
+        neg = True
+        q += 1
+    if q == end:
+        raise ProtocolError(f"{what} {_text(p, n)!r} is not an integer", line)
+    limit = (<uint64_t>1 << 63) if neg else ((<uint64_t>1 << 63) - 1)
+    while q < end:
+        d = q[0] - 48
+        if d > 9:
+            raise ProtocolError(f"{what} {_text(p, n)!r} is not an integer", line)
+        if v > (limit - d) // 10:
+            # keep scanning so a non-digit later is still reported as such
+            q += 1
+            while q < end:
+                if <unsigned int>(q[0] - 48) > 9:
+                    raise ProtocolError(f"{what} {_text(p, n)!r} is not an integer", line)
+                q += 1
+            raise ProtocolError(f"{what} {_text(p, n)!r} does not fit in 64 bits", line)
+        v = v * 10 + d
+        q += 1
+    if neg:
+        return PyLong_FromLongLong(<long long>(0 - v))
+    return PyLong_FromLongLong(<long long>v)
+
+
+cdef inline const unsigned char* _space(const unsigned char* p, const unsigned char* end):
+    return <const unsigned char*>memchr(p, 32, end - p)
+
+
+cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, object line):
+    cdef const unsigned char* s1 = _space(p, end)
+    cdef const unsigned char* s2
+    cdef const unsigned char* s3
+    cdef bint canonical
+    cdef object cmd, token
+    if s1 != NULL:
+        s2 = _space(s1 + 1, end)
+        if s2 != NULL:
+            s3 = _space(s2 + 1, end)
+            if s3 != NULL:
+                stream = _word(p, s1 - p, "stream_name", line)
+                instance = _word(s1 + 1, s2 - s1 - 1, "instance_name", line)
+                if s3 - s2 - 1 == 5 and memcmp(s2 + 1, b"batch", 5) == 0:
+                    token = None
+                else:
+                    token = _int_field(s2 + 1, s3 - s2 - 1, "token", line)
+                _scan_json(s3 + 1, end - s3 - 1, &canonical, "row", line)
+                cmd = _new(_RDATA)
+                cmd.stream_name = stream
+                cmd.instance_name = instance
+                cmd.token = token
+                cmd._row = _UNSET
+                cmd._raw = PyBytes_FromStringAndSize(<const char*>s3 + 1, end - s3 - 1)
+                cmd._canonical = canonical
+                cmd._loads = _loads_row
+                return cmd
+    raise ProtocolError("expected RDATA <stream_name> <instance_name> <token> <row_json>", line)
+
+
+cdef object _parse_position(const unsigned char* p, const unsigned char* end, object line):
+    cdef const unsigned char* s1 = _space(p, end)
+    cdef const unsigned char* s2
+    cdef const unsigned char* s3
+    cdef object cmd
+    if s1 != NULL:
+        s2 = _space(s1 + 1, end)
+        if s2 != NULL:
+            s3 = _space(s2 + 1, end)
+            if s3 != NULL:
+                stream = _word(p, s1 - p, "stream_name", line)
+                instance = _word(s1 + 1, s2 - s1 - 1, "instance_name", line)
+                prev = _int_field(s2 + 1, s3 - s2 - 1, "prev_token", line)
+                new = _int_field(s3 + 1, end - s3 - 1, "new_token", line)
+                cmd = _new(_POSITION)
+                cmd.stream_name = stream
+                cmd.instance_name = instance
+                cmd.prev_token = prev
+                cmd.new_token = new
+                return cmd
+    raise ProtocolError("expected POSITION <stream_name> <instance_name> <prev_token> <new_token>", line)
+
+
+cdef object _parse_user_sync(const unsigned char* p, const unsigned char* end, object line):
+    cdef const unsigned char* s[4]
+    cdef const unsigned char* q = p
+    cdef int i
+    for i in range(4):
+        s[i] = _space(q, end)
+        if s[i] == NULL:
+            raise ProtocolError(
+                "expected USER_SYNC <instance_id> <user_id> <device_id> <start|end> <last_sync_ms>", line
+            )
+        q = s[i] + 1
+    state = _text(s[2] + 1, s[3] - s[2] - 1)
+    if state != "start" and state != "end":
         raise ProtocolError(f"USER_SYNC state must be 'start' or 'end', not {state!r}", line)
-    return UserSyncCommand(
-        _word_field(instance, "instance_id", line),
-        _word_field(user, "user_id", line),
-        None if device == "None" else _word_field(device, "device_id", line),
-        state == "start",
-        _int_field(last_sync, "last_sync_ms", line),
-    )
+    instance = _word(p, s[0] - p, "instance_id", line)
+    user = _word(s[0] + 1, s[1] - s[0] - 1, "user_id", line)
+    if s[2] - s[1] - 1 == 4 and memcmp(s[1] + 1, b"None", 4) == 0:
+        device = None
+    else:
+        device = _word(s[1] + 1, s[2] - s[1] - 1, "device_id", line)
+    last_sync = _int_field(s[3] + 1, end - s[3] - 1, "last_sync_ms", line)
+    return UserSyncCommand(instance, user, device, state == "start", last_sync)
 
 
-def _parse_federation_ack(body: str, line: _Line) -> Command:
-    instance, token = _split(body, 2, "FEDERATION_ACK <instance_name> <token>", line)
-    return FederationAckCommand(_word_field(instance, "instance_name", line), _int_field(token, "token", line))
+cdef object _parse_federation_ack(const unsigned char* p, const unsigned char* end, object line):
+    cdef const unsigned char* s1 = _space(p, end)
+    if s1 == NULL:
+        raise ProtocolError("expected FEDERATION_ACK <instance_name> <token>", line)
+    instance = _word(p, s1 - p, "instance_name", line)
+    return FederationAckCommand(instance, _int_field(s1 + 1, end - s1 - 1, "token", line))
 
 
-def _parse_user_ip(body: str, line: _Line) -> Command:
-    user, fields_json = _split(body, 2, "USER_IP <user_id> <json_array>", line)
-    fields = _json_field(fields_json, "USER_IP fields", line)
+cdef object _parse_user_ip(const unsigned char* p, const unsigned char* end, object line):
+    cdef const unsigned char* s1 = _space(p, end)
+    if s1 == NULL:
+        raise ProtocolError("expected USER_IP <user_id> <json_array>", line)
+    fields = _loads_checked(s1 + 1, end - s1 - 1, "USER_IP fields", line)
     if type(fields) is not list or len(fields) != 5:
         raise ProtocolError(
             "USER_IP fields must be a JSON array [access_token, ip, user_agent, device_id, last_seen]", line
         )
-    return UserIpCommand(_word_field(user, "user_id", line), *fields)
+    return UserIpCommand(_word(p, s1 - p, "user_id", line), *fields)
 
 
-def _parse_lock_released(body: str, line: _Line) -> Command:
-    fields = _json_field(body, "LOCK_RELEASED fields", line)
+cdef object _parse_lock_released(const unsigned char* p, const unsigned char* end, object line):
+    fields = _loads_checked(p, end - p, "LOCK_RELEASED fields", line)
     if type(fields) is not list or len(fields) != 3:
         raise ProtocolError("LOCK_RELEASED body must be a JSON array [instance_name, lock_name, lock_key]", line)
     return LockReleasedCommand(*fields)
 
 
-def _simple(cls: Any) -> Any:
-    return lambda body, line: cls(body)
+cdef dict _SIMPLE = {
+    name.encode(): cls
+    for name, cls in COMMAND_MAP.items()
+    if name not in ("RDATA", "POSITION", "USER_SYNC", "FEDERATION_ACK", "USER_IP", "LOCK_RELEASED", "REPLICATE")
+}
 
 
-_PARSERS: dict[str, Any] = {name: _simple(cls) for name, cls in COMMAND_MAP.items()}
-_PARSERS.update(
-    RDATA=_parse_rdata,
-    POSITION=_parse_position,
-    USER_SYNC=_parse_user_sync,
-    CLEAR_USER_SYNC=lambda body, line: ClearUserSyncsCommand(body),
-    FEDERATION_ACK=_parse_federation_ack,
-    USER_IP=_parse_user_ip,
-    LOCK_RELEASED=_parse_lock_released,
-    # Synapse ignores anything after REPLICATE (older clients sent arguments).
-    REPLICATE=lambda body, line: ReplicateCommand(),
-)
-
-
-def _parse_text(text: str, line: _Line) -> Command:
-    idx = text.find(" ")
-    if idx < 0:
-        name, body = text, ""
+cdef object _parse(const unsigned char* p, Py_ssize_t n, object line):
+    """Parse one line (no newline); ``line`` is what error messages show."""
+    cdef const unsigned char* end = p + n
+    cdef const unsigned char* sp
+    cdef const unsigned char* body
+    cdef Py_ssize_t nlen
+    if memchr(p, 10, n) != NULL:
+        raise ProtocolError("line contains a newline", line)
+    if not _all_ascii(p, n):
+        try:
+            PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+        except UnicodeDecodeError as err:
+            raise ProtocolError(f"line is not valid UTF-8 ({err.reason} at byte {err.start})", line) from None
+    sp = _space(p, end)
+    if sp == NULL:
+        nlen = n
+        body = end
     else:
-        name, body = text[:idx], text[idx + 1 :]
-    parser = _PARSERS.get(name)
-    if parser is None:
-        if not text.strip():
-            raise ProtocolError("empty line", line)
-        raise ProtocolError(f"unknown command {name!r}", line)
-    result: Command = parser(body, line)
-    return result
+        nlen = sp - p
+        body = sp + 1
+    # Dispatch on length first: cheap and unambiguous for the hot commands.
+    if nlen == 5 and memcmp(p, b"RDATA", 5) == 0:
+        return _parse_rdata(body, end, line)
+    if nlen == 8 and memcmp(p, b"POSITION", 8) == 0:
+        return _parse_position(body, end, line)
+    if nlen == 4 and memcmp(p, b"PING", 4) == 0:
+        return _simple_cmd(_PING, body, end)
+    if nlen == 9 and memcmp(p, b"USER_SYNC", 9) == 0:
+        return _parse_user_sync(body, end, line)
+    if nlen == 7 and memcmp(p, b"USER_IP", 7) == 0:
+        return _parse_user_ip(body, end, line)
+    if nlen == 9 and memcmp(p, b"REPLICATE", 9) == 0:
+        return ReplicateCommand()  # Synapse ignores anything after REPLICATE
+    if nlen == 14 and memcmp(p, b"FEDERATION_ACK", 14) == 0:
+        return _parse_federation_ack(body, end, line)
+    if nlen == 13 and memcmp(p, b"LOCK_RELEASED", 13) == 0:
+        return _parse_lock_released(body, end, line)
+    cls = _SIMPLE.get(PyBytes_FromStringAndSize(<const char*>p, nlen))
+    if cls is not None:
+        return _simple_cmd(cls, body, end)
+    name = _text(p, nlen)
+    if not _text(p, n).strip():
+        raise ProtocolError("empty line", line)
+    raise ProtocolError(f"unknown command {name!r}", line)
 
 
-def parse_line(line: bytes | str) -> Command:
+cdef object _PING = COMMAND_MAP["PING"]
+
+
+cdef inline object _simple_cmd(object cls, const unsigned char* body, const unsigned char* end):
+    cdef object cmd = _new(cls)
+    cmd.data = _text(body, end - body)
+    return cmd
+
+
+def parse_line(line) -> Command:
     """Parse one replication line (without its newline; one trailing ``\\n`` is allowed).
 
     Raises :class:`ProtocolError` for anything that is not a valid command.
     """
-    if isinstance(line, str):
+    cdef bytes data
+    cdef Py_ssize_t n
+    if type(line) is bytes:
+        data = <bytes>line
+    elif isinstance(line, str):
         if line.endswith("\n"):
-            line = line[:-1]
+            line = line[:len(line) - 1]
         try:
-            line.encode("utf-8")
+            data = (<str>line).encode("utf-8")
         except UnicodeEncodeError:
             raise ProtocolError("line is not valid UTF-8 (it contains a lone surrogate)", line) from None
-        text = line
     elif isinstance(line, (bytes, bytearray, memoryview)):
-        line = bytes(line)
-        if line.endswith(b"\n"):
-            line = line[:-1]
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ProtocolError(f"line is not valid UTF-8 ({err.reason} at byte {err.start})", line) from None
+        data = bytes(line)
+        line = data
     else:
         raise TypeError(f"parse_line() takes bytes or str, not {type(line).__name__}")
-    if "\n" in text:
-        raise ProtocolError("line contains a newline", line)
-    return _parse_text(text, line)
+    n = PyBytes_GET_SIZE(data)
+    if n and PyBytes_AS_STRING(data)[n - 1] == b"\n"[0]:
+        n -= 1
+        if type(line) is bytes:
+            line = line[:len(line) - 1]
+    return _parse(<const unsigned char*>PyBytes_AS_STRING(data), n, line)
 
 
-def encode(cmd: Command) -> bytes:
-    """One line as published on Redis: ``NAME body``, UTF-8, no newline."""
+# ------------------------------------------------------------------ encoding
+
+cdef class _Out:
+    """A growable byte buffer."""
+
+    cdef char* buf
+    cdef Py_ssize_t len
+    cdef Py_ssize_t cap
+
+    def __cinit__(self):
+        self.cap = 256
+        self.len = 0
+        self.buf = <char*>PyMem_Malloc(self.cap)
+        if self.buf == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.buf != NULL:
+            PyMem_Free(self.buf)
+
+    cdef inline int reserve(self, Py_ssize_t extra) except -1:
+        cdef Py_ssize_t need = self.len + extra
+        cdef char* nb
+        if need > self.cap:
+            while self.cap < need:
+                self.cap *= 2
+            nb = <char*>PyMem_Realloc(self.buf, self.cap)
+            if nb == NULL:
+                raise MemoryError()
+            self.buf = nb
+        return 0
+
+    cdef inline int write(self, const char* data, Py_ssize_t n) except -1:
+        self.reserve(n)
+        memcpy(self.buf + self.len, data, n)
+        self.len += n
+        return 0
+
+    cdef inline int byte(self, char c) except -1:
+        if self.len == self.cap:
+            self.reserve(1)
+        self.buf[self.len] = c
+        self.len += 1
+        return 0
+
+    cdef bytes take(self):
+        return PyBytes_FromStringAndSize(self.buf, self.len)
+
+
+class _Fallback(Exception):
+    """Raised inside the fast encoder for anything only the stdlib encoder handles exactly."""
+
+
+cdef const char* _HEX = b"0123456789abcdef"
+
+
+cdef int _enc_str(_Out out, str s) except -1:
+    # ensure_ascii: '"' and '\\' escaped, \b \f \n \r \t short, other
+    # controls and everything from DEL up as lowercase \uXXXX (astral as pairs).
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
+    cdef int kind = PyUnicode_KIND(s)
+    cdef void* data = PyUnicode_DATA(s)
+    cdef Py_ssize_t i, run
+    cdef unsigned int c
+    cdef const char* ascii
+    out.byte(34)
+    if PyUnicode_IS_ASCII(s):
+        ascii = <const char*>data
+        run = 0
+        for i in range(n):
+            c = <unsigned char>ascii[i]
+            if c >= 0x20 and c != 34 and c != 92 and c != 0x7f:
+                continue
+            if i > run:
+                out.write(ascii + run, i - run)
+            run = i + 1
+            _enc_char(out, c)
+        if n > run:
+            out.write(ascii + run, n - run)
+    else:
+        for i in range(n):
+            c = PyUnicode_READ(kind, data, i)
+            if 0x20 <= c < 0x7f and c != 34 and c != 92:
+                out.byte(<char>c)
+            else:
+                _enc_char(out, c)
+    out.byte(34)
+    return 0
+
+
+cdef int _enc_u(_Out out, unsigned int c) except -1:
+    cdef char esc[6]
+    esc[0] = 92
+    esc[1] = 117
+    esc[2] = _HEX[(c >> 12) & 0xF]
+    esc[3] = _HEX[(c >> 8) & 0xF]
+    esc[4] = _HEX[(c >> 4) & 0xF]
+    esc[5] = _HEX[c & 0xF]
+    out.write(esc, 6)
+    return 0
+
+
+cdef int _enc_char(_Out out, unsigned int c) except -1:
+    if c == 34:
+        out.write(b'\\"', 2)
+    elif c == 92:
+        out.write(b"\\\\", 2)
+    elif c == 10:
+        out.write(b"\\n", 2)
+    elif c == 13:
+        out.write(b"\\r", 2)
+    elif c == 9:
+        out.write(b"\\t", 2)
+    elif c == 8:
+        out.write(b"\\b", 2)
+    elif c == 12:
+        out.write(b"\\f", 2)
+    elif c >= 0x10000:
+        c -= 0x10000
+        _enc_u(out, 0xD800 | ((c >> 10) & 0x3FF))
+        _enc_u(out, 0xDC00 | (c & 0x3FF))
+    else:
+        _enc_u(out, c)
+    return 0
+
+
+cdef int _enc_int(_Out out, object o) except -1:
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(o, &overflow)
+    cdef char digits[24]
+    cdef int i = 24
+    cdef unsigned long long u
+    cdef bytes text
+    if overflow:
+        text = int.__repr__(o).encode("ascii")
+        out.write(PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
+        return 0
+    u = <unsigned long long>(-v) if v < 0 else <unsigned long long>v
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + u % 10)
+        u //= 10
+        if u == 0:
+            break
+    if v < 0:
+        i -= 1
+        digits[i] = 45
+    out.write(digits + i, 24 - i)
+    return 0
+
+
+cdef int _enc_value(_Out out, object o, int depth) except -1:
+    cdef Py_ssize_t i, n
+    cdef bint first
+    cdef bytes text
+    cdef double d
+    t = type(o)
+    if t is str:
+        return _enc_str(out, <str>o)
+    if o is None:
+        out.write(b"null", 4)
+        return 0
+    if o is True:
+        out.write(b"true", 4)
+        return 0
+    if o is False:
+        out.write(b"false", 5)
+        return 0
+    if t is int:
+        return _enc_int(out, o)
+    if depth >= MAX_DEPTH:
+        raise _Fallback()  # deep or cyclic: let the stdlib decide
+    if t is list or t is tuple:
+        n = len(o)
+        if n == 0:
+            out.write(b"[]", 2)
+            return 0
+        out.byte(91)
+        for i in range(n):
+            if i:
+                out.byte(44)
+            _enc_value(out, o[i], depth + 1)
+        out.byte(93)
+        return 0
+    if t is dict:
+        out.byte(123)
+        first = True
+        for k, v in (<dict>o).items():
+            if type(k) is not str:
+                raise _Fallback()
+            if not first:
+                out.byte(44)
+            first = False
+            _enc_str(out, <str>k)
+            out.byte(58)
+            _enc_value(out, v, depth + 1)
+        out.byte(125)
+        return 0
+    if t is float:
+        d = o
+        if not isfinite(d):
+            raise _Fallback()  # refused; the stdlib gives the error
+        text = float.__repr__(o).encode("ascii")
+        out.write(PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
+        return 0
+    raise _Fallback()
+
+
+cdef int _enc_json(_Out out, object value, str what, str cmd) except -1:
+    cdef Py_ssize_t mark = out.len
+    try:
+        _enc_value(out, value, 0)
+    except _Fallback:
+        out.len = mark
+        try:
+            text = _dumps(value)
+        except (ValueError, TypeError, RecursionError) as err:
+            raise ProtocolError(f"cannot encode {cmd}: {what} is not JSON Synapse can carry ({err})") from None
+        data = (<str>text).encode("ascii")
+        out.write(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+    return 0
+
+
+cdef int _enc_word(_Out out, object value, str what, str cmd) except -1:
+    cdef Py_ssize_t n, i
+    cdef const char* s
+    if type(value) is not str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"cannot encode {cmd}: {what} must be str, not {type(value).__name__}")
+    try:
+        s = PyUnicode_AsUTF8AndSize(value, &n)
+    except UnicodeEncodeError:
+        raise ProtocolError(f"cannot encode {cmd}: a field contains a lone surrogate") from None
+    if n == 0 or memchr(s, 32, n) != NULL or memchr(s, 10, n) != NULL:
+        raise ProtocolError(f"cannot encode {cmd}: {what} must be non-empty with no spaces or newlines", value)
+    out.write(s, n)
+    return 0
+
+
+cdef int _enc_token(_Out out, object value, str what, str cmd) except -1:
+    cdef int overflow = 0
+    if type(value) is not int:
+        if type(value) is bool or not isinstance(value, int):
+            raise ProtocolError(f"cannot encode {cmd}: {what} must be int, not {type(value).__name__}")
+    PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow:
+        raise ProtocolError(f"cannot encode {cmd}: {what} {value} does not fit in 64 bits")
+    return _enc_int(out, value)
+
+
+cdef int _encode_into(_Out out, object cmd) except -1:
+    cdef bytes raw
+    t = type(cmd)
+    if t is _RDATA:
+        out.write(b"RDATA ", 6)
+        _enc_word(out, cmd.stream_name, "stream_name", "RDATA")
+        out.byte(32)
+        _enc_word(out, cmd.instance_name, "instance_name", "RDATA")
+        out.byte(32)
+        token = cmd.token
+        if token is None:
+            out.write(b"batch", 5)
+        else:
+            _enc_token(out, token, "token", "RDATA")
+        out.byte(32)
+        raw = cmd._raw
+        if raw is not None and cmd._canonical:
+            out.write(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
+        else:
+            _enc_json(out, cmd.row, "row", "RDATA")
+        return 0
+    if t is _POSITION:
+        out.write(b"POSITION ", 9)
+        _enc_word(out, cmd.stream_name, "stream_name", "POSITION")
+        out.byte(32)
+        _enc_word(out, cmd.instance_name, "instance_name", "POSITION")
+        out.byte(32)
+        _enc_token(out, cmd.prev_token, "prev_token", "POSITION")
+        out.byte(32)
+        _enc_token(out, cmd.new_token, "new_token", "POSITION")
+        return 0
     if not isinstance(cmd, Command):
         raise TypeError(f"encode() takes a Command, not {type(cmd).__name__}")
     text = cmd.NAME + " " + cmd.to_line()
     try:
-        return text.encode("utf-8")
+        data = (<str>text).encode("utf-8")
     except UnicodeEncodeError:
         raise ProtocolError(f"cannot encode {cmd.NAME}: a field contains a lone surrogate") from None
+    out.write(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+    return 0
 
 
-def encode_lines(cmds: Iterable[Command]) -> bytes:
+def encode(cmd) -> bytes:
+    """One line as published on Redis: ``NAME body``, UTF-8, no newline."""
+    cdef _Out out = _Out()
+    _encode_into(out, cmd)
+    return out.take()
+
+
+def encode_lines(cmds) -> bytes:
     """Newline-terminated lines for a TCP stream."""
-    return b"".join([encode(cmd) + b"\n" for cmd in cmds])
+    cdef _Out out = _Out()
+    for cmd in cmds:
+        _encode_into(out, cmd)
+        out.byte(10)
+    return out.take()
 
 
-class LineDecoder:
+# ------------------------------------------------------------------- decoder
+
+cdef inline bint _blank(const unsigned char* p, Py_ssize_t n) nogil:
+    # bytes.strip() whitespace: space, \t, \n, \r, \v, \f
+    cdef Py_ssize_t i
+    for i in range(n):
+        if not (p[i] == 32 or 9 <= p[i] <= 13):
+            return False
+    return True
+
+
+cdef class LineDecoder:
     """Incremental decoder: feed bytes as they arrive, get completed commands.
 
     Partial lines are held across calls; blank lines are ignored. A line
@@ -215,53 +1174,101 @@ class LineDecoder:
     continues without new data).
     """
 
-    def __init__(self, max_line_length: int = DEFAULT_MAX_LINE_LENGTH) -> None:
+    cdef char* buf
+    cdef Py_ssize_t len
+    cdef Py_ssize_t cap
+    cdef bint discarding
+    cdef readonly Py_ssize_t max_line_length
+
+    def __cinit__(self, Py_ssize_t max_line_length=DEFAULT_MAX_LINE_LENGTH):
         if max_line_length < 1:
             raise ValueError("max_line_length must be positive")
         self.max_line_length = max_line_length
-        self._buf = b""
-        self._discarding = False
+        self.buf = NULL
+        self.len = 0
+        self.cap = 0
+        self.discarding = False
+
+    def __dealloc__(self):
+        if self.buf != NULL:
+            PyMem_Free(self.buf)
 
     @property
     def buffered(self) -> int:
         """Bytes held for an incomplete line."""
-        return len(self._buf)
+        return self.len
 
-    def feed(self, data: bytes) -> list[Command]:
-        buf = self._buf + bytes(data) if self._buf else bytes(data)
-        out: list[Command] = []
-        limit = self.max_line_length
+    cdef int _keep(self, const char* data, Py_ssize_t n) except -1:
+        # Replace the buffer contents with data[:n] (data may alias the buffer).
+        cdef char* nb
+        if n > self.cap:
+            nb = <char*>PyMem_Malloc(n)
+            if nb == NULL:
+                raise MemoryError()
+            memcpy(nb, data, n)
+            PyMem_Free(self.buf)
+            self.buf = nb
+            self.cap = n
+        elif n:
+            memmove(self.buf, data, n)
+        self.len = n
+        return 0
+
+    def feed(self, data) -> list:
+        cdef bytes joined
+        cdef const char* p
+        cdef Py_ssize_t n, start, ln
+        cdef const char* nl
+        cdef list out = []
+        cdef Py_ssize_t limit = self.max_line_length
+        if type(data) is not bytes:
+            data = bytes(data)
+        if self.len:
+            joined = PyBytes_FromStringAndSize(self.buf, self.len) + <bytes>data
+            self.len = 0
+        else:
+            joined = <bytes>data
+        p = PyBytes_AS_STRING(joined)
+        n = PyBytes_GET_SIZE(joined)
         start = 0
         while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
+            nl = <const char*>memchr(p + start, 10, n - start)
+            if nl == NULL:
                 break
-            line = buf[start:nl]
-            start = nl + 1
-            if self._discarding:  # the tail of a line already reported as too long
-                self._discarding = False
+            ln = (nl - p) - start
+            if self.discarding:  # the tail of a line already reported as too long
+                self.discarding = False
+                start += ln + 1
                 continue
-            if len(line) > limit:
-                self._buf = buf[start:]
-                raise self._error(ProtocolError(f"line longer than {limit} bytes", line), out)
-            if not line.strip():
+            if ln > limit:
+                line = PyBytes_FromStringAndSize(p + start, ln)
+                start += ln + 1
+                self._keep(p + start, n - start)
+                err = ProtocolError(f"line longer than {limit} bytes", line)
+                err.commands = out
+                raise err
+            if _blank(<const unsigned char*>p + start, ln):
+                start += ln + 1
                 continue
             try:
-                out.append(parse_line(line))
+                out.append(_parse(<const unsigned char*>p + start, ln, None))
             except ProtocolError as err:
-                self._buf = buf[start:]
-                raise self._error(err, out) from None
-        rest = buf[start:]
-        if self._discarding:
-            rest = b""
-        elif len(rest) > limit:
-            self._discarding = True
-            self._buf = b""
-            raise self._error(ProtocolError(f"line longer than {limit} bytes", rest), out)
-        self._buf = rest
+                line = PyBytes_FromStringAndSize(p + start, ln)
+                start += ln + 1
+                self._keep(p + start, n - start)
+                err2 = ProtocolError(err.reason, line)
+                err2.commands = out
+                raise err2 from None
+            start += ln + 1
+        if self.discarding:
+            self.len = 0
+        elif n - start > limit:
+            line = PyBytes_FromStringAndSize(p + start, n - start)
+            self.discarding = True
+            self.len = 0
+            err = ProtocolError(f"line longer than {limit} bytes", line)
+            err.commands = out
+            raise err
+        else:
+            self._keep(p + start, n - start)
         return out
-
-    @staticmethod
-    def _error(err: ProtocolError, done: list[Command]) -> ProtocolError:
-        err.commands = list(done)
-        return err

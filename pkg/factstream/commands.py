@@ -40,20 +40,20 @@ _UNSET: Any = object()
 
 
 def _word(value: object, what: str, cmd: str) -> str:
-    """A space-delimited field: a non-empty str without spaces or line breaks."""
+    """A space-delimited field: a non-empty str without spaces or newlines."""
     if not isinstance(value, str):
         raise ProtocolError(f"cannot encode {cmd}: {what} must be str, not {type(value).__name__}")
-    if not value or " " in value or "\n" in value or "\r" in value:
-        raise ProtocolError(f"cannot encode {cmd}: {what} must be non-empty with no spaces or line breaks", value)
+    if not value or " " in value or "\n" in value:
+        raise ProtocolError(f"cannot encode {cmd}: {what} must be non-empty with no spaces or newlines", value)
     return value
 
 
 def _text(value: object, what: str, cmd: str) -> str:
-    """A trailing free-text field: a str without line breaks."""
+    """A trailing free-text field: a str without newlines (the line delimiter)."""
     if not isinstance(value, str):
         raise ProtocolError(f"cannot encode {cmd}: {what} must be str, not {type(value).__name__}")
-    if "\n" in value or "\r" in value:
-        raise ProtocolError(f"cannot encode {cmd}: {what} must not contain line breaks", value)
+    if "\n" in value:
+        raise ProtocolError(f"cannot encode {cmd}: {what} must not contain a newline", value)
     return value
 
 
@@ -201,7 +201,7 @@ class RdataCommand(Command):
     command from the received bytes when they are already canonical.
     """
 
-    __slots__ = ("stream_name", "instance_name", "token", "_row", "_raw", "_loads")
+    __slots__ = ("stream_name", "instance_name", "token", "_row", "_raw", "_canonical", "_loads")
     NAME = "RDATA"
     _FIELDS = ("stream_name", "instance_name", "token", "row")
 
@@ -211,6 +211,7 @@ class RdataCommand(Command):
         self.token = token
         self._row = row
         self._raw: bytes | None = None
+        self._canonical = False
         self._loads: Callable[[bytes], Any] | None = None
 
     @classmethod
@@ -223,26 +224,24 @@ class RdataCommand(Command):
         canonical: bool,
         loads: Callable[[bytes], Any],
     ) -> RdataCommand:
-        """A command whose row is decoded from ``raw`` on first access.
+        """A command whose row is decoded from the validated JSON ``raw`` on first access.
 
-        ``raw`` has already been validated; ``canonical`` says whether it is
-        byte-identical to Synapse's encoding of the decoded row.
+        ``canonical`` says whether ``raw`` is byte-identical to Synapse's
+        encoding of the decoded row, so it can be re-sent without a round trip.
         """
         self = cls.__new__(cls)
         self.stream_name = stream_name
         self.instance_name = instance_name
         self.token = token
         self._row = _UNSET
-        self._raw = raw if canonical else None
-        self._loads = None if canonical else loads
-        if not canonical:
-            self._row = loads(raw)
-        else:
-            self._loads = loads
+        self._raw = raw
+        self._canonical = canonical
+        self._loads = loads
         return self
 
     @property
     def row(self) -> Any:
+        """The decoded row (a JSON value, usually a list)."""
         if self._row is _UNSET:
             assert self._raw is not None and self._loads is not None
             self._row = self._loads(self._raw)
@@ -258,13 +257,16 @@ class RdataCommand(Command):
     @property
     def raw_row(self) -> bytes | None:
         """The received row bytes while they are canonical and untouched, else None."""
-        return self._raw
+        return self._raw if self._canonical else None
 
     def to_line(self) -> str:
         name = self.NAME
         token = "batch" if self.token is None else _int(self.token, "token", name)
         raw = self._raw
-        body = raw.decode("ascii") if raw is not None else _json_text(self._row, "row", name)
+        if raw is not None and self._canonical:
+            body = raw.decode("ascii")
+        else:
+            body = _json_text(self.row, "row", name)
         return " ".join(
             (_word(self.stream_name, "stream_name", name), _word(self.instance_name, "instance_name", name), token, body)
         )

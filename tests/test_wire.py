@@ -1,0 +1,398 @@
+"""The wire codec, on both twins: exact bytes, framing, JSON, errors, decoder."""
+
+from __future__ import annotations
+
+import json
+from types import ModuleType
+
+import pytest
+
+from factstream import _json
+from factstream.commands import (
+    CancelTaskCommand,
+    ClearUserSyncsCommand,
+    ErrorCommand,
+    FederationAckCommand,
+    LockReleasedCommand,
+    NameCommand,
+    NewActiveTaskCommand,
+    PingCommand,
+    PositionCommand,
+    RdataCommand,
+    RemoteServerUpCommand,
+    ReplicateCommand,
+    ServerCommand,
+    UserIpCommand,
+    UserSyncCommand,
+    COMMAND_MAP,
+)
+from factstream.errors import ProtocolError
+
+# (command, exact line Synapse writes for it)
+EXAMPLES = [
+    (ServerCommand("localhost:8823"), b"SERVER localhost:8823"),
+    (RdataCommand("events", "master", 14, ["$ev:hs", "!r:hs", "m.room.guest_access", "", None]),
+     b'RDATA events master 14 ["$ev:hs","!r:hs","m.room.guest_access","",null]'),
+    (RdataCommand("caches", "master", None, ["get_user_by_id", ["@t:hs"], 1490197670513]),
+     b'RDATA caches master batch ["get_user_by_id",["@t:hs"],1490197670513]'),
+    (PositionCommand("events", "master", 53, 54), b"POSITION events master 53 54"),
+    (ErrorCommand("server stopping"), b"ERROR server stopping"),
+    (PingCommand("1490197665618"), b"PING 1490197665618"),
+    (NameCommand("synapse.app.appservice"), b"NAME synapse.app.appservice"),
+    (ReplicateCommand(), b"REPLICATE "),
+    (UserSyncCommand("worker1", "@a:hs", "DEV", True, 1490197675000), b"USER_SYNC worker1 @a:hs DEV start 1490197675000"),
+    (UserSyncCommand("worker1", "@a:hs", None, False, 5), b"USER_SYNC worker1 @a:hs None end 5"),
+    (ClearUserSyncsCommand("worker1"), b"CLEAR_USER_SYNC worker1"),
+    (FederationAckCommand("fed1", 15), b"FEDERATION_ACK fed1 15"),
+    (UserIpCommand("@a:hs", "tok", "10.0.0.1", "Mozilla/5.0 (X11)", "DEV", 1490197675100),
+     b'USER_IP @a:hs ["tok","10.0.0.1","Mozilla/5.0 (X11)","DEV",1490197675100]'),
+    (UserIpCommand("@a:hs", "tok", "::1", "curl", None, 7), b'USER_IP @a:hs ["tok","::1","curl",null,7]'),
+    (RemoteServerUpCommand("other.org"), b"REMOTE_SERVER_UP other.org"),
+    (LockReleasedCommand("master", "purge", "!r:hs"), b'LOCK_RELEASED ["master","purge","!r:hs"]'),
+    (NewActiveTaskCommand("task-1"), b"NEW_ACTIVE_TASK task-1"),
+    (CancelTaskCommand("task-1"), b"CANCEL_TASK task-1"),
+]
+
+
+def test_all_fifteen_commands_are_known() -> None:
+    assert sorted(COMMAND_MAP) == sorted(
+        ["SERVER", "RDATA", "POSITION", "ERROR", "PING", "NAME", "REPLICATE", "USER_SYNC", "CLEAR_USER_SYNC",
+         "FEDERATION_ACK", "USER_IP", "REMOTE_SERVER_UP", "LOCK_RELEASED", "NEW_ACTIVE_TASK", "CANCEL_TASK"]
+    )
+    assert {type(c).NAME for c, _ in EXAMPLES} == set(COMMAND_MAP)
+
+
+@pytest.mark.parametrize(("cmd", "line"), EXAMPLES, ids=[type(c).__name__ + str(i) for i, (c, _) in enumerate(EXAMPLES)])
+def test_encode_and_parse_exact_bytes(wire_impl: ModuleType, cmd: object, line: bytes) -> None:
+    assert wire_impl.encode(cmd) == line
+    assert wire_impl.parse_line(line) == cmd
+    assert wire_impl.parse_line(line.decode()) == cmd
+    assert wire_impl.encode(wire_impl.parse_line(line)) == line
+    assert wire_impl.encode_lines([cmd, cmd]) == line + b"\n" + line + b"\n"
+
+
+def test_commands_compare_by_value_and_repr() -> None:
+    a = RdataCommand("events", "master", 1, ["x"])
+    assert a == RdataCommand("events", "master", 1, ["x"])
+    assert a != RdataCommand("events", "master", 2, ["x"])
+    assert a != PositionCommand("events", "master", 1, 1)
+    assert repr(a) == "RdataCommand(stream_name='events', instance_name='master', token=1, row=['x'])"
+    assert repr(ReplicateCommand()) == "ReplicateCommand()"
+    assert ClearUserSyncsCommand("w").instance_id == "w"
+    assert repr(UserSyncCommand("w", "@u:h", None, True, 1)) == (
+        "UserSyncCommand(instance_id='w', user_id='@u:h', device_id=None, is_syncing=True, last_sync_ms=1)"
+    )
+
+
+def test_seed_examples_parse(wire_impl: ModuleType) -> None:
+    row = b'RDATA caches master 550953771 ["get_user_by_id", ["@bob:example.com"], 1550574873251]'
+    cmd = wire_impl.parse_line(row)
+    assert (cmd.stream_name, cmd.instance_name, cmd.token) == ("caches", "master", 550953771)
+    assert cmd.row == ["get_user_by_id", ["@bob:example.com"], 1550574873251]
+    whole = wire_impl.parse_line(b'RDATA caches master 550953772 ["get_user_by_id", null, 1550574873252]')
+    assert whole.row[1] is None
+    assert wire_impl.parse_line(b"SERVER example.com") == ServerCommand("example.com")
+
+
+# ------------------------------------------------------------------- framing
+
+def test_split_at_first_space_only(wire_impl: ModuleType) -> None:
+    assert wire_impl.parse_line(b"ERROR failed to parse: a b  c") == ErrorCommand("failed to parse: a b  c")
+    cmd = wire_impl.parse_line(b'RDATA s w 1 ["a b", {"k": "v w"}]')
+    assert cmd.row == ["a b", {"k": "v w"}]
+    assert wire_impl.parse_line(b"PING") == PingCommand("")
+    assert wire_impl.parse_line(b"REPLICATE") == ReplicateCommand()
+    assert wire_impl.parse_line(b"REPLICATE ALL 0") == ReplicateCommand()  # Synapse ignores the rest
+
+
+def test_names_are_case_sensitive(wire_impl: ModuleType) -> None:
+    with pytest.raises(ProtocolError, match="unknown command 'rdata'"):
+        wire_impl.parse_line(b"rdata s w 1 []")
+    with pytest.raises(ProtocolError, match="unknown command 'Ping'"):
+        wire_impl.parse_line(b"Ping 1")
+
+
+def test_field_counts(wire_impl: ModuleType) -> None:
+    for line in (b"RDATA s w 1", b"RDATA s w", b"POSITION s w 1", b"USER_SYNC a b c start", b"FEDERATION_ACK a",
+                 b"USER_IP @u:h"):
+        with pytest.raises(ProtocolError, match="expected"):
+            wire_impl.parse_line(line)
+    with pytest.raises(ProtocolError, match="not an integer"):
+        wire_impl.parse_line(b"FEDERATION_ACK a 1 2")  # exactly 2 fields: the token would be '1 2'
+    with pytest.raises(ProtocolError, match="not an integer"):
+        wire_impl.parse_line(b"POSITION s w 1 2 3")
+    with pytest.raises(ProtocolError, match="not an integer"):
+        wire_impl.parse_line(b"USER_SYNC a b c start 1 2")
+
+
+def test_one_trailing_newline_allowed(wire_impl: ModuleType) -> None:
+    assert wire_impl.parse_line(b"PING 1\n") == PingCommand("1")
+    assert wire_impl.parse_line("PING 1\n") == PingCommand("1")
+    with pytest.raises(ProtocolError, match="newline"):
+        wire_impl.parse_line(b"PING 1\nPING 2")
+
+
+def test_bytearray_and_memoryview_input(wire_impl: ModuleType) -> None:
+    assert wire_impl.parse_line(bytearray(b"PING 1")) == PingCommand("1")
+    assert wire_impl.parse_line(memoryview(b"PING 1")) == PingCommand("1")
+    with pytest.raises(TypeError):
+        wire_impl.parse_line(42)
+
+
+# ---------------------------------------------------------------------- JSON
+
+def test_json_exactly_as_synapse_writes_it(wire_impl: ModuleType) -> None:
+    row = {"z": 1, "a": ["é", "😀", "\x7f", "\x00", "\n\t\"\\/", 1.5, 1e100, -0.0, True, None, 10**30]}
+    line = wire_impl.encode(RdataCommand("s", "w", 1, row))
+    assert line == (
+        b'RDATA s w 1 {"z":1,"a":["\\u00e9","\\ud83d\\ude00","\\u007f","\\u0000","\\n\\t\\"\\\\/",1.5,1e+100,-0.0,'
+        b'true,null,1000000000000000000000000000000]}'
+    )
+    assert line == b"RDATA s w 1 " + json.dumps(row, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinity_refused_on_encode(wire_impl: ModuleType, bad: float) -> None:
+    with pytest.raises(ProtocolError, match="not JSON"):
+        wire_impl.encode(RdataCommand("s", "w", 1, [bad]))
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", "[NaN]", '{"a":Infinity}'])
+def test_nan_and_infinity_refused_on_decode(wire_impl: ModuleType, text: str) -> None:
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        wire_impl.parse_line(f"RDATA s w 1 {text}")
+
+
+def test_unencodable_rows_are_protocol_errors(wire_impl: ModuleType) -> None:
+    loop: list[object] = []
+    loop.append(loop)
+    for row in ([object()], loop, {(1, 2): 3}):
+        with pytest.raises(ProtocolError):
+            wire_impl.encode(RdataCommand("s", "w", 1, row))
+
+
+def test_unusual_but_valid_rows_match_the_stdlib(wire_impl: ModuleType) -> None:
+    from collections import OrderedDict
+    from types import MappingProxyType
+
+    class Str(str):
+        pass
+
+    rows = [
+        (1, "x"),
+        {1: "int key", None: "none key", True: "bool key", 1.5: "float key"},
+        OrderedDict(a=1),
+        MappingProxyType({"frozen": 1}),
+        [Str("sub"), 2**70, -(2**70)],
+        [[[[[]]]]],
+    ]
+    for row in rows:
+        assert wire_impl.encode(RdataCommand("s", "w", 1, row)) == b"RDATA s w 1 " + _json.dumps(row).encode()
+
+
+NON_CANONICAL = [
+    '["a", "b"]',            # separators with spaces
+    ' ["a"]',                # leading whitespace
+    '["a"] ',                # trailing whitespace
+    '["caf\u00e9"]',         # raw UTF-8
+    '["\\u00E9"]',           # uppercase escape
+    '["\\u0041"]',           # escaped printable ASCII
+    '["\\/"]',               # escaped slash
+    '["\\u000a"]',           # control with a short form
+    '[-0]',                  # negative zero
+    '[1.50]',                # float not in repr form
+    '[1E5]',                 # exponent form
+    '{"a":1,"a":2}',         # duplicate key
+    '["\x7f"]',              # raw DEL
+]
+
+
+@pytest.mark.parametrize("text", NON_CANONICAL)
+def test_non_canonical_input_is_reencoded(wire_impl: ModuleType, text: str) -> None:
+    cmd = wire_impl.parse_line(f"RDATA s w 1 {text}")
+    expected = b"RDATA s w 1 " + _json.dumps(json.loads(text)).encode()
+    assert wire_impl.encode(cmd) == expected
+    assert expected != f"RDATA s w 1 {text}".encode()
+
+
+CANONICAL = ['["a","b"]', '{"a":1,"b":[true,false,null]}', '["\\u00e9\\ud83d\\ude00\\u007f\\u0001"]',
+             '["\\ud800"]', '[1.5,-3,0,"\\n\\t\\"\\\\"]', "[]", "{}", '"plain"', "12"]
+
+
+@pytest.mark.parametrize("text", CANONICAL)
+def test_canonical_input_round_trips_byte_for_byte(wire_impl: ModuleType, text: str) -> None:
+    line = f"RDATA s w 1 {text}".encode()
+    cmd = wire_impl.parse_line(line)
+    assert wire_impl.encode(cmd) == line
+    assert cmd.row == json.loads(text)
+    assert wire_impl.encode(cmd) == line  # and after the row was read
+
+
+def test_mutating_the_row_changes_the_encoding(wire_impl: ModuleType) -> None:
+    cmd = wire_impl.parse_line(b'RDATA s w 1 ["a"]')
+    cmd.row.append("b")
+    assert wire_impl.encode(cmd) == b'RDATA s w 1 ["a","b"]'
+    cmd.row = {"x": 1}
+    assert wire_impl.encode(cmd) == b'RDATA s w 1 {"x":1}'
+
+
+def test_deep_nesting_refused_consistently(wire_impl: ModuleType) -> None:
+    ok = "[" * _json.MAX_DEPTH + "]" * _json.MAX_DEPTH
+    assert wire_impl.parse_line(f"RDATA s w 1 {ok}").row is not None
+    deep = "[" * (_json.MAX_DEPTH + 1) + "]" * (_json.MAX_DEPTH + 1)
+    with pytest.raises(ProtocolError, match="nested deeper"):
+        wire_impl.parse_line(f"RDATA s w 1 {deep}")
+
+
+def test_huge_integers(wire_impl: ModuleType) -> None:
+    big = "9" * 4300
+    assert wire_impl.parse_line(f"RDATA s w 1 [{big}]").row == [int(big)]
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        wire_impl.parse_line(f"RDATA s w 1 [{big}9]")
+
+
+# --------------------------------------------------------------------- errors
+
+BAD_LINES = [
+    (b"", "empty line"),
+    (b"BOGUS x", "unknown command 'BOGUS'"),
+    (b" PING", "unknown command ''"),
+    (b"RDATA s w 1_000 []", "not an integer"),
+    (b"RDATA s  w 12 []", "instance_name is empty"),
+    (b"RDATA s w  12 []", "token .. is not an integer"),
+    (b"RDATA s w +12 []", "not an integer"),
+    (b"RDATA s w \xd9\xa1\xd9\xa2 []", "not an integer"),  # Arabic-Indic digits
+    (b"RDATA s w 12 ", "not valid JSON"),
+    (b"RDATA s w 12 [1,]", "not valid JSON"),
+    (b"RDATA s w 12 [1] [2]", "not valid JSON"),
+    (b'RDATA s w 12 ["\x01"]', "not valid JSON"),
+    (b'RDATA s w 12 ["\\x"]', "not valid JSON"),
+    (b'RDATA s w 12 ["\\u12g4"]', "not valid JSON"),
+    (b"RDATA s w 12 [01]", "not valid JSON"),
+    (b"RDATA s w 99999999999999999999 []", "does not fit in 64 bits"),
+    (b"RDATA s w -9223372036854775809 []", "does not fit in 64 bits"),
+    (b"POSITION s w 1 x", "not an integer"),
+    (b"POSITION s w - 1", "not an integer"),
+    (b"USER_SYNC a b c maybe 1", "USER_SYNC state"),
+    (b"USER_IP @u:h {}", "JSON array"),
+    (b'USER_IP @u:h ["a","b"]', "JSON array"),
+    (b'LOCK_RELEASED "abc"', "JSON array"),
+    (b"PING \xff", "not valid UTF-8"),
+    (b"PING \xed\xa0\x80", "not valid UTF-8"),  # an encoded surrogate
+    (b"PING \xc0\x80", "not valid UTF-8"),      # overlong NUL
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), BAD_LINES, ids=[repr(b)[:40] for b, _ in BAD_LINES])
+def test_bad_lines_raise_protocol_error(wire_impl: ModuleType, line: bytes, reason: str) -> None:
+    with pytest.raises(ProtocolError, match=reason) as info:
+        wire_impl.parse_line(line)
+    assert isinstance(info.value, ValueError)
+    assert info.value.line is not None
+
+
+def test_int64_bounds_accepted(wire_impl: ModuleType) -> None:
+    assert wire_impl.parse_line(b"POSITION s w -9223372036854775808 9223372036854775807") == PositionCommand(
+        "s", "w", -(2**63), 2**63 - 1
+    )
+    assert wire_impl.parse_line(b"RDATA s w 007 []").token == 7
+
+
+def test_error_message_shows_truncated_line(wire_impl: ModuleType) -> None:
+    with pytest.raises(ProtocolError) as info:
+        wire_impl.parse_line(b"BOGUS " + b"x" * 500)
+    assert "..." in str(info.value) and len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        RdataCommand("has space", "w", 1, []),
+        RdataCommand("s", "", 1, []),
+        RdataCommand("s", "w", 1.5, []),  # type: ignore[arg-type]
+        RdataCommand("s", "w", True, []),  # type: ignore[arg-type]
+        RdataCommand("s", "w", 2**63, []),
+        PositionCommand("s", "w\n", 1, 2),
+        PingCommand("1\n2"),
+        ErrorCommand("a\nb"),
+        UserSyncCommand("w", "@u:h", "dev ice", True, 1),
+        ServerCommand("\ud800"),
+        RdataCommand("\ud800", "w", 1, []),
+    ],
+)
+def test_unencodable_commands_are_refused(wire_impl: ModuleType, cmd: object) -> None:
+    with pytest.raises(ProtocolError, match="cannot encode"):
+        wire_impl.encode(cmd)
+
+
+def test_encode_rejects_non_commands(wire_impl: ModuleType) -> None:
+    with pytest.raises(TypeError):
+        wire_impl.encode("PING 1")
+
+
+# -------------------------------------------------------------------- decoder
+
+def test_decoder_holds_partial_lines(wire_impl: ModuleType) -> None:
+    dec = wire_impl.LineDecoder()
+    assert dec.feed(b"PING 1\nPI") == [PingCommand("1")]
+    assert dec.buffered == 2
+    assert dec.feed(b"NG 2") == []
+    assert dec.feed(b"\n\n   \r\n\nREPLICATE\n") == [PingCommand("2"), ReplicateCommand()]
+    assert dec.buffered == 0
+
+
+def test_decoder_every_split_point(wire_impl: ModuleType) -> None:
+    data = b"".join(line + b"\n" for _, line in EXAMPLES)
+    expected = [cmd for cmd, _ in EXAMPLES]
+    for cut in range(len(data) + 1):
+        dec = wire_impl.LineDecoder()
+        assert dec.feed(data[:cut]) + dec.feed(data[cut:]) == expected
+    dec = wire_impl.LineDecoder()
+    got = []
+    for i in range(len(data)):
+        got += dec.feed(data[i : i + 1])
+    assert got == expected
+
+
+def test_decoder_error_keeps_earlier_and_later_commands(wire_impl: ModuleType) -> None:
+    dec = wire_impl.LineDecoder()
+    with pytest.raises(ProtocolError, match="unknown command") as info:
+        dec.feed(b"PING 1\nPING 2\nNOPE\nPING 3\nPING 4\nPI")
+    assert info.value.commands == [PingCommand("1"), PingCommand("2")]
+    assert info.value.line == b"NOPE"
+    assert dec.feed(b"") == [PingCommand("3"), PingCommand("4")]
+    assert dec.feed(b"NG 5\n") == [PingCommand("5")]
+
+
+def test_decoder_max_line_length(wire_impl: ModuleType) -> None:
+    dec = wire_impl.LineDecoder(max_line_length=10)
+    assert dec.max_line_length == 10
+    assert dec.feed(b"PING 12345\n") == [PingCommand("12345")]  # exactly 10 bytes
+    with pytest.raises(ProtocolError, match="longer than 10 bytes") as info:
+        dec.feed(b"PING 123456\nPING 1\n")
+    assert info.value.commands == []
+    assert dec.feed(b"") == [PingCommand("1")]
+
+
+def test_decoder_overlong_partial_is_skipped_to_its_newline(wire_impl: ModuleType) -> None:
+    dec = wire_impl.LineDecoder(max_line_length=16)
+    with pytest.raises(ProtocolError, match="longer than 16 bytes"):
+        dec.feed(b"PING 1\nPING " + b"x" * 20)
+    assert dec.buffered == 0  # memory stays bounded
+    assert dec.feed(b"y" * 10_000) == []
+    assert dec.buffered == 0
+    assert dec.feed(b"zz\nPING 2\n") == [PingCommand("2")]
+
+
+def test_decoder_default_limit_is_synapses(wire_impl: ModuleType) -> None:
+    assert wire_impl.DEFAULT_MAX_LINE_LENGTH == 16384
+    dec = wire_impl.LineDecoder()
+    line = b"PING " + b"1" * (16384 - 5)
+    assert dec.feed(line + b"\n") == [PingCommand("1" * (16384 - 5))]
+    with pytest.raises(ProtocolError):
+        dec.feed(line + b"1\n")
+
+
+def test_decoder_rejects_bad_limit(wire_impl: ModuleType) -> None:
+    with pytest.raises(ValueError):
+        wire_impl.LineDecoder(max_line_length=0)
