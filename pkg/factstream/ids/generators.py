@@ -1,0 +1,486 @@
+"""Stream id generators on SQLite and PostgreSQL.
+
+A generator hands out stream ids to the local writer, tracks completion with
+a :class:`~factstream.ids.tracker.PositionTracker`, records the local position
+in ``stream_positions``, and recovers positions from the database at startup.
+
+* PostgreSQL: one sequence per stream (``nextval``; ``generate_series`` for n
+  ids at once), any number of writer processes.
+* SQLite (the embedded default): ids from an in-process counter seeded from
+  the tables, so exactly one writer per stream, in one process.
+
+Backwards streams (``backwards=True``, e.g. backfilled events) hand out
+negative ids counting down: -2, -3, ... Their *positions and tokens* are the
+positive magnitudes and only grow, exactly like a forwards stream: after ids
+-2 and -3 completed, ``current_token()`` is 3. (Synapse's backfill stream
+replicates ``-stream_ordering`` the same way.) Everything that takes or gives a
+position (``advance``, ``wait_for``, listeners, ``stream_positions``) uses
+this positive form; the facts a position range (old, new] covers are the rows
+whose id column lies in [-new, -old).
+
+A position of 1 means "empty": the first real id is 2 (or -2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import weakref
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ..store.database import Database, Transaction
+from ..store.migrations import migrate
+from .errors import IdGeneratorError, PositionWaitTimeout, SequenceBehindError
+from .tracker import Listener, PositionTracker
+
+__all__ = ["IdGenerator", "create_id_generator", "TableSpec"]
+
+logger = logging.getLogger(__name__)
+
+#: (table, instance column or None, id column)
+TableSpec = tuple[str, "str | None", str]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: (database url, stream) -> live SQLite writer generator: one counter per stream.
+_SQLITE_WRITERS: weakref.WeakValueDictionary[tuple[str, str], IdGenerator] = weakref.WeakValueDictionary()
+
+
+def _ident(name: str, what: str) -> str:
+    if not _IDENT.match(name):
+        raise IdGeneratorError(f"{what} {name!r} is not a plain SQL identifier (letters, digits, _)")
+    return name
+
+
+def default_sequence_name(stream_name: str) -> str:
+    """``<stream>_stream_seq`` with anything but letters, digits and _ replaced by _."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", stream_name).lower() + "_stream_seq"
+
+
+class IdGenerator:
+    """Stream ids and positions of one stream, for one process.
+
+    Create with :func:`create_id_generator`. ``get_next()`` and
+    ``get_next_mult(n)`` are async context managers whose exit completes the
+    ids whether the body succeeded or raised; ``get_next_txn(txn)`` reserves
+    inside the caller's transaction and completes after commit or rollback.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        tracker: PositionTracker,
+        *,
+        backwards: bool,
+        sequence_name: str | None,
+        counter: int | None,
+    ) -> None:
+        self._db = db
+        self._tracker = tracker
+        self.backwards = backwards
+        self._sign = -1 if backwards else 1
+        self.sequence_name = sequence_name
+        self._counter = counter  # SQLite: last id handed out (token orientation)
+        self._waiters: dict[str | None, list[tuple[int, asyncio.Future[None]]]] = {}
+        self._flush_task: asyncio.Task[None] | None = None
+        self._flushed = tracker.current_token_for_writer(tracker.instance_name) if tracker.is_writer else 0
+        self._closed = False
+        tracker.on_change = self._on_change
+        if tracker.is_writer:
+            tracker.add_listener(self._on_local_advance)
+
+    # -- identity
+
+    @property
+    def stream_name(self) -> str:
+        """The stream's name."""
+        return self._tracker.stream_name
+
+    @property
+    def instance_name(self) -> str:
+        """This process's instance name."""
+        return self._tracker.instance_name
+
+    @property
+    def writers(self) -> tuple[str, ...]:
+        """The configured writer instances."""
+        return self._tracker.writers
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this process may reserve ids."""
+        return self._tracker.is_writer
+
+    @property
+    def database(self) -> Database:
+        """The database the ids come from."""
+        return self._db
+
+    # -- reserving
+
+    async def _fetch(self, n: int, txn: Transaction | None) -> list[int]:
+        if self._counter is not None:
+            first = self._counter + 1
+            self._counter += n
+            return list(range(first, first + n))
+        run = txn if txn is not None else self._db
+        seq = self.sequence_name
+        if n == 1:
+            row = await run.fetchone(f"SELECT nextval('{seq}')")
+            assert row is not None
+            return [int(row[0])]
+        rows = await run.fetchall(f"SELECT nextval('{seq}') FROM generate_series(1, ?)", (n,))
+        return sorted(int(r[0]) for r in rows)
+
+    async def _reserve(self, n: int, txn: Transaction | None = None) -> list[int]:
+        if self._closed:
+            raise IdGeneratorError(f"id generator for stream {self.stream_name!r} is closed")
+        if n < 1:
+            raise ValueError(f"cannot reserve {n} ids; ask for at least 1")
+        tracker = self._tracker
+        if self._counter is not None:  # no await between allocation and registration
+            tracker._local_heap()
+            ids = await self._fetch(n, txn)
+            tracker.reserve(ids)
+            return ids
+        tracker.begin_fetch()
+        ids: list[int] = []
+        try:
+            ids = await self._fetch(n, txn)
+        finally:
+            tracker.end_fetch(ids)
+        return ids
+
+    def _complete(self, ids: list[int]) -> None:
+        self._tracker.complete(ids)
+
+    @asynccontextmanager
+    async def get_next(self) -> AsyncIterator[int]:
+        """Reserve one id; it completes when the block exits (normally or not)."""
+        ids = await self._reserve(1)
+        try:
+            yield ids[0] * self._sign
+        finally:
+            self._tracker.complete(ids)
+
+    @asynccontextmanager
+    async def get_next_mult(self, n: int) -> AsyncIterator[list[int]]:
+        """Reserve ``n`` ids in one round trip (ascending; descending for backwards streams)."""
+        ids = await self._reserve(n)
+        try:
+            yield [i * self._sign for i in ids]
+        finally:
+            self._tracker.complete(ids)
+
+    async def get_next_txn(self, txn: Transaction) -> int:
+        """Reserve one id inside ``txn``; it completes after the commit or the rollback."""
+        return (await self.get_next_mult_txn(txn, 1))[0]
+
+    async def get_next_mult_txn(self, txn: Transaction, n: int) -> list[int]:
+        """Reserve ``n`` ids inside ``txn``; they complete after the commit or the rollback."""
+        if txn.database is not self._db:
+            raise IdGeneratorError("the transaction belongs to another database than the id generator")
+        ids = await self._reserve(n, txn)
+        txn.call_after_commit(self._complete, ids)
+        txn.call_after_rollback(self._complete, ids)
+        return [i * self._sign for i in ids]
+
+    # -- reading positions (token orientation: always growing)
+
+    def current_token(self) -> int:
+        """Linear position (the minimum over writers)."""
+        return self._tracker.current_token()
+
+    def current_token_for_writer(self, name: str) -> int:
+        """Position of writer ``name``."""
+        return self._tracker.current_token_for_writer(name)
+
+    def max_token(self) -> int:
+        """The maximum position over writers."""
+        return self._tracker.max_token()
+
+    def positions(self) -> dict[str, int]:
+        """Every writer's position."""
+        return self._tracker.positions()
+
+    def persisted_upto(self) -> int:
+        """Largest position with every fact at or below it known complete (>= current_token())."""
+        return self._tracker.persisted_upto()
+
+    def advance(self, instance_name: str, new_id: int) -> None:
+        """Record a position learned from replication (POSITION / RDATA token)."""
+        self._tracker.advance(instance_name, new_id)
+
+    def add_listener(self, cb: Listener) -> None:
+        """Call ``cb(stream_name, instance_name, old, new)`` synchronously when the local position advances.
+
+        The facts in (old, new] written by this writer are now complete. When an
+        idle writer catches up with the others the range may hold no fact of
+        its own, so select rows by instance as well as by id.
+        """
+        self._tracker.add_listener(cb)
+
+    def remove_listener(self, cb: Listener) -> None:
+        """Stop calling ``cb``."""
+        self._tracker.remove_listener(cb)
+
+    async def wait_for(self, instance_name: str | None, position: int, timeout: float) -> None:
+        """Wait until writer ``instance_name`` (None: the linear position) reaches ``position``.
+
+        Raises :class:`PositionWaitTimeout` (a ``TimeoutError``) after
+        ``timeout`` seconds, saying how far the writer got.
+        """
+
+        def reached() -> int:
+            if instance_name is None:
+                return self._tracker.current_token()
+            return self._tracker.current_token_for_writer(instance_name)
+
+        if reached() >= position:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (position, fut)
+        self._waiters.setdefault(instance_name, []).append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            raise PositionWaitTimeout(self.stream_name, instance_name, position, reached(), timeout) from None
+        finally:
+            waiting = self._waiters.get(instance_name)
+            if waiting is not None and entry in waiting:
+                waiting.remove(entry)
+
+    def _on_change(self, instance_name: str, old: int, new: int) -> None:
+        for key in (instance_name, None):
+            waiting = self._waiters.get(key)
+            if not waiting:
+                continue
+            now = new if key is not None else self._tracker.current_token()
+            keep = []
+            for pos, fut in waiting:
+                if pos <= now:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    keep.append((pos, fut))
+            self._waiters[key] = keep
+
+    # -- persisting the local position
+
+    def _on_local_advance(self, stream_name: str, instance_name: str, old: int, new: int) -> None:
+        if self._closed:
+            return
+        if self._flush_task is None or self._flush_task.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # flushed on close()
+            self._flush_task = loop.create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        try:
+            while True:
+                pos = self._tracker.current_token_for_writer(self.instance_name)
+                if pos <= self._flushed:
+                    return
+                await self._write_position(pos)
+                self._flushed = pos
+        except Exception:  # noqa: BLE001 - a hint only; the tables are the truth
+            logger.exception("stream %s: could not record the position in stream_positions", self.stream_name)
+
+    async def _write_position(self, pos: int) -> None:
+        biggest = "GREATEST" if self._db.engine == "postgres" else "MAX"
+        await self._db.execute(
+            "INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES (?, ?, ?) "
+            "ON CONFLICT (stream_name, instance_name) DO UPDATE SET "
+            f"stream_id = {biggest}(stream_positions.stream_id, excluded.stream_id)",
+            (self.stream_name, self.instance_name, pos),
+        )
+
+    async def flush_positions(self) -> None:
+        """Record the local position in ``stream_positions`` now (also done in the background)."""
+        if self._flush_task is not None and not self._flush_task.done():
+            await asyncio.shield(self._flush_task)
+        if self.is_writer:
+            await self._flush_loop()
+
+    async def close(self) -> None:
+        """Record the local position and stop; the database stays open (it is the caller's)."""
+        if self._closed:
+            return
+        try:
+            await self.flush_positions()
+        finally:
+            self._closed = True
+            for waiting in self._waiters.values():
+                for _, fut in waiting:
+                    if not fut.done():
+                        fut.cancel()
+            self._waiters.clear()
+            key = (self._db.url, self.stream_name)
+            if _SQLITE_WRITERS.get(key) is self:
+                del _SQLITE_WRITERS[key]
+
+    def __repr__(self) -> str:
+        return (
+            f"<IdGenerator {self.stream_name!r} instance={self.instance_name!r} "
+            f"positions={self.positions()} backwards={self.backwards}>"
+        )
+
+
+# ----------------------------------------------------------------------------- startup
+
+
+def _normalise_tables(tables: Sequence[Sequence[str | None]]) -> list[TableSpec]:
+    out: list[TableSpec] = []
+    for spec in tables:
+        if len(spec) != 3:
+            raise IdGeneratorError(f"table spec {spec!r} must be (table, instance_column or None, id_column)")
+        table, inst, col = spec
+        assert table is not None and col is not None
+        out.append((_ident(table, "table"), _ident(inst, "instance column") if inst else None, _ident(col, "id column")))
+    return out
+
+
+async def _max_in_tables(run: Database | Transaction, tables: list[TableSpec], backwards: bool) -> int:
+    """Largest id in any backing table, token orientation (0 if all empty)."""
+    best = 0
+    for table, _inst, col in tables:
+        agg = "MIN" if backwards else "MAX"
+        row = await run.fetchone(f"SELECT {agg}({col}) FROM {table}")
+        if row and row[0] is not None:
+            best = max(best, -int(row[0]) if backwards else int(row[0]))
+    return best
+
+
+async def _writer_maxima_above(
+    run: Database | Transaction, tables: list[TableSpec], backwards: bool, above: int
+) -> dict[str, int]:
+    """Per writer, the largest id above ``above`` in the backing tables (token orientation)."""
+    out: dict[str, int] = {}
+    for table, inst, col in tables:
+        if inst is None:
+            continue
+        if backwards:
+            sql = f"SELECT {inst}, -MIN({col}) FROM {table} WHERE {col} < ? GROUP BY {inst}"
+            params: tuple[int, ...] = (-above,)
+        else:
+            sql = f"SELECT {inst}, MAX({col}) FROM {table} WHERE {col} > ? GROUP BY {inst}"
+            params = (above,)
+        for name, pos in await run.fetchall(sql, params):
+            if name is not None and pos is not None:
+                out[name] = max(out.get(name, 0), int(pos))
+    return out
+
+
+async def _stream_positions(run: Database | Transaction, stream_name: str) -> dict[str, int]:
+    rows = await run.fetchall(
+        "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = ?", (stream_name,)
+    )
+    return {str(name): int(pos) for name, pos in rows}
+
+
+async def _load_postgres(
+    txn: Transaction,
+    stream_name: str,
+    writers: Sequence[str],
+    tables: list[TableSpec],
+    seq: str,
+    backwards: bool,
+) -> dict[str, int]:
+    # One startup at a time per stream: creating a sequence is not race-free.
+    await txn.execute("SELECT pg_advisory_xact_lock(?)", (zlib.crc32(f"factstream:{stream_name}".encode()),))
+    await txn.execute(f"CREATE SEQUENCE IF NOT EXISTS {seq}")
+    row = await txn.fetchone(f"SELECT last_value, is_called FROM {seq}")
+    assert row is not None
+    last_value, is_called = int(row[0]), bool(row[1])
+    head = last_value if is_called else last_value - 1
+    table_max = await _max_in_tables(txn, tables, backwards)
+    recorded = await _stream_positions(txn, stream_name)
+    recorded_max = max(recorded.values(), default=0)
+    if not is_called and last_value == 1:
+        # Fresh sequence: setval(n, true) makes the next id n+1 >= 2, so that
+        # 1 keeps meaning "empty" (no START WITH, which a later RESTART undoes).
+        await txn.execute("SELECT setval(?, ?, true)", (seq, max(1, table_max, recorded_max)))
+    else:
+        if head < table_max:
+            logger.warning(
+                "stream %s: sequence %s is at %d but the tables hold ids up to %d; moving the sequence to %d",
+                stream_name,
+                seq,
+                head,
+                table_max,
+                table_max,
+            )
+            await txn.execute("SELECT setval(?, ?, true)", (seq, table_max))
+            head = table_max
+        if head < recorded_max:
+            raise SequenceBehindError(
+                f"stream {stream_name!r}: sequence {seq} is at {head} but stream_positions says a writer "
+                f"reached {recorded_max}, so ids up to {recorded_max} may already have been handed out. "
+                f"If the database was restored from an older backup, check the data, then run "
+                f"\"SELECT setval('{seq}', {recorded_max})\" and restart."
+            )
+    known = [recorded[w] for w in writers if w in recorded]
+    floor = min(known) if len(known) == len(set(writers)) else min(known + [1])
+    positions = {w: recorded.get(w, floor) for w in writers}
+    for name, pos in (await _writer_maxima_above(txn, tables, backwards, floor)).items():
+        if name in positions:
+            positions[name] = max(positions[name], pos)
+    return positions
+
+
+async def create_id_generator(
+    db: Database,
+    *,
+    stream_name: str,
+    instance_name: str,
+    writers: Sequence[str] = ("master",),
+    tables: Sequence[Sequence[str | None]] = (),
+    sequence_name: str | None = None,
+    backwards: bool = False,
+    heap_class: Any = None,
+) -> IdGenerator:
+    """Recover a stream's positions from ``db`` and return its id generator.
+
+    ``tables`` lists the backing tables as ``(table, instance_column, id_column)``
+    (``instance_column`` may be None for a single-writer table). With one writer
+    this is a single-writer stream; several writers need PostgreSQL. A process
+    whose ``instance_name`` is not among ``writers`` is a reader: it tracks
+    positions (``advance``) but cannot reserve ids.
+    """
+    writers = tuple(dict.fromkeys(writers))
+    if not writers:
+        raise IdGeneratorError(f"stream {stream_name!r}: writers must name at least one instance")
+    specs = _normalise_tables(tables)
+    await migrate(db, ["streams"])
+    is_writer = instance_name in writers
+    if db.engine == "sqlite":
+        if len(writers) > 1:
+            raise IdGeneratorError(
+                f"stream {stream_name!r} has {len(writers)} writers ({', '.join(writers)}) but SQLite supports "
+                "only one writer per stream, in one process; use PostgreSQL for several writers"
+            )
+        key = (db.url, stream_name)
+        if is_writer and key in _SQLITE_WRITERS:
+            raise IdGeneratorError(
+                f"stream {stream_name!r} already has a writer id generator on {db.url} in this process; "
+                "share it (or close() it first): two counters would hand out the same ids"
+            )
+        recorded = await _stream_positions(db, stream_name)
+        table_max = await _max_in_tables(db, specs, backwards)
+        start = max(1, table_max, max(recorded.values(), default=1))
+        tracker = PositionTracker(stream_name, instance_name, writers, {writers[0]: start}, heap_class=heap_class)
+        gen = IdGenerator(db, tracker, backwards=backwards, sequence_name=None, counter=start if is_writer else None)
+        if is_writer:
+            _SQLITE_WRITERS[key] = gen
+        return gen
+    seq = _ident(sequence_name or default_sequence_name(stream_name), "sequence name")
+    async with db.transaction() as txn:
+        positions = await _load_postgres(txn, stream_name, writers, specs, seq, backwards)
+    tracker = PositionTracker(stream_name, instance_name, writers, positions, heap_class=heap_class)
+    return IdGenerator(db, tracker, backwards=backwards, sequence_name=seq, counter=None)

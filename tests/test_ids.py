@@ -1,0 +1,353 @@
+"""Id generators on SQLite and PostgreSQL: the same suite on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from factstream.ids import (
+    IdGenerator,
+    IdGeneratorError,
+    PositionWaitTimeout,
+    SequenceBehindError,
+    create_id_generator,
+)
+from factstream.store.database import Database, connect
+
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+TABLES = [("facts", "instance_name", "stream_id")]
+
+
+@pytest.fixture(params=ENGINES)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    url = f"sqlite:///{tmp_path / 'ids.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_dsn")
+    conn = await connect(url)
+    await conn.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def make(db: Database, **kw: object) -> IdGenerator:
+    kw.setdefault("stream_name", "events")
+    kw.setdefault("instance_name", "master")
+    kw.setdefault("tables", TABLES)
+    return await create_id_generator(db, **kw)  # type: ignore[arg-type]
+
+
+async def test_seed_worked_example(db: Database) -> None:
+    """The seed's table, step by step, through the real generator."""
+    gen = await make(db)
+    seen: list[tuple[int, int]] = []
+    gen.add_listener(lambda stream, inst, old, new: seen.append((old, new)))
+    assert gen.current_token() == 1
+    async with AsyncExitStack() as s2, AsyncExitStack() as s3:
+        assert await s2.enter_async_context(gen.get_next()) == 2
+        assert gen.current_token() == 1
+        assert await s3.enter_async_context(gen.get_next()) == 3
+        assert gen.current_token() == 1
+        await s3.aclose()  # complete 3
+        assert gen.current_token() == 1
+        await s2.aclose()  # complete 2
+        assert gen.current_token() == 3
+    stacks = {i: AsyncExitStack() for i in (4, 5, 6)}
+    for i in (4, 5, 6):
+        assert await stacks[i].enter_async_context(gen.get_next()) == i
+        assert gen.current_token() == 3
+    await stacks[5].aclose()
+    assert gen.current_token() == 3
+    await stacks[4].aclose()
+    assert gen.current_token() == 5  # 6 still pending
+    await stacks[6].aclose()
+    assert gen.current_token() == 6
+    assert seen == [(1, 3), (3, 5), (5, 6)]
+    assert gen.current_token_for_writer("master") == gen.max_token() == gen.persisted_upto() == 6
+    await gen.close()
+
+
+async def test_failed_write_is_a_hole_the_position_moves_past(db: Database) -> None:
+    gen = await make(db)
+    with pytest.raises(RuntimeError):
+        async with gen.get_next() as sid:
+            assert sid == 2
+            raise RuntimeError("write failed")
+    assert gen.current_token() == 2
+    async with gen.get_next() as sid:
+        await db.execute("INSERT INTO facts VALUES (?, 'master', 'x')", (sid,))
+    assert gen.current_token() == 3
+    await gen.close()
+
+
+async def test_get_next_txn_completes_after_commit_and_rollback(db: Database) -> None:
+    gen = await make(db)
+    async with db.transaction() as txn:
+        sid = await gen.get_next_txn(txn)
+        await txn.execute("INSERT INTO facts VALUES (?, 'master', 'a')", (sid,))
+        assert gen.current_token() == 1  # not yet committed
+    assert sid == 2 and gen.current_token() == 2
+    with pytest.raises(ValueError):
+        async with db.transaction() as txn:
+            ids = await gen.get_next_mult_txn(txn, 3)
+            assert ids == [3, 4, 5]
+            await txn.executemany("INSERT INTO facts VALUES (?, 'master', 'b')", [(i,) for i in ids])
+            raise ValueError("roll back")
+    assert gen.current_token() == 5  # rolled back ids are holes
+    assert await db.fetchall("SELECT stream_id FROM facts ORDER BY stream_id") == [(2,)]
+    await gen.close()
+
+
+async def test_get_next_mult(db: Database) -> None:
+    gen = await make(db)
+    async with gen.get_next_mult(100) as ids:
+        assert ids == list(range(2, 102))
+        assert gen.current_token() == 1
+    assert gen.current_token() == 101
+    with pytest.raises(ValueError, match="at least 1"):
+        async with gen.get_next_mult(0):
+            pass
+    await gen.close()
+
+
+async def test_concurrent_tasks_get_distinct_ids_and_position_reaches_max(db: Database) -> None:
+    gen = await make(db)
+    got: list[int] = []
+
+    async def one(i: int) -> None:
+        async with gen.get_next() as sid:
+            got.append(sid)
+            await asyncio.sleep(0.001 * (i % 5))
+            if i % 7 == 0:
+                return  # nothing written: still completes
+            await db.execute("INSERT INTO facts VALUES (?, 'master', 'c')", (sid,))
+
+    await asyncio.gather(*(one(i) for i in range(60)))
+    assert sorted(got) == list(range(2, 62))
+    assert gen.current_token() == 61
+    await gen.close()
+
+
+async def test_restart_recovers_position_from_tables(db: Database) -> None:
+    gen = await make(db)
+    for _ in range(3):
+        async with gen.get_next() as sid:
+            await db.execute("INSERT INTO facts VALUES (?, 'master', 'x')", (sid,))
+    await gen.close()
+    # rows written without the generator's knowledge (stream_positions lags) still count
+    await db.execute("INSERT INTO facts VALUES (10, 'master', 'late')")
+    again = await make(db)
+    assert again.current_token() == 10
+    async with again.get_next() as sid:
+        assert sid == 11
+    await again.close()
+
+
+async def test_stream_positions_records_the_local_position(db: Database) -> None:
+    gen = await make(db)
+    async with gen.get_next_mult(5):
+        pass
+    await gen.flush_positions()
+    assert await db.fetchall("SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = 'events'") == [
+        ("master", 6)
+    ]
+    await gen.close()
+
+
+async def test_backwards_stream(db: Database) -> None:
+    gen = await make(db, stream_name="backfill", backwards=True)
+    seen: list[tuple[int, int]] = []
+    gen.add_listener(lambda s, i, old, new: seen.append((old, new)))
+    async with gen.get_next() as sid:
+        assert sid == -2
+        await db.execute("INSERT INTO facts VALUES (?, 'master', 'old event')", (sid,))
+    async with gen.get_next_mult(3) as ids:
+        assert ids == [-3, -4, -5]
+    assert gen.current_token() == 5  # positive magnitude
+    assert seen == [(1, 2), (2, 5)]
+    await gen.close()
+    again = await make(db, stream_name="backfill", backwards=True)
+    assert again.current_token() >= 2
+    async with again.get_next() as sid:
+        assert sid < -5 or (db.engine == "sqlite" and sid == -6)
+    await again.close()
+
+
+async def test_listener_errors_do_not_stop_the_writer(db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    gen = await make(db)
+
+    def bad(*args: object) -> None:
+        raise RuntimeError("listener bug")
+
+    gen.add_listener(bad)
+    with caplog.at_level(logging.ERROR):
+        async with gen.get_next():
+            pass
+    assert gen.current_token() == 2
+    assert "listener" in caplog.text
+    gen.remove_listener(bad)
+    await gen.close()
+
+
+async def test_wait_for(db: Database) -> None:
+    gen = await make(db)
+
+    async def write_later() -> None:
+        await asyncio.sleep(0.02)
+        async with gen.get_next_mult(3):
+            pass
+
+    task = asyncio.ensure_future(write_later())
+    await gen.wait_for("master", 4, timeout=5)
+    await gen.wait_for(None, 4, timeout=5)
+    await task
+    await gen.wait_for("master", 2, timeout=0)  # already there
+    with pytest.raises(PositionWaitTimeout, match="reached 4, not 10") as info:
+        await gen.wait_for("master", 10, timeout=0.05)
+    assert isinstance(info.value, TimeoutError)
+    assert info.value.reached == 4 and info.value.wanted == 10
+    await gen.close()
+
+
+async def test_reader_instance_tracks_but_cannot_reserve(db: Database) -> None:
+    reader = await make(db, instance_name="reader")
+    assert not reader.is_writer
+    with pytest.raises(IdGeneratorError, match="not a writer"):
+        async with reader.get_next():
+            pass
+    reader.advance("master", 7)
+    assert reader.current_token() == 7
+    reader.advance("master", 5)  # never backwards
+    assert reader.positions() == {"master": 7}
+    waiter = asyncio.ensure_future(reader.wait_for("master", 9, timeout=5))
+    await asyncio.sleep(0)
+    reader.advance("master", 9)
+    await waiter
+    await reader.close()
+
+
+async def test_sqlite_refuses_several_writers(tmp_path: Path) -> None:
+    db = await connect(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        with pytest.raises(IdGeneratorError, match="only one writer"):
+            await create_id_generator(db, stream_name="s", instance_name="a", writers=("a", "b"))
+        gen = await create_id_generator(db, stream_name="s", instance_name="a", writers=("a",))
+        with pytest.raises(IdGeneratorError, match="already has a writer"):
+            await create_id_generator(db, stream_name="s", instance_name="a", writers=("a",))
+        await gen.close()
+        again = await create_id_generator(db, stream_name="s", instance_name="a", writers=("a",))
+        await again.close()
+    finally:
+        await db.close()
+
+
+async def test_bad_table_spec_is_refused(db: Database) -> None:
+    with pytest.raises(IdGeneratorError, match="plain SQL identifier"):
+        await make(db, tables=[("facts; DROP TABLE facts", None, "stream_id")])
+
+
+# ----------------------------------------------------------------------------- PostgreSQL only
+
+
+@pytest.fixture
+async def pg(postgres_dsn: str) -> AsyncIterator[Database]:
+    conn = await connect(postgres_dsn)
+    await conn.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+W3 = ("w1", "w2", "w3")
+
+
+@pytest.mark.postgres
+async def test_multi_writer_positions_in_one_database(pg: Database) -> None:
+    w1 = await make(pg, instance_name="w1", writers=W3)
+    w2 = await make(pg, instance_name="w2", writers=W3)
+    reader = await make(pg, instance_name="reader", writers=W3)
+    cm0 = w1.get_next()  # held open on purpose (keep the reference: GC would close it)
+    a = await cm0.__aenter__()
+    cm1 = w1.get_next()
+    id1 = await cm1.__aenter__()
+    async with w2.get_next_mult(3) as ids2:
+        assert min(ids2) > id1
+    # w2 completed; w1 still has id1 in flight, so w1 holds the linear position back
+    assert w2.current_token_for_writer("w2") == max(ids2)
+    w1.advance("w2", max(ids2))
+    assert w1.current_token_for_writer("w1") < id1
+    await cm1.__aexit__(None, None, None)
+    assert w1.current_token_for_writer("w1") < a  # 'a' (smaller) is still pending
+    await cm0.__aexit__(None, None, None)
+    # w1 idle now: it takes the largest known position
+    assert w1.current_token_for_writer("w1") == max(ids2)
+    for name, gen in (("w1", w1), ("w2", w2)):
+        reader.advance(name, gen.current_token_for_writer(name))
+    # w3 never wrote: its position is the floor, and the linear token waits for it
+    assert reader.current_token() == 1
+    reader.advance("w3", max(ids2))
+    assert reader.current_token() == max(ids2) == reader.max_token()
+    for g in (w1, w2, reader):
+        await g.close()
+
+
+@pytest.mark.postgres
+async def test_multi_writer_recovery_from_stream_positions_and_tables(pg: Database) -> None:
+    w1 = await make(pg, instance_name="w1", writers=W3)
+    w2 = await make(pg, instance_name="w2", writers=W3)
+    w3 = await make(pg, instance_name="w3", writers=W3)
+    for gen in (w1, w2, w3, w1):
+        async with gen.get_next() as sid:
+            await pg.execute("INSERT INTO facts VALUES (?, ?, 'x')", (sid, gen.instance_name))
+    for gen in (w1, w2, w3):
+        await gen.close()
+    # w2 writes more but crashes before recording its position
+    async with pg.transaction() as txn:
+        row = await txn.fetchone("SELECT nextval('events_stream_seq')")
+        assert row is not None
+        await txn.execute("INSERT INTO facts VALUES (?, 'w2', 'late')", (row[0],))
+    reader = await make(pg, instance_name="reader", writers=W3)
+    assert reader.positions() == {"w1": 5, "w2": row[0], "w3": 4}
+    assert reader.current_token() == 4
+    await reader.close()
+
+
+@pytest.mark.postgres
+async def test_sequence_behind_table_is_repaired_with_a_warning(pg: Database, caplog: pytest.LogCaptureFixture) -> None:
+    gen = await make(pg)
+    async with gen.get_next():
+        pass
+    await gen.close()
+    await pg.execute("INSERT INTO facts VALUES (50, 'master', 'imported')")
+    with caplog.at_level(logging.WARNING):
+        again = await make(pg)
+    assert "moving the sequence to 50" in caplog.text
+    async with again.get_next() as sid:
+        assert sid == 51
+    await again.close()
+
+
+@pytest.mark.postgres
+async def test_sequence_behind_stream_positions_stops_startup(pg: Database) -> None:
+    gen = await make(pg)
+    async with gen.get_next():
+        pass
+    await gen.close()
+    await pg.execute("UPDATE stream_positions SET stream_id = 80")
+    with pytest.raises(SequenceBehindError, match=r"setval\('events_stream_seq', 80\)"):
+        await make(pg)
+
+
+@pytest.mark.postgres
+async def test_new_sequence_starts_above_existing_rows(pg: Database) -> None:
+    await pg.execute("INSERT INTO facts VALUES (41, 'master', 'pre-existing')")
+    gen = await make(pg, stream_name="imported", sequence_name="my_seq")
+    assert gen.current_token() == 41
+    async with gen.get_next() as sid:
+        assert sid == 42
+    await gen.close()
