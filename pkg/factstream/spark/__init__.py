@@ -27,7 +27,7 @@ __all__ = [
 
 # public name -> submodule defining it
 _LAZY = {
-    "FORMATS": "lines",
+    "FORMATS": "formats",
     "ParseOptions": "lines",
     "make_session": "session",
     "parse_archives": "pipeline",

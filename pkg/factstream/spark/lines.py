@@ -40,6 +40,7 @@ import pyarrow as pa
 from .. import wire
 from ..commands import FederationAckCommand, PositionCommand, RdataCommand
 from ..errors import ProtocolError
+from .formats import FORMATS
 
 __all__ = [
     "FORMATS",
@@ -51,7 +52,6 @@ __all__ = [
     "redis_unquote",
 ]
 
-FORMATS: tuple[str, ...] = ("auto", "lines", "monitor", "redis-csv", "redis-raw")
 
 #: Output columns, in order. ``ts_text`` is the timestamp as written; the
 #: pipeline turns it into a Spark timestamp (``ts``) in the JVM.
@@ -119,7 +119,7 @@ class ParseOptions:
 # ----------------------------------------------------------------- prefixes
 
 _PREFIX = re.compile(
-    rb"(?:(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?) +)?(?:([<>]) +)?"
+    rb"(?:(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?)(?: +|$))?(?:([<>])(?: +|$))?"
 )
 _MONITOR = re.compile(rb'(\d+(?:\.\d+)?) \[[^\]]*\] (.*)')
 _QUOTED = re.compile(rb'"((?:[^"\\]|\\.)*)"')

@@ -54,6 +54,11 @@ def _has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
+def _glob_match(path: str, pattern: str) -> bool:
+    """Shell-style matching where wildcards do not cross '/' (like glob, unlike fnmatch)."""
+    return path.count("/") == pattern.count("/") and fnmatch.fnmatchcase(path, pattern)
+
+
 def _is_data_file(name: str) -> bool:
     base = os.path.basename(name)
     return not base.startswith((".", "_"))
@@ -75,7 +80,7 @@ def list_files(inputs: Sequence[str]) -> list[tuple[str, int]]:
             while _has_glob(base):
                 base = os.path.dirname(base)
             sel = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-            matches = [i for i in fs.get_file_info(sel) if fnmatch.fnmatchcase(i.path, path)]
+            matches = [i for i in fs.get_file_info(sel) if _glob_match(i.path, path)]
             expanded = []
             for info in matches:
                 if info.type == pafs.FileType.Directory:

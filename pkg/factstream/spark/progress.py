@@ -1,0 +1,63 @@
+"""A tqdm bar of finished Spark tasks, fed by the status tracker while a job runs."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+__all__ = ["task_progress"]
+
+
+@contextmanager
+def task_progress(sc: SparkContext, description: str, *, enabled: bool = True, interval: float = 0.5) -> Iterator[None]:
+    """Show completed/total tasks of the jobs started inside the ``with`` block.
+
+    Polls ``sc.statusTracker()`` from a daemon thread; writes to stderr and
+    only when ``enabled`` (the CLI disables it when stderr is not a terminal
+    unless --progress is given).
+    """
+    if not enabled:
+        yield
+        return
+    from tqdm import tqdm
+
+    tracker = sc.statusTracker()
+    group = f"factstream-{id(description)}-{threading.get_ident()}"
+    sc.setJobGroup(group, description)
+    stop = threading.Event()
+    bar = tqdm(total=0, desc=description, unit="task", file=sys.stderr, dynamic_ncols=True, leave=True)
+
+    def poll() -> None:
+        while True:
+            done = total = 0
+            for job_id in tracker.getJobIdsForGroup(group):
+                job = tracker.getJobInfo(job_id)
+                if job is None:
+                    continue
+                for stage_id in job.stageIds:
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage is not None:
+                        done += stage.numCompletedTasks
+                        total += stage.numTasks
+            if total:
+                bar.total = total
+                bar.n = done
+                bar.refresh()
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=poll, name="factstream-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        bar.close()
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]

@@ -1,0 +1,222 @@
+"""Figures per (stream, writer) over parsed replication lines.
+
+Sequences (tokens going backwards, gaps, unterminated batches) are judged in
+line order *within each source file*: one file is one capture of one
+connection or channel, so two files never interleave. The figures:
+
+``rows``, ``batch_rows``, ``positions``
+    RDATA lines (all, and those with token ``batch``) and POSITION lines.
+``min_token``, ``max_token``
+    over RDATA tokens and POSITION new tokens.
+``backwards``
+    lines whose token is lower than the previous token of the same stream
+    and writer (RDATA token or POSITION new token).
+``skipped_tokens``, ``gaps``
+    tokens that passed with no row: an RDATA at token t after position p
+    skips t-p-1 tokens; a POSITION p' -> n after position p skips p'-p
+    tokens. ``gaps`` counts the lines where this happened.
+``position_jumps``, ``position_jump_tokens``
+    POSITION lines whose new token is above their prev token, and by how much
+    in total (the writer advanced without sending rows).
+``unterminated_batches``
+    runs of ``batch`` rows not closed by an RDATA with a token of the same
+    stream and writer (a POSITION or the end of the file came first).
+``rows_per_second``
+    RDATA lines per second in time buckets (needs timestamps): mean over the
+    covered span, peak bucket, and the series.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["build_report", "render_text", "render_json"]
+
+
+def _iso(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return str(value)
+
+
+def build_report(df: DataFrame, bucket_seconds: int = 60) -> dict[str, Any]:
+    """Compute the report (a JSON-ready dict) from a parsed DataFrame or its Parquet copy."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if bucket_seconds <= 0:
+        raise ValueError("bucket_seconds must be positive")
+    df = df.select(
+        "source_file", "line_number", "ts", "command", "stream", "instance", "token", "prev_token", "error"
+    ).cache()
+    try:
+        totals = df.agg(
+            F.count(F.lit(1)).alias("lines"),
+            F.count("error").alias("malformed"),
+            F.min("ts").alias("first_ts"),
+            F.max("ts").alias("last_ts"),
+        ).first()
+        commands = {r["command"]: r["n"] for r in df.where("command IS NOT NULL").groupBy("command").agg(F.count(F.lit(1)).alias("n")).collect()}
+        bad_files = {
+            r["source_file"]: r["n"]
+            for r in df.where("error IS NOT NULL").groupBy("source_file").agg(F.count(F.lit(1)).alias("n")).collect()
+        }
+        bad_samples = [
+            {"file": r["source_file"], "line": r["line_number"], "error": r["error"]}
+            for r in df.where("error IS NOT NULL").orderBy("source_file", "line_number").limit(20).collect()
+        ]
+
+        seq = df.where("command IN ('RDATA', 'POSITION') AND stream IS NOT NULL")
+        key = ["stream", "instance"]
+        basic = seq.groupBy(*key).agg(
+            F.count(F.when(F.col("command") == "RDATA", 1)).alias("rows"),
+            F.count(F.when((F.col("command") == "RDATA") & F.col("token").isNull(), 1)).alias("batch_rows"),
+            F.count(F.when(F.col("command") == "POSITION", 1)).alias("positions"),
+            F.min("token").alias("min_token"),
+            F.max("token").alias("max_token"),
+            F.count(F.when((F.col("command") == "POSITION") & (F.col("token") > F.col("prev_token")), 1)).alias(
+                "position_jumps"
+            ),
+            F.coalesce(
+                F.sum(F.when((F.col("command") == "POSITION") & (F.col("token") > F.col("prev_token")), F.col("token") - F.col("prev_token"))),
+                F.lit(0),
+            ).alias("position_jump_tokens"),
+            F.min(F.when(F.col("command") == "RDATA", F.col("ts"))).alias("first_ts"),
+            F.max(F.when(F.col("command") == "RDATA", F.col("ts"))).alias("last_ts"),
+        )
+
+        w_tok = Window.partitionBy("source_file", *key).orderBy("line_number")
+        tok = seq.where("token IS NOT NULL").withColumn("last", F.lag("token").over(w_tok))
+        skipped = (
+            F.when(
+                (F.col("command") == "RDATA") & (F.col("token") > F.col("last") + 1), F.col("token") - F.col("last") - 1
+            )
+            .when((F.col("command") == "POSITION") & (F.col("prev_token") > F.col("last")), F.col("prev_token") - F.col("last"))
+            .otherwise(0)
+        )
+        order = tok.withColumn("skipped", skipped).groupBy(*key).agg(
+            F.count(F.when(F.col("token") < F.col("last"), 1)).alias("backwards"),
+            F.count(F.when(F.col("skipped") > 0, 1)).alias("gaps"),
+            F.coalesce(F.sum("skipped"), F.lit(0)).alias("skipped_tokens"),
+        )
+
+        w_all = Window.partitionBy("source_file", *key).orderBy("line_number")
+        nxt = seq.withColumn("next_cmd", F.lead("command").over(w_all)).withColumn("next_tok", F.lead("token").over(w_all))
+        is_batch = (F.col("command") == "RDATA") & F.col("token").isNull()
+        closes = (F.col("next_cmd") == "RDATA")  # a batch row or the closing row follows
+        batches = nxt.groupBy(*key).agg(
+            F.count(F.when(is_batch & (F.col("next_cmd").isNull() | ~closes), 1)).alias("unterminated_batches")
+        )
+
+        bucket = F.floor(F.unix_micros("ts") / F.lit(1_000_000 * bucket_seconds)) * F.lit(bucket_seconds)
+        series_rows = (
+            seq.where("command = 'RDATA' AND ts IS NOT NULL")
+            .groupBy(*key, bucket.alias("bucket"))
+            .agg(F.count(F.lit(1)).alias("n"))
+            .collect()
+        )
+        stats = basic.join(order, key, "left").join(batches, key, "left").orderBy(*key).collect()
+    finally:
+        df.unpersist()
+
+    series: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for r in series_rows:
+        series.setdefault((r["stream"], r["instance"]), []).append((int(r["bucket"]), int(r["n"])))
+    streams = []
+    for r in stats:
+        points = sorted(series.get((r["stream"], r["instance"]), []))
+        rate: dict[str, Any] = {"mean": None, "peak": None, "series": []}
+        if points:
+            span = (points[-1][0] - points[0][0]) + bucket_seconds
+            total = sum(n for _, n in points)
+            rate = {
+                "mean": round(total / span, 3),
+                "peak": round(max(n for _, n in points) / bucket_seconds, 3),
+                "series": [
+                    [_iso(dt.datetime.fromtimestamp(b, dt.timezone.utc).replace(tzinfo=None)), round(n / bucket_seconds, 3)]
+                    for b, n in points
+                ],
+            }
+        streams.append(
+            {
+                "stream": r["stream"],
+                "writer": r["instance"],
+                "rows": r["rows"],
+                "batch_rows": r["batch_rows"],
+                "positions": r["positions"],
+                "min_token": r["min_token"],
+                "max_token": r["max_token"],
+                "first_ts": _iso(r["first_ts"]),
+                "last_ts": _iso(r["last_ts"]),
+                "backwards": r["backwards"] or 0,
+                "gaps": r["gaps"] or 0,
+                "skipped_tokens": int(r["skipped_tokens"] or 0),
+                "position_jumps": r["position_jumps"],
+                "position_jump_tokens": int(r["position_jump_tokens"] or 0),
+                "unterminated_batches": r["unterminated_batches"] or 0,
+                "rows_per_second": rate,
+            }
+        )
+    return {
+        "lines": totals["lines"],
+        "malformed": totals["malformed"],
+        "malformed_by_file": dict(sorted(bad_files.items())),
+        "malformed_samples": bad_samples,
+        "first_ts": _iso(totals["first_ts"]),
+        "last_ts": _iso(totals["last_ts"]),
+        "bucket_seconds": bucket_seconds,
+        "commands": dict(sorted(commands.items())),
+        "streams": streams,
+    }
+
+
+def render_json(report: dict[str, Any], out: IO[str]) -> None:
+    """Write the report as one JSON document."""
+    json.dump(report, out, indent=2)
+    out.write("\n")
+
+
+def render_text(report: dict[str, Any], out: IO[str]) -> None:
+    """Write the report as aligned text tables for people."""
+    out.write(f"{report['lines']} lines, {report['malformed']} malformed")
+    if report["first_ts"]:
+        out.write(f", {report['first_ts']} .. {report['last_ts']}")
+    out.write("\n\ncommands:\n")
+    for name, count in report["commands"].items():
+        out.write(f"  {name:<18}{count:>12}\n")
+    if report["streams"]:
+        out.write("\nstreams (per writer):\n")
+        head = (
+            f"  {'stream':<20}{'writer':<18}{'rows':>10}{'batch':>8}{'POSITION':>9}  {'tokens':<23}"
+            f"{'back':>6}{'gaps':>6}{'skipped':>9}{'jumps':>7}{'open':>6}{'rows/s mean':>13}{'peak':>9}\n"
+        )
+        out.write(head)
+        for s in report["streams"]:
+            tokens = "-" if s["min_token"] is None else f"{s['min_token']}..{s['max_token']}"
+            rate = s["rows_per_second"]
+            mean = "-" if rate["mean"] is None else f"{rate['mean']:.1f}"
+            peak = "-" if rate["peak"] is None else f"{rate['peak']:.1f}"
+            out.write(
+                f"  {s['stream']:<20}{s['writer']:<18}{s['rows']:>10}{s['batch_rows']:>8}{s['positions']:>9}  {tokens:<23}"
+                f"{s['backwards']:>6}{s['gaps']:>6}{s['skipped_tokens']:>9}{s['position_jumps']:>7}"
+                f"{s['unterminated_batches']:>6}{mean:>13}{peak:>9}\n"
+            )
+        out.write(
+            "\n  back: tokens lower than the one before; gaps/skipped: lines after which tokens passed with no row, "
+            "and how many;\n  jumps: POSITION prev<new; open: unterminated batch runs; rows/s per "
+            f"{report['bucket_seconds']} s bucket.\n"
+        )
+    if report["malformed"]:
+        out.write("\nmalformed lines per file:\n")
+        for path, n in report["malformed_by_file"].items():
+            out.write(f"  {n:>10}  {path}\n")
+        out.write("first ones:\n")
+        for s in report["malformed_samples"]:
+            out.write(f"  {s['file']}:{s['line']}: {s['error']}\n")

@@ -1,0 +1,178 @@
+"""The executor-side pieces of the Spark pipeline, without Spark: formats, chunking, batches."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+pa = pytest.importorskip("pyarrow", reason="pyarrow is in the spark extra: pip install 'factstream[spark]'")
+
+from factstream import wire  # noqa: E402
+from factstream.errors import ProtocolError  # noqa: E402
+from factstream.spark import lines as L  # noqa: E402
+from factstream.spark import sources as S  # noqa: E402
+
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("spark_archives", Path(__file__).with_name("spark_archives.py"))
+assert _spec and _spec.loader
+spark_archives = importlib.util.module_from_spec(_spec)
+sys.modules["spark_archives"] = spark_archives
+_spec.loader.exec_module(spark_archives)
+
+
+def _rows(lines: list[bytes], **kw: object) -> list[dict]:
+    out = []
+    for batch in L.parse_block(lines, source="f", **kw):  # type: ignore[arg-type]
+        assert batch.schema == L.ARROW_SCHEMA
+        out.extend(batch.to_pylist())
+    return out
+
+
+def test_import_factstream_spark_is_light() -> None:
+    import subprocess
+
+    code = "import sys, factstream, factstream.spark, factstream.cli; print(sorted(m for m in ('pyspark','pyarrow','pandas') if m in sys.modules))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_prefixes_timestamp_direction_and_plain() -> None:
+    rows = _rows(
+        [
+            b"2026-11-22T01:02:03.456Z > RDATA events master 5 [\"ev\",[\"$e\",\"!r\",\"t\",null,null,null,null,false,true]]",
+            b"< PING 17",
+            b"2026-11-22 01:02:03,5+01:00 POSITION caches master 1 4",
+            b"",
+            b"   ",
+            b"RDATA typing master batch [1]",
+            b"2026-11-22T01:02:03Z >",
+            b"> nonsense here",
+        ],
+        first_line=10,
+    )
+    assert [r["line_number"] for r in rows] == [10, 11, 12, 15, 16, 17]
+    assert rows[0]["ts_text"] == "2026-11-22T01:02:03.456Z" and rows[0]["direction"] == ">"
+    assert rows[0]["ev_event_id"] == "$e" and rows[0]["ev_outlier"] is True and rows[0]["ev_rejected"] is False
+    assert rows[1]["direction"] == "<" and rows[1]["command"] == "PING" and rows[1]["data"] == "17"
+    assert rows[2]["ts_text"] == "2026-11-22 01:02:03,5+01:00" and rows[2]["token"] == 4 and rows[2]["prev_token"] == 1
+    assert rows[3]["token"] is None and rows[3]["row"] == "[1]" and rows[3]["stream"] == "typing"
+    assert rows[4]["error"] == "prefix without a replication line"
+    with pytest.raises(ProtocolError) as err:
+        wire.parse_line(b"nonsense here")
+    assert rows[5]["error"] == str(err.value) and rows[5]["raw"] == "nonsense here"
+
+
+def test_redis_quoting_round_trip() -> None:
+    rng = random.Random(3)
+    for _ in range(300):
+        data = bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
+        quoted = spark_archives.redis_quote(data)
+        assert L.redis_unquote(quoted[1:-1]) == data
+
+
+def test_redis_formats() -> None:
+    payload = b'RDATA caches master 3 ["f",["\\u00e9 \\"q\\""],1]'
+    q = spark_archives.redis_quote(payload)
+    mon = [b"OK", b'1795310678.449548 [0 127.0.0.1:42798] "PUBLISH" "chan" ' + q, b'1795310679.0 [0 lua] "GET" "x"', b"junk"]
+    assert L.detect_format(mon) == "monitor"
+    rows = _rows(mon, fmt="monitor")
+    assert [r["line_number"] for r in rows] == [2, 4]
+    assert rows[0]["channel"] == "chan" and rows[0]["ts_text"] == "1795310678.449548"
+    assert rows[0]["cache_keys"] == ['\u00e9 "q"'] and rows[0]["row"] == payload.split(b" ", 4)[4].decode()
+    assert rows[1]["error"] == "not a redis-cli MONITOR line"
+    csv = [b"Reading messages... (press Ctrl-C to quit)", b'"subscribe","chan",1', b'"message","chan",' + q, b'"pmessage","ch*","chan",' + q]
+    assert L.detect_format(csv) == "redis-csv"
+    rows = _rows(csv, fmt="redis-csv")
+    assert [(r["line_number"], r["channel"], r["token"]) for r in rows] == [(3, "chan", 3), (4, "chan", 3)]
+    raw = [b"subscribe", b"chan", b"1", b"message", b"chan", payload, b"message", b"chan"]
+    assert L.detect_format(raw) == "redis-raw"
+    rows = _rows(raw, fmt="redis-raw")
+    assert [(r["line_number"], r["channel"], r["error"]) for r in rows] == [
+        (6, "chan", None),
+        (8, None, "redis-cli message record cut short"),
+    ]
+
+
+def test_unexpected_row_shapes_give_null_typed_columns() -> None:
+    rows = _rows(
+        [
+            b'RDATA events master 1 ["ev",[1,2,3,4,5,6,7,8,9]]',
+            b'RDATA events master 2 ["ev",["only","two"]]',
+            b'RDATA events master 3 {"not":"a list"}',
+            b'RDATA caches master 4 ["f",{"k":1},"ts"]',
+            b'RDATA caches master 5 ["f",[1,[2],"s"],99999999999999999999]',
+        ]
+    )
+    assert rows[0]["ev_kind"] == "ev" and rows[0]["ev_event_id"] is None and rows[0]["ev_rejected"] is None
+    assert rows[1]["ev_kind"] == "ev" and rows[1]["ev_room_id"] is None
+    assert rows[2]["ev_kind"] is None
+    assert rows[3]["cache_func"] == "f" and rows[3]["cache_keys"] is None and rows[3]["cache_invalidation_ts"] is None
+    assert rows[4]["cache_keys"] == ["1", "[2]", "s"] and rows[4]["cache_invalidation_ts"] is None
+
+
+def test_header_only_leaves_typed_columns_null() -> None:
+    rows = _rows([b'RDATA caches master 4 ["f",["k"],5]'], typed=False)
+    assert rows[0]["row"] == '["f",["k"],5]' and rows[0]["cache_func"] is None
+
+
+def test_batches_are_capped() -> None:
+    batches = list(L.parse_block([b"PING 1"] * 10, source="x", batch_rows=4))
+    assert [b.num_rows for b in batches] == [4, 4, 2]
+    assert [n for b in batches for n in b.column("line_number").to_pylist()] == list(range(1, 11))
+
+
+def test_parse_options_refuse_unknown_format() -> None:
+    with pytest.raises(ValueError, match="unknown archive format"):
+        L.ParseOptions(format="syslog")
+
+
+@pytest.mark.parametrize("trailing_newline", [True, False])
+def test_chunks_cover_every_line_once(tmp_path: Path, trailing_newline: bool) -> None:
+    rng = random.Random(11)
+    path = tmp_path / "a.log"
+    for trial in range(60):
+        lines = [b"x" * rng.randint(0, 40) for _ in range(rng.randint(0, 80))]
+        data = b"\n".join(lines) + (b"\n" if trailing_newline and lines else b"")
+        path.write_bytes(data)
+        want = data.split(b"\n")
+        if data.endswith(b"\n") or not data:
+            want.pop()
+        files = S.list_files([str(path)])
+        chunks = S.plan_chunks(files, rng.randint(1, 60))
+        got, before = [], 0
+        for chunk in chunks:
+            for first, block in S.read_chunk_lines(chunk, before, block_bytes=rng.randint(1, 25)):
+                got.extend((first + i, line) for i, line in enumerate(block))
+            before += S.count_newlines(chunk)
+        assert got == list(enumerate(want, 1)), (trial, data)
+
+
+def test_gzip_is_one_chunk_and_streams(tmp_path: Path) -> None:
+    path = tmp_path / "a.log.gz"
+    lines = [f"PING {i}".encode() for i in range(5000)]
+    with gzip.open(path, "wb") as fh:
+        fh.write(b"\n".join(lines) + b"\n")
+    files = S.list_files([str(tmp_path)])
+    chunks = S.plan_chunks(files, 100)
+    assert len(chunks) == 1 and chunks[0].gzip
+    got = [line for _, block in S.read_chunk_lines(chunks[0], block_bytes=1000) for line in block]
+    assert got == lines
+
+
+def test_list_files_globs_dirs_and_missing(tmp_path: Path) -> None:
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    for name in ("d/a.log", "d/e/b.log.gz", "d/.hidden", "d/_SUCCESS", "c.log"):
+        (tmp_path / name).write_bytes(b"PING 1\n")
+    got = [os.path.relpath(p, tmp_path) for p, _ in S.list_files([str(tmp_path / "d")])]
+    assert got == ["d/a.log", "d/e/b.log.gz"]
+    got = [os.path.relpath(p, tmp_path) for p, _ in S.list_files([str(tmp_path / "*.log"), str(tmp_path / "d/*/*.gz")])]
+    assert got == ["c.log", "d/e/b.log.gz"]
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        S.list_files([str(tmp_path / "nothing-here*")])
