@@ -32,6 +32,7 @@ pipelining are under this module's control.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -442,8 +443,10 @@ class RedisCarrier:
 
     @staticmethod
     async def _discard(conn: AbstractConnection) -> None:
+        # Wait for the close (bounded by redis-py's connect timeout): a TLS
+        # shutdown still in progress when the loop closes is a resource leak.
         try:
-            await conn.disconnect(nowait=True)
+            await conn.disconnect()
         except Exception:  # noqa: BLE001 - closing a broken socket may fail any way
             pass
 
@@ -517,7 +520,7 @@ class RedisCarrier:
         await conn.send_command("SUBSCRIBE", *self._subscribe_to, check_health=False)
         unconfirmed = set(self._subscribe_to)
         dispatch = self._dispatch
-        read = conn.read_response
+        read = functools.partial(conn.read_response, disconnect_on_error=False)  # we close, and wait for it
         while True:
             msg = await read()
             self._rx += 1
@@ -646,7 +649,7 @@ class RedisCarrier:
     async def _publish_on(self, conn: AbstractConnection) -> None:
         """Flush the queue over ``conn`` until it fails; PING it when idle."""
         queue = self._queue
-        read = conn.read_response
+        read = functools.partial(conn.read_response, disconnect_on_error=False)  # we close, and wait for it
         write = conn.send_packed_command
         stats = self.stats
         while True:
