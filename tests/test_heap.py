@@ -126,7 +126,7 @@ def test_large_shuffled_run(heap_impl: ModuleType) -> None:
 def test_repr(heap_impl: ModuleType) -> None:
     heap = heap_impl.PendingHeap(3)
     heap.reserve(4)
-    assert repr(heap) == "PendingHeap(position=3, pending=1, tracked=1)"
+    assert repr(heap) == "PendingHeap(position=3, pending=1, tracked=1, holds=0)"
 
 
 # ----------------------------------------------------------------------- differential
@@ -259,3 +259,26 @@ def test_switch_selects_the_pure_twin() -> None:
         check=True,
     )
     assert out.stdout.strip() == "factstream._heap_py"
+
+
+def test_hold_keeps_the_position_below_an_id_on_its_way(heap_impl: ModuleType) -> None:
+    heap = heap_impl.PendingHeap(1)
+    heap.hold(1)  # a sequence request is in flight: its id will be > 1
+    assert not heap.is_idle() and heap.holds == 1
+    heap.reserve(3)  # another request answered first
+    assert heap.complete(3) is None  # the held id may be 2
+    assert heap.advance(10) is None  # not idle
+    heap.reserve(2)
+    assert heap.release(1) is None  # 2 still pending
+    assert heap.complete(2) == 3
+    with pytest.raises(ValueError, match="no hold at 7"):
+        heap.release(7)
+    with pytest.raises(ValueError, match="below the position 3"):
+        heap.hold(2)
+    heap.hold(3)
+    heap.hold(5)
+    heap.reserve_many([4, 6])
+    assert heap.complete_many([4, 6]) is None  # the id held at 3 may still be below 4
+    assert heap.release(3) == 4  # 6 still waits: the id held at 5 may be below it
+    assert heap.release(5) == 6
+    assert heap.is_idle()

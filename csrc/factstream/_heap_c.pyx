@@ -31,6 +31,7 @@ cdef class PendingHeap:
     cdef vector[int64_t] _heap
     cdef unordered_map[int64_t, char] _done   # tracked id -> completed?
     cdef Py_ssize_t _pending
+    cdef vector[int64_t] _holds             # few at a time: linear scans
 
     def __init__(self, position=1):
         self._position = self._as_id(position)
@@ -57,9 +58,31 @@ cdef class PendingHeap:
     def __len__(self):
         return self._heap.size()
 
+    @property
+    def holds(self):
+        """How many holds (ids on their way) are in place."""
+        return self._holds.size()
+
     def is_idle(self):
         """True when nothing is in flight (the position may then jump)."""
-        return self._heap.size() == 0
+        return self._heap.size() == 0 and self._holds.size() == 0
+
+    def hold(self, bound):
+        """An id is on its way and will be larger than ``bound``: keep the position at or below it."""
+        cdef int64_t b = self._as_id(bound)
+        if b < self._position:
+            raise ValueError(f"hold bound {b} is below the position {self._position}")
+        self._holds.push_back(b)
+
+    def release(self, bound):
+        """Drop one hold at ``bound``; the new position, or None."""
+        cdef int64_t b = self._as_id(bound)
+        cdef size_t i
+        for i in range(self._holds.size()):
+            if self._holds[i] == b:
+                self._holds.erase(self._holds.begin() + i)
+                return self._absorb()
+        raise ValueError(f"no hold at {b}")
 
     def lowest_pending(self):
         """The smallest pending id (which holds the position back), or None."""
@@ -188,7 +211,12 @@ cdef class PendingHeap:
     cdef object _absorb(self):
         cdef bint moved = False
         cdef int64_t sid
-        while self._heap.size() > 0 and self._done[self._heap[0]] != 0:
+        cdef int64_t limit = 0x7FFFFFFFFFFFFFFF
+        cdef size_t i
+        for i in range(self._holds.size()):
+            if self._holds[i] < limit:
+                limit = self._holds[i]
+        while self._heap.size() > 0 and self._heap[0] <= limit and self._done[self._heap[0]] != 0:
             sid = self._pop()
             self._done.erase(sid)
             self._position = sid
@@ -200,10 +228,13 @@ cdef class PendingHeap:
     cpdef advance(self, new_position):
         """Move an idle writer's position up to ``new_position``; the new position, or None."""
         cdef int64_t pos = self._as_id(new_position)
-        if self._heap.size() > 0 or pos <= self._position:
+        if self._heap.size() > 0 or self._holds.size() > 0 or pos <= self._position:
             return None
         self._position = pos
         return pos
 
     def __repr__(self):
-        return f"PendingHeap(position={self._position}, pending={self._pending}, tracked={self._heap.size()})"
+        return (
+            f"PendingHeap(position={self._position}, pending={self._pending}, tracked={self._heap.size()}, "
+            f"holds={self._holds.size()})"
+        )

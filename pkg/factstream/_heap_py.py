@@ -41,12 +41,14 @@ class PendingHeap:
     ``reserve(id)`` registers an id the writer obtained (it must lie above the
     position and not be tracked already). ``complete(id)`` marks it finished
     and returns the new position when the position moved, else ``None``.
-    ``advance(p)`` moves the position of an *idle* writer (nothing tracked) up
-    to ``p``; a busy writer is held back by its lowest pending id, so then it
-    returns ``None`` and changes nothing.
+    ``advance(p)`` moves the position of an *idle* writer (nothing tracked,
+    no hold) up to ``p``; a busy writer is held back by its lowest pending id,
+    so then it returns ``None`` and changes nothing. ``hold(b)`` / ``release(b)``
+    bracket an id on its way (larger than ``b``): meanwhile the position does
+    not pass ``b``.
     """
 
-    __slots__ = ("_position", "_heap", "_done", "_pending")
+    __slots__ = ("_position", "_heap", "_done", "_pending", "_holds")
 
     def __init__(self, position: int = 1) -> None:
         self._position = _check(position)
@@ -54,6 +56,8 @@ class PendingHeap:
         #: tracked id -> completed?
         self._done: dict[int, bool] = {}
         self._pending = 0
+        #: bounds of ids on their way (see ``hold``); few at a time, so a plain list
+        self._holds: list[int] = []
 
     @property
     def position(self) -> int:
@@ -69,9 +73,35 @@ class PendingHeap:
         """How many ids are tracked (pending, or completed above a pending one)."""
         return len(self._heap)
 
+    @property
+    def holds(self) -> int:
+        """How many holds (ids on their way) are in place."""
+        return len(self._holds)
+
     def is_idle(self) -> bool:
         """True when nothing is in flight (the position may then jump)."""
-        return not self._heap
+        return not self._heap and not self._holds
+
+    def hold(self, bound: int) -> None:
+        """An id is on its way and will be larger than ``bound``: keep the position at or below it.
+
+        This covers the window between asking a sequence for an id and
+        reserving it. Release with ``release(bound)`` once the id is reserved
+        (or the request failed).
+        """
+        _check(bound)
+        if bound < self._position:
+            raise ValueError(f"hold bound {bound} is below the position {self._position}")
+        self._holds.append(bound)
+
+    def release(self, bound: int) -> int | None:
+        """Drop one hold at ``bound``; the new position, or None."""
+        _check(bound)
+        try:
+            self._holds.remove(bound)
+        except ValueError:
+            raise ValueError(f"no hold at {bound}") from None
+        return self._absorb()
 
     def lowest_pending(self) -> int | None:
         """The smallest pending id (which holds the position back), or None."""
@@ -143,7 +173,8 @@ class PendingHeap:
         heap = self._heap
         done = self._done
         moved = False
-        while heap and done[heap[0]]:
+        limit = min(self._holds) if self._holds else None
+        while heap and done[heap[0]] and (limit is None or heap[0] <= limit):
             stream_id = heapq.heappop(heap)
             del done[stream_id]
             self._position = stream_id
@@ -153,10 +184,13 @@ class PendingHeap:
     def advance(self, new_position: int) -> int | None:
         """Move an idle writer's position up to ``new_position``; the new position, or None."""
         _check(new_position)
-        if self._heap or new_position <= self._position:
+        if self._heap or self._holds or new_position <= self._position:
             return None
         self._position = new_position
         return new_position
 
     def __repr__(self) -> str:
-        return f"PendingHeap(position={self._position}, pending={self._pending}, tracked={len(self._heap)})"
+        return (
+            f"PendingHeap(position={self._position}, pending={self._pending}, tracked={len(self._heap)}, "
+            f"holds={len(self._holds)})"
+        )

@@ -147,13 +147,13 @@ class IdGenerator:
             ids = await self._fetch(n, txn)
             tracker.reserve(ids)
             return ids
-        tracker.begin_fetch()
-        ids: list[int] = []
+        handle = tracker.begin_fetch()
+        fetched: list[int] = []
         try:
-            ids = await self._fetch(n, txn)
+            fetched = await self._fetch(n, txn)
         finally:
-            tracker.end_fetch(ids)
-        return ids
+            tracker.end_fetch(handle, fetched)
+        return fetched
 
     def _complete(self, ids: list[int]) -> None:
         self._tracker.complete(ids)

@@ -13,9 +13,10 @@ Rules:
 * The local writer's position comes from its :class:`PendingHeap`: the largest
   id such that every id it reserved at or below it has completed.
 * ``begin_fetch()`` must be called before asking the database for ids and
-  ``end_fetch(ids)`` once they arrive: while a fetch is in flight the local
-  writer counts as busy, since the id it is about to get may be smaller than
-  positions other writers reach meanwhile.
+  ``end_fetch(handle, ids)`` once they arrive: while a fetch is in flight the
+  local position stays at or below the largest id known when it started (the
+  id on its way is larger than that, but may be smaller than ids registered
+  or positions reached meanwhile), and the writer does not count as idle.
 * An idle local writer (nothing pending, nothing being fetched) takes the
   largest position known for any writer: its next id will come from the
   shared sequence, so it will be larger than all of them.
@@ -66,7 +67,7 @@ class PositionTracker:
             self._positions.setdefault(name, int(pos))
         cls = heap_class or PendingHeap
         self._heap = cls(self._positions[instance_name]) if self.is_writer else None
-        self._fetching = 0
+        self._max_own_id = self._positions[instance_name] if self.is_writer else 0
         self._listeners: list[Listener] = []
         #: called for every position change of any writer: (instance, old, new)
         self.on_change: Callable[[str, int, int], None] | None = None
@@ -97,11 +98,6 @@ class PositionTracker:
         return self._persisted_upto
 
     @property
-    def fetching(self) -> int:
-        """How many id fetches are in flight."""
-        return self._fetching
-
-    @property
     def pending(self) -> int:
         """How many local ids are reserved and not completed."""
         return self._heap.pending if self._heap is not None else 0
@@ -130,36 +126,63 @@ class PositionTracker:
             )
         return self._heap
 
-    def begin_fetch(self) -> None:
-        """Mark that an id request to the database is in flight (holds the position)."""
-        self._local_heap()
-        self._fetching += 1
+    def begin_fetch(self) -> int:
+        """Mark that an id request to the database is in flight; returns a handle for ``end_fetch``.
 
-    def end_fetch(self, ids: Iterable[int] | None) -> None:
-        """The fetch finished: register ``ids`` as reserved (None or empty: it failed)."""
+        The id that comes back is larger than every id allocated when the
+        request was sent, so larger than the largest id known here now (the
+        handle). Until ``end_fetch`` the local position stays at or below it.
+        """
         heap = self._local_heap()
-        if self._fetching <= 0:
-            raise IdGeneratorError("end_fetch() without begin_fetch()")
-        self._fetching -= 1
-        if ids:
-            heap.reserve_many(ids)
-        else:
-            self._bump_if_idle()
+        bound = max(self._max_own_id, self.max_token())
+        heap.hold(bound)
+        return bound
+
+    def end_fetch(self, handle: int, ids: Iterable[int] | None) -> None:
+        """The fetch ``handle`` finished: register ``ids`` as reserved (None or empty: it failed)."""
+        heap = self._local_heap()
+        try:
+            if ids:
+                ids = list(ids)
+                heap.reserve_many(ids)
+                self._max_own_id = max(self._max_own_id, max(ids))
+        finally:
+            try:
+                heap.release(handle)
+            except ValueError:
+                raise IdGeneratorError("end_fetch() without a matching begin_fetch()") from None
+        self._refresh_local()
+        self._bump_if_idle()
+
+    @property
+    def fetching(self) -> int:
+        """How many id fetches are in flight."""
+        return self._heap.holds if self._heap is not None else 0
 
     def reserve(self, ids: Iterable[int]) -> None:
         """Register ids obtained without a fetch window (an in-process counter)."""
+        ids = list(ids)
         self._local_heap().reserve_many(ids)
+        if ids:
+            self._max_own_id = max(self._max_own_id, max(ids))
 
     def complete(self, ids: Iterable[int]) -> int | None:
         """Mark local ids finished (committed or failed); the new local position or None."""
         heap = self._local_heap()
-        old = heap.position
-        new = heap.complete_many(ids)
-        if new is not None:
-            self._set_local(old, new)
-            self._bump_if_idle()
-            return self._positions[self.instance_name]
-        return None
+        old = self._positions[self.instance_name]
+        heap.complete_many(ids)
+        self._refresh_local()
+        self._bump_if_idle()
+        new = self._positions[self.instance_name]
+        return new if new != old else None
+
+    def _refresh_local(self) -> None:
+        heap = self._heap
+        assert heap is not None
+        pos = heap.position
+        old = self._positions[self.instance_name]
+        if pos > old:
+            self._set_local(old, pos)
 
     # -- learning (any writer)
 
@@ -187,11 +210,11 @@ class PositionTracker:
 
     def _bump_if_idle(self) -> None:
         heap = self._heap
-        if heap is None or self._fetching or not heap.is_idle():
+        if heap is None or not heap.is_idle():
             return
         target = max(self._positions.values())
-        old = heap.position
-        if heap.advance(target) is not None:
+        old = self._positions[self.instance_name]
+        if heap.advance(target) is not None and target > old:
             self._set_local(old, target)
 
     def _set_local(self, old: int, new: int) -> None:
