@@ -13,8 +13,11 @@ Invariants:
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
-from cpython.dict cimport PyDict_SetItem
-from cpython.list cimport PyList_Append
+from cpython.dict cimport PyDict_Next, PyDict_SetItem
+from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.long cimport PyLong_FromLongLong, PyLong_FromString
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8AndSize
@@ -54,13 +57,60 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
     int PyUnicode_4BYTE_KIND
 
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    ctypedef struct PyTypeObject:
+        pass
+    PyObject* PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n) except NULL
+
 DEFAULT_MAX_LINE_LENGTH = 16384
 
 cdef int MAX_DEPTH = _json.MAX_DEPTH
-cdef object _new = object.__new__
 cdef object _dumps = _json.dumps
 cdef object _RDATA = RdataCommand
 cdef object _POSITION = PositionCommand
+
+
+# Commands are plain Python classes with __slots__ (shared with the pure twin).
+# Building them through object.__new__ and setattr costs more than parsing the
+# line, so the hot ones are allocated directly and their slots filled at the
+# offsets their member descriptors publish.
+
+cdef Py_ssize_t _slot(object cls, str name) except -1:
+    descr = cls.__dict__[name]
+    if type(descr).__name__ != "member_descriptor":
+        raise TypeError(f"{cls.__name__}.{name} is not a slot")
+    return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
+
+
+cdef inline void _put(object obj, Py_ssize_t offset, object value):
+    # The slot is empty (fresh allocation); it takes its own reference.
+    Py_INCREF(value)
+    (<PyObject**>((<char*><PyObject*>obj) + offset))[0] = <PyObject*>value
+
+
+cdef inline object _alloc(object cls):
+    cdef PyObject* o = PyType_GenericAlloc(<PyTypeObject*>cls, 0)
+    cdef object obj = <object>o
+    Py_DECREF(obj)  # <object> took a reference of its own
+    return obj
+
+
+cdef Py_ssize_t R_STREAM = _slot(RdataCommand, "stream_name")
+cdef Py_ssize_t R_INSTANCE = _slot(RdataCommand, "instance_name")
+cdef Py_ssize_t R_TOKEN = _slot(RdataCommand, "token")
+cdef Py_ssize_t R_ROW = _slot(RdataCommand, "_row")
+cdef Py_ssize_t R_RAW = _slot(RdataCommand, "_raw")
+cdef Py_ssize_t R_CANONICAL = _slot(RdataCommand, "_canonical")
+cdef Py_ssize_t R_LOADS = _slot(RdataCommand, "_loads")
+cdef Py_ssize_t P_STREAM = _slot(PositionCommand, "stream_name")
+cdef Py_ssize_t P_INSTANCE = _slot(PositionCommand, "instance_name")
+cdef Py_ssize_t P_PREV = _slot(PositionCommand, "prev_token")
+cdef Py_ssize_t P_NEW = _slot(PositionCommand, "new_token")
+cdef Py_ssize_t S_DATA = _slot(COMMAND_MAP["PING"].__mro__[1], "data")
 
 # ------------------------------------------------------------------ JSON scan
 #
@@ -481,16 +531,16 @@ cdef class _Builder:
             else:
                 p = e_start
         pp[0] = p
-        text = PyBytes_FromStringAndSize(<const char*>start, p - start)
-        if is_float:
-            # Same correctly rounded conversion as float(); overflow gives inf.
-            return PyFloat_FromDouble(PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, None))
-        if ndigits <= 18:
+        if not is_float and ndigits <= 18:
             p = start + neg
             while p < start + neg + ndigits:
                 v = v * 10 + (p[0] - 48)
                 p += 1
             return PyLong_FromLongLong(-v if neg else v)
+        text = PyBytes_FromStringAndSize(<const char*>start, pp[0] - start)  # NUL-terminated copy
+        if is_float:
+            # Same correctly rounded conversion as float(); overflow gives inf.
+            return PyFloat_FromDouble(PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, None))
         return PyLong_FromString(PyBytes_AS_STRING(text), NULL, 10)
 
     cdef object _string(self, const unsigned char** pp):
@@ -667,14 +717,14 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
                 else:
                     token = _int_field(s2 + 1, s3 - s2 - 1, "token", line)
                 _scan_json(s3 + 1, end - s3 - 1, &canonical, "row", line)
-                cmd = _new(_RDATA)
-                cmd.stream_name = stream
-                cmd.instance_name = instance
-                cmd.token = token
-                cmd._row = _UNSET
-                cmd._raw = PyBytes_FromStringAndSize(<const char*>s3 + 1, end - s3 - 1)
-                cmd._canonical = canonical
-                cmd._loads = _loads_row
+                cmd = _alloc(_RDATA)
+                _put(cmd, R_STREAM, stream)
+                _put(cmd, R_INSTANCE, instance)
+                _put(cmd, R_TOKEN, token)
+                _put(cmd, R_ROW, _UNSET)
+                _put(cmd, R_RAW, PyBytes_FromStringAndSize(<const char*>s3 + 1, end - s3 - 1))
+                _put(cmd, R_CANONICAL, True if canonical else False)
+                _put(cmd, R_LOADS, _loads_row)
                 return cmd
     raise ProtocolError("expected RDATA <stream_name> <instance_name> <token> <row_json>", line)
 
@@ -693,11 +743,11 @@ cdef object _parse_position(const unsigned char* p, const unsigned char* end, ob
                 instance = _word(s1 + 1, s2 - s1 - 1, "instance_name", line)
                 prev = _int_field(s2 + 1, s3 - s2 - 1, "prev_token", line)
                 new = _int_field(s3 + 1, end - s3 - 1, "new_token", line)
-                cmd = _new(_POSITION)
-                cmd.stream_name = stream
-                cmd.instance_name = instance
-                cmd.prev_token = prev
-                cmd.new_token = new
+                cmd = _alloc(_POSITION)
+                _put(cmd, P_STREAM, stream)
+                _put(cmd, P_INSTANCE, instance)
+                _put(cmd, P_PREV, prev)
+                _put(cmd, P_NEW, new)
                 return cmd
     raise ProtocolError("expected POSITION <stream_name> <instance_name> <prev_token> <new_token>", line)
 
@@ -810,8 +860,8 @@ cdef object _PING = COMMAND_MAP["PING"]
 
 
 cdef inline object _simple_cmd(object cls, const unsigned char* body, const unsigned char* end):
-    cdef object cmd = _new(cls)
-    cmd.data = _text(body, end - body)
+    cdef object cmd = _alloc(cls)
+    _put(cmd, S_DATA, _text(body, end - body))
     return cmd
 
 
@@ -996,7 +1046,9 @@ cdef int _enc_int(_Out out, object o) except -1:
 
 
 cdef int _enc_value(_Out out, object o, int depth) except -1:
-    cdef Py_ssize_t i, n
+    cdef Py_ssize_t i, n, pos
+    cdef PyObject* kp
+    cdef PyObject* vp
     cdef bint first
     cdef bytes text
     cdef double d
@@ -1016,30 +1068,37 @@ cdef int _enc_value(_Out out, object o, int depth) except -1:
         return _enc_int(out, o)
     if depth >= MAX_DEPTH:
         raise _Fallback()  # deep or cyclic: let the stdlib decide
-    if t is list or t is tuple:
-        n = len(o)
-        if n == 0:
-            out.write(b"[]", 2)
-            return 0
+    if t is list:
+        n = PyList_GET_SIZE(o)
         out.byte(91)
         for i in range(n):
             if i:
                 out.byte(44)
-            _enc_value(out, o[i], depth + 1)
+            _enc_value(out, <object>PyList_GET_ITEM(o, i), depth + 1)
+        out.byte(93)
+        return 0
+    if t is tuple:
+        n = PyTuple_GET_SIZE(o)
+        out.byte(91)
+        for i in range(n):
+            if i:
+                out.byte(44)
+            _enc_value(out, <object>PyTuple_GET_ITEM(o, i), depth + 1)
         out.byte(93)
         return 0
     if t is dict:
         out.byte(123)
+        pos = 0
         first = True
-        for k, v in (<dict>o).items():
-            if type(k) is not str:
+        while PyDict_Next(o, &pos, &kp, &vp):
+            if type(<object>kp) is not str:
                 raise _Fallback()
             if not first:
                 out.byte(44)
             first = False
-            _enc_str(out, <str>k)
+            _enc_str(out, <str><object>kp)
             out.byte(58)
-            _enc_value(out, v, depth + 1)
+            _enc_value(out, <object>vp, depth + 1)
         out.byte(125)
         return 0
     if t is float:
@@ -1110,7 +1169,9 @@ cdef int _encode_into(_Out out, object cmd) except -1:
             _enc_token(out, token, "token", "RDATA")
         out.byte(32)
         raw = cmd._raw
-        if raw is not None and cmd._canonical:
+        if raw is None:
+            _enc_json(out, cmd._row, "row", "RDATA")  # no bytes held: _row is the value
+        elif cmd._canonical:
             out.write(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
         else:
             _enc_json(out, cmd.row, "row", "RDATA")
