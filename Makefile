@@ -14,11 +14,7 @@ $(BIN)/python:
 	$(PIP) install --quiet --upgrade pip
 
 venv: $(BIN)/python
-	$(PIP) install --quiet "cython>=3.0.10" "setuptools>=69" wheel
-
-# Build (compiling the Cython core) and install with the test extras.
-install: venv
-	$(PIP) install --quiet --no-build-isolation ".[$(EXTRAS)]"
+	$(PIP) install --quiet "cython>=3.0.10" "setuptools>=77" wheel
 
 # Compiled wheel (and a pure-Python fallback wheel) into wheels/.
 wheel: venv
@@ -26,9 +22,12 @@ wheel: venv
 	FACTSTREAM_NO_EXTENSIONS=1 $(PIP) wheel --quiet --no-deps --no-build-isolation -w wheels/pure .
 	@ls -1 wheels/*.whl wheels/pure/*.whl
 
-demo: wheel
-	$(PIP) install --quiet --force-reinstall --no-deps $$(ls -t wheels/factstream-*-cp*.whl | head -n 1)
-	$(PIP) install --quiet $$(ls -t wheels/factstream-*-cp*.whl | head -n 1)
+# Install the freshly built compiled wheel with the test extras, so tests run what ships.
+install: wheel
+	$(PIP) install --quiet --force-reinstall --no-deps "$$(ls -t wheels/factstream-*-cp*.whl | head -n 1)"
+	$(PIP) install --quiet "$$(ls -t wheels/factstream-*-cp*.whl | head -n 1)[$(EXTRAS)]"
+
+demo: install
 	$(BIN)/factstream demo
 
 test: install oracle
