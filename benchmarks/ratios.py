@@ -26,6 +26,9 @@ def main(path: str) -> None:
             per = r.get("extra_info", {}).get("lines") or r.get("extra_info", {}).get("items")
             rate = f"{per / median:>14,.0f} /s" if per else ""
             print(f"  {r['name']:<55} {median * 1e3:>10.2f} ms {rate}  x{slowest / median:.2f}")
+            extra = {k: v for k, v in r.get("extra_info", {}).items() if k not in ("lines", "items")}
+            if extra:
+                print("      " + ", ".join(f"{k}={v}" for k, v in extra.items()))
 
 
 if __name__ == "__main__":
