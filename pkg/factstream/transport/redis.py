@@ -44,15 +44,19 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
-from redis.asyncio.connection import AbstractConnection, Connection, parse_url
+from redis.asyncio.connection import AbstractConnection, parse_url
+from redis.asyncio.connection import Connection as TcpRedisConnection
 from redis.exceptions import RedisError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from .. import wire
-from ..commands import Command
+from ..commands import Command, PositionCommand, RdataCommand
+from ..replication.carrier import CommandSink, Connection
 
 __all__ = [
     "RedisCarrier",
+    "RedisReplication",
+    "RedisConnection",
     "RedisCarrierStats",
     "RedisChannels",
     "backoff_delay",
@@ -163,7 +167,7 @@ def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[Abstrac
         raise ValueError(f"bad Redis URL {redacted_url(url)!r}: {err}") from None
     for option in _POOL_ONLY_OPTIONS:
         kwargs.pop(option, None)
-    cls: type[AbstractConnection] = kwargs.pop("connection_class", Connection)
+    cls: type[AbstractConnection] = kwargs.pop("connection_class", TcpRedisConnection)
     kwargs.update(overrides)
     return cls, kwargs
 
@@ -198,9 +202,10 @@ class RedisCarrier:
 
     ``on_command(cmd)`` is called for each command received (own echoes
     removed when ``instance_name`` is given). ``on_subscribed()`` is called
-    each time Redis confirms the subscription, ``on_resync()`` when commands
-    may have been lost on the way out (publisher reconnect, queue overflow)
-    and the owner should announce its positions. Hooks may be plain functions
+    each time Redis confirms the subscription and ``on_unsubscribed(reason)``
+    when that subscription is lost; ``on_resync()`` when commands may have
+    been lost on the way out (publisher reconnect, queue overflow) and the
+    owner should announce its positions. Hooks may be plain functions
     or coroutine functions (run as tasks); their errors are logged, never
     propagated.
 
@@ -217,6 +222,7 @@ class RedisCarrier:
         on_command: CommandHandler | None = None,
         on_subscribed: Hook | None = None,
         on_resync: Hook | None = None,
+        on_unsubscribed: Callable[[str], object] | None = None,
         instance_name: str | None = None,
         subscribe_user_ip: bool = False,
         max_pending: int = 10_000,
@@ -250,6 +256,8 @@ class RedisCarrier:
         self._on_command = on_command
         self._on_subscribed = on_subscribed
         self._on_resync = on_resync
+        self._on_unsubscribed = on_unsubscribed
+        self._kick: asyncio.Future[str] | None = None
         name = client_name or f"factstream-{instance_name or 'anon'}"
         self._client_name = "".join(c if c.isalnum() or c in "-_.:/" else "_" for c in name)
         self._conn_class, self._conn_kwargs = connection_kwargs_from_url(url, **(connection_options or {}))
@@ -417,7 +425,7 @@ class RedisCarrier:
             retry=None,
             retry_on_error=[],
         )
-        if issubclass(self._conn_class, Connection):  # TCP (and TLS): let the kernel probe idle peers too
+        if issubclass(self._conn_class, TcpRedisConnection):  # TCP (and TLS): let the kernel probe idle peers too
             options["socket_keepalive"] = True
         options.update(self._conn_kwargs)
         try:
@@ -487,6 +495,11 @@ class RedisCarrier:
                 was_subscribed = self._subscribed
                 self._subscribed = False
                 await self._discard(conn)
+            if was_subscribed and self._on_unsubscribed is not None:
+                try:
+                    self._on_unsubscribed(reason)
+                except Exception:  # noqa: BLE001
+                    logger.exception("Redis carrier hook on_unsubscribed failed")
             if self.stats.subscriber_connects != confirmed_before:
                 attempt = 0  # it worked for a while: start the backoff over
             self.stats.subscriber_failures += 1
@@ -500,14 +513,19 @@ class RedisCarrier:
     async def _subscribe_on(self, conn: AbstractConnection) -> str:
         """Subscribe and read messages until the connection dies; returns why it stopped."""
         self._rx = 0
+        kick = self._kick = asyncio.get_running_loop().create_future()
         reader = asyncio.create_task(self._read_subscribed(conn))
         watcher = asyncio.create_task(self._watch_subscriber(conn))
         try:
-            done, _ = await asyncio.wait((reader, watcher), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((reader, watcher, kick), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._kick = None
             for task in (reader, watcher):
                 task.cancel()
             await asyncio.gather(reader, watcher, return_exceptions=True)
+        if kick in done:
+            return kick.result()
+        kick.cancel()
         if watcher in done and not watcher.cancelled() and watcher.exception() is None:
             return str(watcher.result())
         task = reader if reader in done else watcher
@@ -515,6 +533,11 @@ class RedisCarrier:
         if err is not None:
             raise err
         return "closed"
+
+    def kick_subscriber(self, reason: str) -> None:
+        """Drop the subscriber connection and subscribe afresh (after the usual backoff)."""
+        if self._kick is not None and not self._kick.done():
+            self._kick.set_result(reason)
 
     async def _read_subscribed(self, conn: AbstractConnection) -> None:
         await conn.send_command("SUBSCRIBE", *self._subscribe_to, check_health=False)
@@ -634,11 +657,10 @@ class RedisCarrier:
             finally:
                 self._publisher_up = False
                 await self._discard(conn)
-                if self._in_flight:
-                    self.stats.lost_in_flight += self._in_flight
-                    self._in_flight = 0
                 # Whatever was published since the last resync may be lost: announce positions again.
                 self._need_resync = True
+                if self._in_flight:
+                    self._lost_in_flight()
             self.stats.publisher_failures += 1
             logger.warning(
                 "Redis publisher connection lost (%s); %d commands queued, reconnecting", reason, len(self._queue)
@@ -691,13 +713,34 @@ class RedisCarrier:
                             errors += 1
                             if errors == 1:
                                 logger.error("Redis refused PUBLISH: %s", err)
+                        self._in_flight -= 1
             except TimeoutError:
                 stats.health_check_failures += 1
                 raise TimeoutError(f"no reply from Redis within {self.ping_timeout:g}s") from None
-            self._in_flight = 0
             stats.round_trips += 1
             stats.published += n - errors
             stats.publish_errors += errors
+
+    def _lost_in_flight(self) -> None:
+        """A batch was written but not (fully) acknowledged: some of it may never reach anyone.
+
+        Publishing what is queued behind it would let a reader apply later
+        facts over the hole without noticing, so the queue is dropped and new
+        commands refused until the publisher is back and ``on_resync`` has
+        announced positions (readers then fetch the hole from the database).
+        """
+        lost, queued = self._in_flight, len(self._queue)
+        self._in_flight = 0
+        self.stats.lost_in_flight += lost
+        self.stats.dropped += queued
+        self._queue.clear()
+        if not self._overflowing:
+            self._overflowing = True
+            self.stats.overflows += 1
+        logger.error(
+            "Redis publisher connection lost with %d commands unacknowledged; dropping %d queued commands and "
+            "refusing new ones until reconnected, then announcing positions so readers catch up", lost, queued,
+        )
 
     def _drained(self) -> None:
         """The queue is empty: resync if something may have been lost, wake flush() waiters."""
@@ -714,6 +757,166 @@ class RedisCarrier:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+
+
+# ---------------------------------------------------------------------- replication
+
+
+class RedisConnection(Connection):
+    """The hub's view of one confirmed subscription (a shared bus: ``broadcast``).
+
+    A new object is made for every (re)subscription, so the hub's
+    ``connection_made`` / ``connection_lost`` pair brackets exactly the time
+    during which this instance heard everything published.
+    """
+
+    broadcast = True
+
+    def __init__(self, carrier: RedisCarrier, generation: int) -> None:
+        self._carrier = carrier
+        self._open = True
+        self.generation = generation
+        self.description = f"redis {redacted_url(carrier.url)} #{carrier.server_name} (subscription {generation})"
+        self.peer_name = carrier.server_name
+
+    def send(self, cmd: Command) -> None:
+        """Publish ``cmd`` (queued, pipelined; refused and counted when the queue is full)."""
+        if self._open:
+            self._carrier.send(cmd)
+
+    def send_many(self, cmds: Iterable[Command]) -> None:
+        """Publish several commands in order."""
+        if self._open:
+            self._carrier.send_many(cmds)
+
+    def close(self, reason: str | None = None) -> None:
+        """Drop this subscription; the carrier subscribes again (a new connection)."""
+        if self._open:
+            self._carrier.kick_subscriber(reason or "closed by the replication core")
+
+    @property
+    def connected(self) -> bool:
+        return self._open
+
+
+class RedisReplication:
+    """Drives a :class:`~factstream.replication.ReplicationHub` over Redis pub/sub.
+
+    The Redis counterpart of ``TcpServer`` + ``TcpClient``: every instance,
+    writer or reader, runs one. On each confirmed subscription the hub gets a
+    new :class:`RedisConnection` (it then publishes REPLICATE when it follows,
+    and its syncing users and outbox), and a writer announces POSITION for
+    every stream it publishes; after a publisher reconnect or a queue
+    overflow it announces them again. Readers answer a POSITION ahead of them
+    by catching up from the stream's update source, as over TCP.
+
+    Pub/sub is a shared bus, so RDATA can arrive on a fresh subscription
+    before the writer's POSITION does. Applying it could jump a reader over
+    facts published while it was away, so, as Synapse does, RDATA of a
+    (stream, writer) is ignored on each new subscription until a POSITION of
+    that pair has been seen on it; the POSITION's catch-up covers the rows
+    ignored. Own RDATA/POSITION/LOCK_RELEASED echoes never reach the hub.
+    """
+
+    def __init__(
+        self,
+        hub: CommandSink,
+        url: str,
+        server_name: str,
+        *,
+        instance_name: str | None = None,
+        subscribe_user_ip: bool = False,
+        **carrier_options: Any,
+    ) -> None:
+        self.hub = hub
+        name = instance_name or getattr(hub, "instance_name", None)
+        if not name:
+            raise ValueError("RedisReplication needs the instance name (hub.instance_name or instance_name=...)")
+        self.instance_name: str = name
+        self.carrier = RedisCarrier(
+            url, server_name,
+            instance_name=name,
+            subscribe_user_ip=subscribe_user_ip,
+            on_command=self._on_command,
+            on_subscribed=self._on_subscribed,
+            on_unsubscribed=self._on_unsubscribed,
+            on_resync=self._on_resync,
+            **carrier_options,
+        )
+        self._conn: RedisConnection | None = None
+        self._generation = 0
+        self._announced: set[tuple[str, str]] = set()
+        #: RDATA ignored on a fresh subscription before its POSITION (repaired by catch-up).
+        self.gated_rdata = 0
+
+    @property
+    def connection(self) -> RedisConnection | None:
+        """The live connection (None while not subscribed)."""
+        return self._conn
+
+    @property
+    def stats(self) -> RedisCarrierStats:
+        """The carrier's counters."""
+        return self.carrier.stats
+
+    async def start(self) -> RedisReplication:
+        """Connect both Redis connections (in the background; see ``wait_connected``)."""
+        await self.carrier.start()
+        return self
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until the subscription is confirmed and the hub has its connection."""
+        await self.carrier.wait_subscribed(timeout)
+
+    async def stop(self, flush_timeout: float = 1.0) -> None:
+        """Publish what is queued (for up to ``flush_timeout`` s), then disconnect."""
+        await self.carrier.close(flush_timeout)
+        self._on_unsubscribed("stopped")
+
+    async def __aenter__(self) -> RedisReplication:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # carrier hooks
+
+    def _publisher(self) -> Any:
+        return getattr(self.hub, "publisher", None)
+
+    def _on_subscribed(self) -> None:
+        self._generation += 1
+        self._announced = set()
+        conn = self._conn = RedisConnection(self.carrier, self._generation)
+        self.hub.connection_made(conn)  # REPLICATE (when following), user syncs, outbox
+        publisher = self._publisher()
+        if publisher is not None:
+            # Nobody asks a bus member for REPLICATE after *its* reconnect: tell everyone where we are.
+            conn.send_many(publisher.position_commands())
+
+    def _on_unsubscribed(self, reason: str) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn._open = False  # noqa: SLF001 - our own class
+            self.hub.connection_lost(conn, reason)
+
+    def _on_resync(self) -> None:
+        publisher = self._publisher()
+        if publisher is not None and self._conn is not None:
+            self._conn.send_many(publisher.position_commands())
+
+    def _on_command(self, cmd: Command) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        kind = type(cmd)
+        if kind is RdataCommand:
+            if (cmd.stream_name, cmd.instance_name) not in self._announced:  # type: ignore[attr-defined]
+                self.gated_rdata += 1
+                return
+        elif kind is PositionCommand:
+            self._announced.add((cmd.stream_name, cmd.instance_name))  # type: ignore[attr-defined]
+        self.hub.command_received(conn, cmd)
 
 
 # ---------------------------------------------------------------------- tail

@@ -1,0 +1,310 @@
+"""Replication over Redis pub/sub end to end: publisher -> Redis -> follower.
+
+Writers and readers are real :class:`ReplicationHub` s driven by
+:class:`RedisReplication` over the real Redis; a shared
+:class:`MemoryUpdateSource` stands for the database the readers catch up
+from. Every check compares, per reader and per writer, the exact list of
+facts delivered with the list written: nothing lost, duplicated or reordered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from factstream import wire
+from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
+from factstream.streams import MemoryUpdateSource
+from factstream.transport.redis import RedisReplication
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_redis_carrier import (  # noqa: E402  (helpers and fixtures shared with the carrier tests)
+    FAST,
+    RedisServer,
+    eventually,
+    kill_client,
+    private_redis,
+    raw_client,
+    run,
+)
+
+__all__ = ["private_redis", "run"]  # fixtures re-exported for pytest
+
+pytestmark = pytest.mark.redis
+
+STREAM = "to_device"
+
+
+class Writer:
+    """One writer instance: a LocalStream over the shared source, its publisher, hub and Redis link."""
+
+    def __init__(self, name: str, url: str, server_name: str, source: MemoryUpdateSource, **options: Any) -> None:
+        self.name = name
+        self.stream = LocalStream(STREAM, name, source=source)
+        self.publisher = Publisher(name)
+        self.publisher.add_stream(STREAM, source, 0)
+        self.stream.add_listener(self.publisher.notify)
+        self.hub = ReplicationHub(name, publisher=self.publisher)
+        self.redis = RedisReplication(self.hub, url, server_name, **{**FAST, **options})
+        self.written: list[tuple[int, list[Any]]] = []  # (token, rows) of every fact with rows
+
+    def write(self, rows: list[Any] | None) -> int:
+        """Write one fact (None: a rolled-back hole)."""
+        token = self.stream.reserve()
+        self.stream.complete(token, rows)
+        if rows:
+            self.written.append((token, rows))
+        return token
+
+
+class Reader:
+    """One reader instance: a follower catching up from the shared source."""
+
+    def __init__(self, name: str, url: str, server_name: str, source: MemoryUpdateSource, **options: Any) -> None:
+        self.name = name
+        self.follower = Follower(sources={STREAM: source}, start_position=0, typed=False, page_limit=50)
+        self.got: dict[str, list[tuple[int, list[Any]]]] = {}
+        self.follower.add_handler(lambda s, w, t, rows: self.got.setdefault(w, []).append((t, list(rows))))
+        self.hub = ReplicationHub(name, follower=self.follower)
+        self.redis = RedisReplication(self.hub, url, server_name, **{**FAST, **options})
+
+
+def random_fact(rng: random.Random, writer: str, i: int) -> list[Any] | None:
+    """Mostly one row, sometimes several (a batch), sometimes none (a hole)."""
+    roll = rng.random()
+    if roll < 0.1:
+        return None
+    n = 1 if roll < 0.8 else rng.randint(2, 4)
+    return [[f"@{writer}-{i}-{k}:hs"] for k in range(n)]
+
+
+async def settle(writers: list[Writer], readers: list[Reader], timeout: float = 20.0) -> None:
+    """Wait until every reader reached every writer's final position."""
+    for w in writers:
+        final = w.stream.current_token()
+        for r in readers:
+            await r.follower.wait_for_position(STREAM, w.name, final, timeout)
+
+
+def assert_exact(writers: list[Writer], readers: list[Reader]) -> None:
+    for r in readers:
+        for w in writers:
+            got = r.got.get(w.name, [])
+            assert got == w.written, (
+                f"{r.name} from {w.name}: {len(got)} facts delivered, {len(w.written)} written; "
+                f"first difference at {next((i for i, (a, b) in enumerate(zip(got, w.written)) if a != b), min(len(got), len(w.written)))}"
+            )
+
+
+async def start_all(nodes: list[Any]) -> None:
+    for n in nodes:
+        await n.redis.start()
+    for n in nodes:
+        await n.redis.wait_connected(5)
+
+
+async def stop_all(nodes: list[Any]) -> None:
+    for n in nodes:
+        await n.redis.stop()
+    for n in nodes:
+        if isinstance(n, Reader):
+            await n.follower.close()
+        else:
+            n.publisher.close()
+
+
+def test_two_writers_three_readers_with_a_killed_subscriber(run: Any, redis_url: str, channel_prefix: str) -> None:
+    async def scenario() -> None:
+        source = MemoryUpdateSource()
+        rng = random.Random(1)
+        writers = [Writer(f"w{i}", redis_url, channel_prefix, source) for i in (1, 2)]
+        readers = [Reader(f"r{i}", redis_url, channel_prefix, source) for i in (1, 2, 3)]
+        await start_all([*writers, *readers])
+        try:
+            for i in range(150):
+                for w in writers:
+                    w.write(random_fact(rng, w.name, i))
+                await asyncio.sleep(0.002)
+            victim = readers[1]
+            await kill_client(redis_url, victim.redis.carrier.subscriber_client_id)
+            for i in range(150, 200):  # published while the victim is certainly not subscribed
+                for w in writers:
+                    w.write(random_fact(rng, w.name, i))
+            await eventually(lambda: victim.redis.stats.subscriber_connects == 2, what="victim resubscribed")
+            for i in range(200, 300):
+                for w in writers:
+                    w.write(random_fact(rng, w.name, i))
+                await asyncio.sleep(0.002)
+            await settle(writers, readers)
+            assert_exact(writers, readers)
+            assert victim.follower.stats["catchup_fetches"] >= 1  # the hole was repaired from the source
+            assert all(r.redis.stats.subscriber_connects == 1 for r in readers if r is not victim)
+            assert all(w.redis.stats.echoes > 0 for w in writers)  # own echoes were heard and dropped
+        finally:
+            await stop_all([*writers, *readers])
+
+    run(scenario())
+
+
+def test_killed_writer_publisher_is_repaired_by_positions(run: Any, redis_url: str, channel_prefix: str) -> None:
+    async def scenario() -> None:
+        source = MemoryUpdateSource()
+        rng = random.Random(2)
+        writer = Writer("w1", redis_url, channel_prefix, source)
+        readers = [Reader(f"r{i}", redis_url, channel_prefix, source) for i in (1, 2)]
+        await start_all([writer, *readers])
+        try:
+            for round_ in range(3):
+                for i in range(100):
+                    writer.write(random_fact(rng, "w1", i))
+                    if i == 50:
+                        await kill_client(redis_url, writer.redis.carrier.publisher_client_id)
+                    await asyncio.sleep(0.001)
+                await eventually(lambda: writer.redis.carrier.publisher_connected, what="publisher back")
+            await settle([writer], readers)
+            assert_exact([writer], readers)
+            assert writer.redis.stats.publisher_connects == 4
+            assert writer.redis.stats.resyncs >= 3
+        finally:
+            await stop_all([writer, *readers])
+
+    run(scenario())
+
+
+def test_synapse_style_peer_gets_positions_and_reader_joins_late(
+    run: Any, redis_url: str, channel_prefix: str
+) -> None:
+    """A raw client publishing REPLICATE (as a Synapse worker does) gets POSITION; a late reader catches up."""
+
+    async def scenario() -> None:
+        source = MemoryUpdateSource()
+        writer = Writer("master", redis_url, channel_prefix, source)
+        await start_all([writer])
+        raw = await raw_client(redis_url)
+        pubsub = raw.pubsub()
+        await pubsub.subscribe(channel_prefix)
+        try:
+            for i in range(5):
+                writer.write([[f"@u{i}:hs"]])
+            await raw.publish(channel_prefix, b"REPLICATE")
+            lines: list[bytes] = []
+            deadline = asyncio.get_running_loop().time() + 5
+            while b"POSITION to_device master 5 5" not in lines:
+                assert asyncio.get_running_loop().time() < deadline, f"no POSITION after REPLICATE; heard {lines}"
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                if msg is not None:
+                    lines.append(msg["data"])
+            reader = Reader("late", redis_url, channel_prefix, source)
+            await start_all([reader])
+            writer.write([["@u5:hs"]])
+            await settle([writer], [reader])
+            assert_exact([writer], [reader])
+            await stop_all([reader])
+        finally:
+            await pubsub.aclose()
+            await raw.aclose()
+            await stop_all([writer])
+
+    run(scenario())
+
+
+def test_other_commands_reach_hub_handlers(run: Any, redis_url: str, channel_prefix: str) -> None:
+    async def scenario() -> None:
+        source = MemoryUpdateSource()
+        writer = Writer("master", redis_url, channel_prefix, source)
+        reader = Reader("worker1", redis_url, channel_prefix, source, subscribe_user_ip=True)
+        seen: list[wire.Command] = []
+        for name in ("USER_SYNC", "USER_IP", "REMOTE_SERVER_UP", "LOCK_RELEASED"):
+            writer.hub.on(name, lambda cmd, conn: seen.append(cmd))
+        reader_seen: list[wire.Command] = []
+        reader.hub.on("REMOTE_SERVER_UP", lambda cmd, conn: reader_seen.append(cmd))
+        writer.redis = RedisReplication(writer.hub, redis_url, channel_prefix, subscribe_user_ip=True, **FAST)
+        await start_all([writer, reader])
+        try:
+            reader.hub.user_sync("@alice:hs", "DEV", True, 1000)
+            reader.hub.send(wire.UserIpCommand("@alice:hs", "tok", "10.0.0.1", "ua", "DEV", 1001))
+            reader.hub.send(wire.RemoteServerUpCommand("remote.example"))
+            reader.hub.send(wire.LockReleasedCommand("worker1", "lock", "key"))
+            await eventually(lambda: len(seen) == 4, what="commands at the writer")
+            assert [c.NAME for c in seen] == ["USER_SYNC", "USER_IP", "REMOTE_SERVER_UP", "LOCK_RELEASED"]
+            assert writer.hub.syncing_users() == {"worker1": {("@alice:hs", "DEV")}}
+            # The reader's own REMOTE_SERVER_UP comes back to it (not an echo-suppressed command, as in Synapse).
+            await eventually(lambda: len(reader_seen) == 1, what="REMOTE_SERVER_UP at the reader")
+        finally:
+            await stop_all([writer, reader])
+
+    run(scenario())
+
+
+@pytest.mark.slow
+def test_chaos_zero_lost_duplicated_or_reordered(run: Any, private_redis: RedisServer, channel_prefix: str) -> None:
+    """Two writers, three readers, random CLIENT KILLs of any connection and a Redis restart, for ~6 s."""
+
+    async def scenario() -> None:
+        url = private_redis.url
+        source = MemoryUpdateSource(capacity=1_000_000)
+        rng = random.Random(1234)
+        writers = [Writer(f"w{i}", url, channel_prefix, source, max_pending=500) for i in (1, 2)]
+        readers = [Reader(f"r{i}", url, channel_prefix, source) for i in (1, 2, 3)]
+        nodes: list[Any] = [*writers, *readers]
+        await start_all(nodes)
+        stop = asyncio.Event()
+        kills = 0
+
+        async def produce(w: Writer) -> None:
+            i = 0
+            while not stop.is_set():
+                for _ in range(rng.randint(1, 20)):  # sometimes bursts within one tick
+                    w.write(random_fact(rng, w.name, i))
+                    i += 1
+                await asyncio.sleep(rng.uniform(0, 0.004))
+
+        async def chaos() -> None:
+            nonlocal kills
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 6.0
+            restarted = False
+            while loop.time() < end:
+                await asyncio.sleep(rng.uniform(0.05, 0.25))
+                if not restarted and loop.time() > end - 3.0:
+                    restarted = True
+                    private_redis.stop()
+                    await asyncio.sleep(0.3)
+                    private_redis.start()
+                    continue
+                node = rng.choice(nodes)
+                carrier = node.redis.carrier
+                client_id = rng.choice([carrier.subscriber_client_id, carrier.publisher_client_id])
+                try:
+                    await kill_client(url, client_id)
+                    kills += 1
+                except (AssertionError, OSError, Exception):  # noqa: BLE001 - already gone, or Redis restarting
+                    pass
+            stop.set()
+
+        producers = [asyncio.create_task(produce(w)) for w in writers]
+        try:
+            await chaos()
+            await asyncio.gather(*producers)
+            for n in nodes:
+                await n.redis.wait_connected(15)
+            for w in writers:  # one final fact each, published on healthy connections
+                w.write([["@final:hs"]])
+            await settle(writers, readers, timeout=30)
+            assert_exact(writers, readers)
+            total = sum(len(w.written) for w in writers)
+            assert total > 1000
+            assert kills >= 5
+            assert sum(r.follower.stats["catchup_fetches"] for r in readers) >= 1
+        finally:
+            stop.set()
+            for p in producers:
+                p.cancel()
+            await stop_all(nodes)
+
+    run(scenario(), timeout=120)
