@@ -343,12 +343,8 @@ class EventStore:
         visibility = None if outlier else effective_visibility(vis_before, vis_after)
 
         # --- redactions (either order of arrival)
-        redacted = 0
-        if not rejected:
-            hit = await txn.fetchone(
-                "SELECT 1 FROM redactions WHERE redacts = ? AND room_id = ?", (f.event_id, room)
-            )
-            redacted = 1 if hit else 0
+        hit = await txn.fetchone("SELECT 1 FROM redactions WHERE redacts = ? AND room_id = ?", (f.event_id, room))
+        redacted = 1 if hit else 0
 
         await txn.execute(
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type, state_key,"
