@@ -148,6 +148,7 @@ def write_archives(root: str, seed: int = 7, count: int = 400) -> dict[str, list
 
     def save(name: str, lines: list[bytes], exp: list[Expected], compress: bool = False) -> None:
         path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         data = b"".join(line + b"\n" for line in lines)
         with (gzip.open(path, "wb") if compress else open(path, "wb")) as fh:
             fh.write(data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -96,7 +97,16 @@ def _session(args: argparse.Namespace) -> Any:
             raise SystemExit(f"factstream logs: --conf expects KEY=VALUE, got {item!r}")
         conf[key] = value
     conf.setdefault("spark.ui.showConsoleProgress", "false")
-    return make_session(args.master, conf=conf)
+    # The JVM inherits our stdout and log4j writes notices there; start it with
+    # stdout pointing at stderr so that stdout carries only the report.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        return make_session(args.master, conf=conf)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _progress_enabled(args: argparse.Namespace) -> bool:

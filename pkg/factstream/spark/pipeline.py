@@ -116,8 +116,11 @@ def parse_archives(
 def _parse_column(column: str, typed: bool, fmt: str):  # type: ignore[no-untyped-def]
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            values = batch.column(column).to_pylist()
-            lines = [v.encode("utf-8") if isinstance(v, str) else (v or b"") for v in values]
+            import pyarrow as pa
+
+            # as bytes: Spark's text source passes invalid UTF-8 through, the codec reports it
+            values = batch.column(column).cast(pa.binary()).to_pylist()
+            lines = [b"" if v is None else v for v in values]
             yield from parse_block(lines, source="", fmt=fmt, typed=typed, batch_rows=len(lines) + 1)
 
     return run

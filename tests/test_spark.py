@@ -1,0 +1,283 @@
+"""The Spark pipeline in local mode: every column of every line, Parquet layout, the report.
+
+One SparkSession (local[2], UI off) serves the whole module. Without Java or
+pyspark these tests skip, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from factstream import wire
+from factstream.errors import ProtocolError
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+]
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+_spec = importlib.util.spec_from_file_location("spark_archives", Path(__file__).with_name("spark_archives.py"))
+assert _spec and _spec.loader
+spark_archives = importlib.util.module_from_spec(_spec)
+sys.modules["spark_archives"] = spark_archives
+_spec.loader.exec_module(spark_archives)
+
+EV_FIELDS = ["event_id", "room_id", "type", "state_key", "redacts", "relates_to", "membership", "rejected", "outlier"]
+STATE_FIELDS = ["room_id", "type", "state_key", "event_id"]
+
+
+def _require_spark() -> None:
+    problems = []
+    for mod in ("pyspark", "pyarrow", "pandas"):
+        if importlib.util.find_spec(mod) is None:
+            problems.append(f"{mod} is not installed (pip install 'factstream[spark]')")
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        problems.append("Java is not installed (apt-get install openjdk-17-jre-headless)")
+    if problems:
+        msg = "; ".join(problems)
+        if IN_CI:
+            pytest.fail(msg + " (CI=true: Spark tests must run)")
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local[2] SparkSession shared by every Spark test."""
+    _require_spark()
+    from factstream.spark.session import make_session
+
+    session = make_session(
+        "local[2]",
+        app_name="factstream-tests",
+        conf={
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "1g",
+        },
+        log_level="ERROR",
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, list[Any]]]:
+    root = str(tmp_path_factory.mktemp("archives"))
+    return root, spark_archives.write_archives(root, seed=7, count=400)
+
+
+def expected_columns(exp: Any) -> dict[str, Any]:
+    """What one line must look like, worked out from wire.parse_line on its payload."""
+    cols: dict[str, Any] = dict.fromkeys(
+        ["command", "stream", "instance", "token", "prev_token", "row", "data", "error", "raw", "ev_kind",
+         "ev_event_id", "ev_room_id", "ev_type", "ev_state_key", "ev_redacts", "ev_relates_to", "ev_membership",
+         "ev_rejected", "ev_outlier", "cache_func", "cache_keys", "cache_invalidation_ts"]
+    )
+    cols["direction"] = exp.direction
+    cols["channel"] = exp.channel
+    if exp.error:
+        cols["error"] = "not a redis-cli MONITOR line"
+        cols["raw"] = exp.payload.decode()
+        return cols
+    try:
+        cmd = wire.parse_line(exp.payload)
+    except ProtocolError as err:
+        cols["error"] = str(err)
+        cols["raw"] = exp.payload.decode("utf-8", "replace")
+        return cols
+    cols["command"] = cmd.NAME
+    if isinstance(cmd, wire.RdataCommand):
+        cols.update(stream=cmd.stream_name, instance=cmd.instance_name, token=cmd.token)
+        cols["row"] = exp.payload.decode().split(" ", 4)[4]
+        row = cmd.row
+        if cmd.stream_name == "events":
+            kind, data = row
+            cols["ev_kind"] = kind
+            fields = {"ev": EV_FIELDS, "state": STATE_FIELDS, "state-all": ["room_id"]}[kind]
+            for name, value in zip(fields, data):
+                cols[f"ev_{name}"] = value
+        elif cmd.stream_name == "caches":
+            func, keys, ts = row
+            cols["cache_func"] = func
+            cols["cache_keys"] = None if keys is None else [k if isinstance(k, str) else json.dumps(k) for k in keys]
+            cols["cache_invalidation_ts"] = ts
+    elif isinstance(cmd, wire.PositionCommand):
+        cols.update(stream=cmd.stream_name, instance=cmd.instance_name, token=cmd.new_token, prev_token=cmd.prev_token)
+    elif isinstance(cmd, wire.FederationAckCommand):
+        cols.update(instance=cmd.instance_name, token=cmd.token)
+    else:
+        parts = exp.payload.decode().split(" ", 1)
+        cols["data"] = parts[1] if len(parts) == 2 else None
+    return cols
+
+
+def expected_ts(text: str | None) -> dt.datetime | None:
+    if text is None:
+        return None
+    if text.replace(".", "").isdigit():
+        return dt.datetime.fromtimestamp(float(text), dt.timezone.utc).replace(tzinfo=None)
+    value = dt.datetime.fromisoformat(text.replace(",", ".").replace("Z", "+00:00"))
+    return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+
+
+def test_every_column_of_every_line(spark: Any, archives: tuple[str, dict[str, list[Any]]]) -> None:
+    from factstream.spark.pipeline import parse_archives
+
+    root, expected = archives
+    # tiny chunks: plain files are split in many places, line numbers must still be exact
+    df = parse_archives(spark, [root], chunk_bytes=3000)
+    got = {(r["source_file"], r["line_number"]): r.asDict() for r in df.collect()}
+    want_keys = {(path, e.line_number) for path, exps in expected.items() for e in exps}
+    assert set(got) == want_keys
+    checked = errors = 0
+    for path, exps in expected.items():
+        for exp in exps:
+            row = got[(path, exp.line_number)]
+            want = expected_columns(exp)
+            for name, value in want.items():
+                actual = row[name]
+                assert actual == value, (path, exp.line_number, name, actual, value)
+            ts = expected_ts(exp.ts)
+            assert row["ts"] == ts, (path, exp.line_number, row["ts"], exp.ts)
+            assert row["date"] == (ts.date() if ts else None)
+            checked += 1
+            errors += want["error"] is not None
+    assert checked > 1500 and errors > 50  # every format, and malformed lines among them
+
+
+def test_formats_named_explicitly_and_header_only(spark: Any, archives: tuple[str, dict[str, list[Any]]]) -> None:
+    from factstream.spark.lines import ParseOptions
+    from factstream.spark.pipeline import parse_archives
+
+    root, expected = archives
+    path = os.path.join(root, "capture.csv")
+    df = parse_archives(spark, [path], ParseOptions(format="redis-csv", typed=False))
+    rows = df.orderBy("line_number").collect()
+    assert [r["line_number"] for r in rows] == [e.line_number for e in expected[path]]
+    assert all(r["ev_kind"] is None and r["cache_func"] is None for r in rows)
+    assert sum(r["row"] is not None for r in rows) > 100
+    # read as 'lines', the capture is all errors but nothing is lost
+    df = parse_archives(spark, [path], ParseOptions(format="lines"))
+    assert df.count() == len(expected[path]) + 2 and df.where("error IS NULL").count() == 0
+
+
+def test_parse_text_column(spark: Any, archives: tuple[str, dict[str, list[Any]]]) -> None:
+    from factstream.spark.pipeline import parse_text_column
+
+    root, expected = archives
+    path = os.path.join(root, "plain.log")
+    df = parse_text_column(spark.read.text(path))
+    want = [expected_columns(e) for e in expected[path]]
+    got = df.select("command", "stream", "token", "error", "ev_type", "cache_keys").collect()
+    assert [(r["command"], r["stream"], r["token"], r["error"], r["ev_type"], r["cache_keys"]) for r in got] == [
+        (w["command"], w["stream"], w["token"], w["error"], w["ev_type"], w["cache_keys"]) for w in want
+    ]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run(
+        [sys.executable, "-m", "factstream.cli", "logs", *args, "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def report_dir(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    from factstream.spark.pipeline import parse_archives, write_parquet
+
+    root = tmp_path_factory.mktemp("report")
+    (root / "in").mkdir()
+    (root / "in" / "session.log").write_text(spark_archives.REPORT_ARCHIVE)
+    out = str(root / "parquet")
+    write_parquet(parse_archives(spark, [str(root / "in")]), out)
+    return out
+
+
+def test_parquet_is_partitioned_by_date_and_stream(spark: Any, report_dir: str) -> None:
+    layout = sorted(
+        os.path.relpath(d, report_dir) for d, _, files in os.walk(report_dir) if any(f.endswith(".parquet") for f in files)
+    )
+    # the PING and the malformed line have no timestamp and no stream
+    assert layout == [
+        "date=2026-11-22/stream=caches",
+        "date=2026-11-22/stream=events",
+        "date=__HIVE_DEFAULT_PARTITION__/stream=__HIVE_DEFAULT_PARTITION__",
+    ]
+    back = spark.read.parquet(report_dir)
+    assert back.count() == 13
+    assert back.where("error IS NOT NULL").select("line_number").collect()[0][0] == 12
+
+
+def test_report_figures_match_hand_computed(spark: Any, report_dir: str) -> None:
+    from factstream.spark.report import build_report
+
+    report = build_report(spark.read.parquet(report_dir), bucket_seconds=2)
+    assert report["lines"] == 13 and report["malformed"] == 1
+    assert report["commands"] == {"PING": 1, "POSITION": 3, "RDATA": 8}
+    streams = {(s["stream"], s["writer"]): s for s in report["streams"]}
+    ev = streams[("events", "master")]
+    # tokens 10(P) 11 12 15 14 18->20(P): 15 skips 13,14; 14 goes back; POSITION prev 18 after 14 skips 15..18
+    assert {k: ev[k] for k in ("rows", "batch_rows", "positions", "min_token", "max_token")} == {
+        "rows": 4, "batch_rows": 0, "positions": 2, "min_token": 10, "max_token": 20}
+    assert (ev["backwards"], ev["gaps"], ev["skipped_tokens"]) == (1, 2, 6)
+    assert (ev["position_jumps"], ev["position_jump_tokens"], ev["unterminated_batches"]) == (1, 2, 0)
+    # RDATA at :01 | :02 :03 | :04 in 2 s buckets starting at :00
+    assert ev["rows_per_second"] == {
+        "mean": round(4 / 6, 3),
+        "peak": 1.0,
+        "series": [["2026-11-22T10:00:00Z", 0.5], ["2026-11-22T10:00:02Z", 1.0], ["2026-11-22T10:00:04Z", 0.5]],
+    }
+    ca = streams[("caches", "master")]
+    assert {k: ca[k] for k in ("rows", "batch_rows", "positions", "min_token", "max_token")} == {
+        "rows": 4, "batch_rows": 3, "positions": 1, "min_token": 7, "max_token": 9}
+    assert (ca["backwards"], ca["gaps"], ca["skipped_tokens"], ca["position_jumps"], ca["unterminated_batches"]) == (
+        0, 0, 0, 1, 1)
+    assert report["malformed_samples"][0]["line"] == 12
+
+
+@pytest.mark.slow
+def test_cli_parse_and_report(tmp_path: Path, archives: tuple[str, dict[str, list[Any]]]) -> None:
+    root, expected = archives
+    out = str(tmp_path / "pq")
+    done = _cli("parse", root, "--out", out, "--chunk-mb", "0.002")
+    assert done.returncode == 0, done.stderr
+    total = sum(len(v) for v in expected.values())
+    assert f"wrote {total} lines" in done.stderr
+    again = _cli("parse", root, "--out", out)
+    assert again.returncode == 2 and "--mode overwrite" in again.stderr
+    chart = str(tmp_path / "rate.png")
+    rep = _cli("report", out, "--json", "--chart", chart)
+    assert rep.returncode == 0, rep.stderr
+    report = json.loads(rep.stdout)
+    assert report["lines"] == total
+    bad = sum(expected_columns(e)["error"] is not None for v in expected.values() for e in v)
+    assert report["malformed"] == bad
+    with open(chart, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    text = _cli("report", out)
+    assert text.returncode == 0 and "streams (per writer):" in text.stdout and "malformed lines per file:" in text.stdout
+
+
+@pytest.mark.slow
+def test_cli_reports_missing_input(tmp_path: Path) -> None:
+    done = _cli("parse", str(tmp_path / "nope*.log"), "--out", str(tmp_path / "o"))
+    assert done.returncode == 2 and "no archive files found" in done.stderr
