@@ -193,6 +193,29 @@ class _RateLimitedLog:
         logger.warning(msg, *args)
 
 
+_NOTHING: Any = object()
+
+
+def _buffered_replies(conn: AbstractConnection) -> tuple[Callable[[], Any], Any]:
+    """``(gets, nothing)``: ``gets()`` returns the next reply already buffered, or ``nothing``.
+
+    With hiredis this is the parser's own ``gets`` (a C call, no coroutine),
+    which lets a burst of pub/sub messages or PUBLISH replies be consumed in
+    one synchronous loop after a single awaited read. Without it (or if
+    redis-py's internals change) ``gets`` always says ``nothing`` and every
+    reply goes through the public ``read_response``.
+    """
+    reader = getattr(getattr(conn, "_parser", None), "_reader", None)
+    try:
+        from redis._parsers.hiredis import NOT_ENOUGH_DATA
+    except ImportError:  # pragma: no cover - depends on the redis-py version
+        reader = None
+    gets = getattr(reader, "gets", None)
+    if gets is None:
+        return (lambda: _NOTHING), _NOTHING
+    return gets, NOT_ENOUGH_DATA
+
+
 def _pack_publish_header(channel: bytes) -> bytes:
     return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(channel), channel)
 
@@ -212,6 +235,7 @@ class RedisCarrier:
     Use ``async with RedisCarrier(...) as carrier:`` or ``start()`` /
     ``close()``. ``send(cmd)`` never blocks and never raises for connection
     trouble; it returns False when the command was refused (queue full).
+    ``listen=False`` makes a publish-only carrier (no subscriber connection).
     """
 
     def __init__(
@@ -235,6 +259,7 @@ class RedisCarrier:
         backoff_max: float = 5.0,
         client_name: str | None = None,
         connection_options: Mapping[str, Any] | None = None,
+        listen: bool = True,
     ) -> None:
         if max_pending < 1 or max_batch < 1:
             raise ValueError("max_pending and max_batch must be at least 1")
@@ -245,6 +270,7 @@ class RedisCarrier:
         self.channels = RedisChannels.for_server(server_name)
         self.instance_name = instance_name
         self.subscribe_user_ip = subscribe_user_ip
+        self.listen = listen
         self.max_pending = max_pending
         self.max_batch = max_batch if pipelining else 1
         self.ping_interval = ping_interval
@@ -303,10 +329,11 @@ class RedisCarrier:
             "replicating over Redis %s as %s (channels %s)",
             redacted_url(self.url), self.instance_name or "(anonymous)", ", ".join(self._subscribe_to),
         )
-        self._tasks = [
-            asyncio.create_task(self._subscriber_main(), name=f"redis-subscriber-{self.server_name}"),
-            asyncio.create_task(self._publisher_main(), name=f"redis-publisher-{self.server_name}"),
-        ]
+        self._tasks = [asyncio.create_task(self._publisher_main(), name=f"redis-publisher-{self.server_name}")]
+        if self.listen:
+            self._tasks.append(
+                asyncio.create_task(self._subscriber_main(), name=f"redis-subscriber-{self.server_name}")
+            )
 
     async def close(self, flush_timeout: float = 1.0) -> None:
         """Stop both connections, first trying for ``flush_timeout`` s to publish what is queued."""
@@ -544,21 +571,28 @@ class RedisCarrier:
         unconfirmed = set(self._subscribe_to)
         dispatch = self._dispatch
         read = functools.partial(conn.read_response, disconnect_on_error=False)  # we close, and wait for it
+        gets, nothing = _buffered_replies(conn)
         while True:
             msg = await read()
-            self._rx += 1
-            kind = msg[0]
-            if kind == b"message":
-                dispatch(msg[2])
-            elif kind == b"subscribe":
-                unconfirmed.discard(msg[1].decode())
-                if not unconfirmed and not self._subscribed:
-                    self._subscribed = True
-                    self.stats.subscriber_connects += 1
-                    self._subscribed_event.set()
-                    logger.info("subscribed to Redis channels %s", ", ".join(self._subscribe_to))
-                    self._run_hook(self._on_subscribed, "on_subscribed")
-            # b"pong" answers our health check; nothing else is expected.
+            while True:  # this message, then every one already buffered behind it
+                self._rx += 1
+                if type(msg) is not list:
+                    if isinstance(msg, Exception):
+                        raise msg
+                elif msg[0] == b"message":
+                    dispatch(msg[2])
+                elif msg[0] == b"subscribe":
+                    unconfirmed.discard(msg[1].decode())
+                    if not unconfirmed and not self._subscribed:
+                        self._subscribed = True
+                        self.stats.subscriber_connects += 1
+                        self._subscribed_event.set()
+                        logger.info("subscribed to Redis channels %s", ", ".join(self._subscribe_to))
+                        self._run_hook(self._on_subscribed, "on_subscribed")
+                # b"pong" answers our health check; nothing else is expected.
+                msg = gets()
+                if msg is nothing:
+                    break
 
     async def _watch_subscriber(self, conn: AbstractConnection) -> str:
         """PING when idle; return when nothing at all came back within ping_timeout."""
@@ -672,6 +706,7 @@ class RedisCarrier:
         """Flush the queue over ``conn`` until it fails; PING it when idle."""
         queue = self._queue
         read = functools.partial(conn.read_response, disconnect_on_error=False)  # we close, and wait for it
+        gets, nothing = _buffered_replies(conn)
         write = conn.send_packed_command
         stats = self.stats
         while True:
@@ -706,14 +741,23 @@ class RedisCarrier:
                 async with asyncio.timeout(self.ping_timeout):
                     await write(batch, check_health=False)
                     errors = 0
-                    for _ in range(n):
-                        try:
-                            await read()
-                        except ResponseError as err:
+                    remaining = n
+                    while remaining:
+                        reply = gets()
+                        if reply is nothing:
+                            self._in_flight = remaining
+                            try:
+                                reply = await read()
+                            except ResponseError as err:
+                                reply = err
+                        if isinstance(reply, Exception):
+                            if not isinstance(reply, ResponseError):
+                                raise reply
                             errors += 1
                             if errors == 1:
-                                logger.error("Redis refused PUBLISH: %s", err)
-                        self._in_flight -= 1
+                                logger.error("Redis refused PUBLISH: %s", reply)
+                        remaining -= 1
+                    self._in_flight = 0
             except TimeoutError:
                 stats.health_check_failures += 1
                 raise TimeoutError(f"no reply from Redis within {self.ping_timeout:g}s") from None

@@ -1,0 +1,195 @@
+"""Replication over Redis: commands/s published and delivered, next to redis-benchmark.
+
+Rows (each round moves N_COMMANDS commands from the seeded corpus):
+
+* ``publish``: factstream's carrier queues N commands and waits until Redis
+  acknowledged all of them, pipelined (everything queued in one tick goes out
+  in one round trip) vs one round trip per command; redis-py's own
+  ``Redis.publish`` awaited one by one is the client baseline.
+* ``redis-benchmark``: the server's own load generator publishing the same
+  kind of line on the same machine in the same run, one client, with
+  ``-P 1`` (one round trip per command) and ``-P 1000`` (pipelined), and 50
+  clients ``-P 1`` (what the server sustains).
+* ``publish+deliver``: a writer carrier publishes N commands, a reader
+  carrier (another pair of connections) receives and decodes all N; the
+  clock stops when the last one has been decoded. On uvloop and asyncio.
+
+Run: .venv/bin/python -m pytest benchmarks/bench_redis.py --benchmark-only
+--benchmark-json=redis.json -p no:randomly; .venv/bin/python benchmarks/ratios.py redis.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+
+from corpus import generate
+from factstream import wire
+from factstream.transport.redis import RedisCarrier
+
+pytestmark = pytest.mark.redis
+
+N_COMMANDS = 20_000
+COMMANDS = [wire.parse_line(line) for line in generate(N_COMMANDS, seed=99)]
+# redis-benchmark publishes one fixed message: a typical events RDATA line.
+SAMPLE_LINE = next(wire.encode(c) for c in COMMANDS if c.NAME == "RDATA" and getattr(c, "stream_name") == "events")
+LOOPS = ["uvloop", "asyncio"]
+
+
+def _new_loop(kind: str) -> asyncio.AbstractEventLoop:
+    if kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+@pytest.fixture(params=LOOPS)
+def loop(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
+    lp = _new_loop(request.param)
+    try:
+        yield lp
+    finally:
+        lp.close()
+
+
+def _on(loop: asyncio.AbstractEventLoop) -> Callable[[Coroutine[Any, Any, Any]], Any]:
+    return loop.run_until_complete
+
+
+def _channel() -> str:
+    return f"factstream-bench-{uuid.uuid4().hex[:8]}"
+
+
+# ---------------------------------------------------------------------- publish
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "round-trip-per-command"])
+@pytest.mark.benchmark(group="redis publish (acknowledged)")
+def test_publish_factstream(benchmark: Any, redis_url: str, loop: asyncio.AbstractEventLoop, mode: str) -> None:
+    run = _on(loop)
+    n = N_COMMANDS if mode == "pipelined" else N_COMMANDS // 4
+    carrier = RedisCarrier(redis_url, _channel(), listen=False, pipelining=mode == "pipelined", max_pending=n)
+
+    async def publish() -> int:
+        carrier.send_many(COMMANDS[:n])
+        await carrier.flush()
+        return n
+
+    run(carrier.start())
+    try:
+        assert benchmark.pedantic(lambda: run(publish()), rounds=5, warmup_rounds=1) == n
+    finally:
+        run(carrier.close())
+    benchmark.extra_info.update(items=n, round_trips=carrier.stats.round_trips, loop=type(loop).__module__.split(".")[0])
+    assert carrier.stats.dropped == 0
+
+
+@pytest.mark.benchmark(group="redis publish (acknowledged)")
+def test_publish_redis_py_one_by_one(benchmark: Any, redis_url: str, loop: asyncio.AbstractEventLoop) -> None:
+    """Baseline: redis-py's client, one awaited PUBLISH per command (hiredis parser)."""
+    import redis.asyncio as aioredis
+
+    run = _on(loop)
+    n = N_COMMANDS // 4
+    lines = [wire.encode(c) for c in COMMANDS[:n]]
+    channel = _channel()
+    client = aioredis.Redis.from_url(redis_url, protocol=2)
+
+    async def publish() -> int:
+        for line in lines:
+            await client.publish(channel, line)
+        return n
+
+    try:
+        assert benchmark.pedantic(lambda: run(publish()), rounds=5, warmup_rounds=1) == n
+    finally:
+        run(client.aclose())
+    benchmark.extra_info.update(items=n, loop=type(loop).__module__.split(".")[0])
+
+
+REDIS_BENCHMARK = shutil.which("redis-benchmark")
+
+
+def _redis_benchmark(url: str, n: int, clients: int, pipeline: int) -> float:
+    """Run redis-benchmark PUBLISH; returns the requests/s it reports."""
+    m = re.match(r"redis://([^:/]+):(\d+)", url)
+    assert m, url
+    out = subprocess.run(
+        [
+            REDIS_BENCHMARK or "redis-benchmark", "-h", m.group(1), "-p", m.group(2), "--csv",
+            "-n", str(n), "-c", str(clients), "-P", str(pipeline),
+            "PUBLISH", _channel(), SAMPLE_LINE.decode(),
+        ],
+        check=True, capture_output=True, text=True, timeout=120,
+    ).stdout.strip().splitlines()[-1]
+    return float(out.rsplit('","', 7)[1])
+
+
+@pytest.mark.skipif(REDIS_BENCHMARK is None, reason="redis-benchmark is not installed (apt-get install redis-tools)")
+@pytest.mark.parametrize(
+    "clients,pipeline", [(1, 1), (1, 1000), (50, 1)], ids=["1-client-P1", "1-client-P1000", "50-clients-P1"]
+)
+@pytest.mark.benchmark(group="redis publish (acknowledged)")
+def test_publish_redis_benchmark(benchmark: Any, redis_url: str, clients: int, pipeline: int) -> None:
+    """The server's own load generator on the same machine; wall time of the whole run (includes its start-up)."""
+    n = N_COMMANDS * 5 if pipeline > 1 or clients > 1 else N_COMMANDS // 4
+    reported: list[float] = []
+    benchmark.pedantic(lambda: reported.append(_redis_benchmark(redis_url, n, clients, pipeline)), rounds=3)
+    benchmark.extra_info.update(items=n, reported_rps=round(max(reported)), line_bytes=len(SAMPLE_LINE))
+
+
+# ---------------------------------------------------------------------- publish + deliver
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "round-trip-per-command"])
+@pytest.mark.benchmark(group="redis publish+deliver (decoded by a reader)")
+def test_publish_and_deliver(benchmark: Any, redis_url: str, loop: asyncio.AbstractEventLoop, mode: str) -> None:
+    run = _on(loop)
+    n = N_COMMANDS if mode == "pipelined" else N_COMMANDS // 4
+    channel = _channel()
+    received = 0
+    done: asyncio.Future[None] | None = None
+
+    def on_command(cmd: wire.Command) -> None:
+        nonlocal received
+        if type(cmd) is wire.RdataCommand:
+            cmd.row  # noqa: B018 - a reader looks at the row
+        received += 1
+        if received == n and done is not None:
+            done.set_result(None)
+
+    reader = RedisCarrier(
+        redis_url, channel, on_command=on_command, instance_name="bench-reader", subscribe_user_ip=True
+    )
+    writer = RedisCarrier(
+        redis_url, channel, listen=False, pipelining=mode == "pipelined", max_pending=n, instance_name="bench-writer"
+    )
+
+    async def start() -> None:
+        await reader.start()
+        await writer.start()
+        await reader.wait_subscribed(5)
+
+    async def one_round() -> int:
+        nonlocal received, done
+        received = 0
+        done = asyncio.get_running_loop().create_future()
+        writer.send_many(COMMANDS[:n])
+        await asyncio.wait_for(done, 60)
+        return n
+
+    run(start())
+    try:
+        assert benchmark.pedantic(lambda: run(one_round()), rounds=5, warmup_rounds=1) == n
+    finally:
+        run(writer.close())
+        run(reader.close())
+    assert reader.stats.invalid == 0
+    benchmark.extra_info.update(items=n, loop=type(loop).__module__.split(".")[0], round_trips=writer.stats.round_trips)
