@@ -136,6 +136,7 @@ class _TxnEffects:
 
     rooms: dict[str, int] = field(default_factory=dict)
     users: dict[str, int] = field(default_factory=dict)
+    state_changed: dict[str, set[str]] = field(default_factory=dict)
 
     def room(self, room_id: str, pos: int) -> None:
         self.rooms[room_id] = max(pos, self.rooms.get(room_id, pos))
@@ -195,6 +196,10 @@ class EventStore:
         self._rooms_for_user: dict[str, tuple[int, dict[str, tuple[str | None, int]]]] = {}
         self._listeners: list[Callable[[list[PersistedEvent]], Any]] = []
         self._own_gens: list[Any] = []
+        #: Writer: a ``CacheInvalidator`` told about current-state changes (``cs_cache_fake``).
+        self.cache_invalidator: Any = None
+        #: Reader: returns the events stream position this process has been told about.
+        self.position_fn: Callable[[], int | None] | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -236,6 +241,10 @@ class EventStore:
             gen = self.stream_id_gen
             tok = gen.current_token() if hasattr(gen, "current_token") else gen.get_current_token()
             return int(tok)
+        if self.position_fn is not None:
+            pos = self.position_fn()
+            if pos is not None:
+                return pos
         return min(self._reader_positions.values()) if self._reader_positions else 0
 
     def add_persist_listener(self, fn: Callable[[list[PersistedEvent]], Any]) -> None:
@@ -296,12 +305,20 @@ class EventStore:
     def _forget_uncommitted(self) -> None:
         self.groups.forget()
 
-    def _apply_effects(self, effects: _TxnEffects) -> None:
+    def _apply_effects(self, effects: _TxnEffects) -> Any:
+        if self.cache_invalidator is not None and effects.state_changed:
+            # Synapse's cs_cache_fake: [room_id, *members whose membership changed]
+            res = self.cache_invalidator.invalidate_many(
+                [("cs_cache_fake", [room, *sorted(members)]) for room, members in sorted(effects.state_changed.items())]
+            )
+        else:
+            res = None
         for room, pos in effects.rooms.items():
             self.room_changes.entity_has_changed(room, pos)
         for user, pos in effects.users.items():
             self.membership_changes.entity_has_changed(user, pos)
             self._rooms_for_user.pop(user, None)
+        return res
 
     async def _persist_one(
         self, txn: Any, item: NewEvent, f: EventFields, sid: int, effects: _TxnEffects
@@ -500,9 +517,11 @@ class EventStore:
                 for (t, sk), ev in sorted(changes.items())
             ],
         )
+        changed_members = effects.state_changed.setdefault(room, set())
         for (t, sk) in changes:
             if t == MEMBER:
                 effects.user(sk, sid)
+                changed_members.add(sk)
 
     async def _memberships(self, txn: Any, event_ids: Iterable[str]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
@@ -848,6 +867,11 @@ class EventStore:
                 # Every member may have changed: forget cached memberships.
                 self._rooms_for_user.clear()
         self.advance_reader(instance_name, token)
+
+    def invalidate_rooms_for_user(self, key: Any) -> None:
+        """Forget cached memberships of a user (``key`` is ``(user_id,)`` or a user id)."""
+        user = key[0] if isinstance(key, tuple) else key
+        self._rooms_for_user.pop(user, None)
 
     def advance_reader(self, instance_name: str, token: int) -> None:
         """Reader: the writer ``instance_name`` has completed everything up to ``token``."""
