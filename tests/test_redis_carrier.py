@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from factstream import wire
 from factstream.transport.redis import (
@@ -168,6 +169,11 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
 FAST = dict(ping_interval=0.2, ping_timeout=1.0, connect_timeout=1.0, backoff_initial=0.02, backoff_max=0.2)
 
 
+def sample(name: str, **labels: str) -> float:
+    """Current value of a Prometheus sample in the default registry (0 if absent)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def every_command(instance: str) -> list[wire.Command]:
     """One command of every type (USER_IP last), as Synapse would write them."""
     return [
@@ -259,6 +265,8 @@ def test_every_command_type_round_trips(run: Any, redis_url: str, channel_prefix
             subscribe_user_ip=True, **FAST,
         )
         writer = RedisCarrier(redis_url, channel_prefix, instance_name="writer1", **FAST)
+        out_before = sample("factstream_commands_out_total", command="USER_SYNC")
+        in_before = sample("factstream_commands_in_total", command="USER_SYNC")
         async with reader, reader_ip, writer:
             await reader.wait_subscribed(5)
             await reader_ip.wait_subscribed(5)
@@ -270,6 +278,9 @@ def test_every_command_type_round_trips(run: Any, redis_url: str, channel_prefix
         assert plain == sent[:-1]  # USER_IP is opt-in
         assert writer.stats.published == len(sent) and writer.stats.round_trips == 1
         assert reader.stats.invalid == reader_ip.stats.invalid == 0
+        # Prometheus: two USER_SYNC out; six in (each of the three carriers hears both, the writer included).
+        assert sample("factstream_commands_out_total", command="USER_SYNC") - out_before == 2
+        assert sample("factstream_commands_in_total", command="USER_SYNC") - in_before == 6
 
     run(scenario())
 
@@ -491,6 +502,7 @@ def test_publishing_while_redis_is_down_is_bounded(
 
         got: list[int] = []
         writer = RedisCarrier(private_redis.url, channel_prefix, max_pending=100, on_resync=on_resync, **FAST)
+        pending_before = sample("factstream_pending_outbound")
         async with writer:
             accepted = [writer.send(wire.RdataCommand("s", "w", i, [i])) for i in range(1, 151)]
             assert accepted == [True] * 100 + [False] * 50
@@ -498,10 +510,14 @@ def test_publishing_while_redis_is_down_is_bounded(
             assert writer.stats.dropped == 50 and writer.stats.overflows == 1
             await asyncio.sleep(0.3)  # still down: nothing more is queued, nothing grows
             assert not writer.publisher_connected and writer.pending == 100
+            assert sample("factstream_pending_outbound") - pending_before == 100  # reported while retrying
             private_redis.start()
             reader = RedisCarrier(private_redis.url, channel_prefix, on_command=lambda c: got.append(c.token), **FAST)
             async with reader:
                 await eventually(lambda: writer.pending == 0, what="queue flushed after Redis came back")
+                await eventually(
+                    lambda: sample("factstream_pending_outbound") == pending_before, what="pending gauge back"
+                )
                 await eventually(lambda: resyncs == 1, what="resync after the overflow")
                 assert writer.stats.published == 100
                 # Once drained, new commands are accepted again.

@@ -49,7 +49,7 @@ from redis.asyncio.connection import Connection as TcpRedisConnection
 from redis.exceptions import RedisError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
-from .. import wire
+from .. import metrics, wire
 from ..commands import Command, PositionCommand, RdataCommand
 from ..replication.carrier import CommandSink, Connection
 
@@ -196,6 +196,30 @@ class _RateLimitedLog:
 _NOTHING: Any = object()
 
 
+class _PerCommand:
+    """Counts per command name in a plain dict; ``report()`` adds them to a Prometheus counter.
+
+    A Prometheus ``inc`` per message would cost more than publishing it, so
+    the hot paths count here and report once per round trip or read burst.
+    """
+
+    def __init__(self, counter: Any) -> None:
+        self._counter = counter
+        self._children: dict[str, Any] = {}
+        self.counts: dict[str, int] = {}
+
+    def report(self) -> None:
+        counts = self.counts
+        if not counts:
+            return
+        for name, n in counts.items():
+            child = self._children.get(name)
+            if child is None:
+                child = self._children[name] = self._counter.labels(name)
+            child.inc(n)
+        counts.clear()
+
+
 def _buffered_replies(conn: AbstractConnection) -> tuple[Callable[[], Any], Any]:
     """``(gets, nothing)``: ``gets()`` returns the next reply already buffered, or ``nothing``.
 
@@ -311,6 +335,9 @@ class RedisCarrier:
         self._tasks: list[asyncio.Task[None]] = []
         self._hook_tasks: set[asyncio.Task[Any]] = set()
         self._rng = random.Random()
+        self._pending_reported = 0
+        self._m_in = _PerCommand(metrics.COMMANDS_IN)
+        self._m_out = _PerCommand(metrics.COMMANDS_OUT)
         self._invalid_log = _RateLimitedLog()
         self._drop_log = _RateLimitedLog(interval=5.0)
         #: redis-side client ids of the live connections (for operators and tests)
@@ -350,6 +377,9 @@ class RedisCarrier:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        self._queue.clear()
+        self._in_flight = 0
+        self._report_metrics()
         self._subscribed = self._publisher_up = False
         for fut in self._drained_waiters:
             if not fut.done():
@@ -406,8 +436,13 @@ class RedisCarrier:
         :class:`factstream.wire.ProtocolError` here, at the caller.
         """
         data = wire.encode(cmd)
-        header = self._header_user_ip if cmd.NAME == "USER_IP" else self._header_main
-        return self._enqueue(b"%s$%d\r\n%s\r\n" % (header, len(data), data))
+        name = cmd.NAME
+        header = self._header_user_ip if name == "USER_IP" else self._header_main
+        if self._enqueue(b"%s$%d\r\n%s\r\n" % (header, len(data), data)):
+            counts = self._m_out.counts
+            counts[name] = counts.get(name, 0) + 1
+            return True
+        return False
 
     def send_many(self, cmds: Iterable[Command]) -> int:
         """Queue several commands in order; returns how many were accepted."""
@@ -490,7 +525,21 @@ class RedisCarrier:
             return "timed out"
         return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
+    def _report_pending(self) -> None:
+        pending = len(self._queue) + self._in_flight
+        if pending != self._pending_reported:
+            metrics.PENDING_OUT.inc(pending - self._pending_reported)
+            self._pending_reported = pending
+
+    def _report_metrics(self) -> None:
+        """Move the locally counted figures to Prometheus (once per round trip / read burst)."""
+        self._m_out.report()
+        self._m_in.report()
+        self._report_pending()
+
     async def _backoff(self, role: str, attempt: int, err: BaseException) -> None:
+        metrics.RECONNECTS.labels(f"redis {role}").inc()
+        self._report_metrics()
         delay = backoff_delay(attempt, self.backoff_initial, self.backoff_max, self._rng)
         log = logger.warning if attempt < 3 or attempt % 10 == 0 else logger.info
         log(
@@ -530,6 +579,7 @@ class RedisCarrier:
             if self.stats.subscriber_connects != confirmed_before:
                 attempt = 0  # it worked for a while: start the backoff over
             self.stats.subscriber_failures += 1
+            metrics.DISCONNECTS.labels("redis subscriber lost").inc()
             logger.warning(
                 "Redis subscriber connection lost (%s)%s; reconnecting",
                 reason, "; messages published meanwhile are missed until catch-up" if was_subscribed else "",
@@ -593,6 +643,8 @@ class RedisCarrier:
                 msg = gets()
                 if msg is nothing:
                     break
+            if self._m_in.counts:
+                self._m_in.report()
 
     async def _watch_subscriber(self, conn: AbstractConnection) -> str:
         """PING when idle; return when nothing at all came back within ping_timeout."""
@@ -625,6 +677,8 @@ class RedisCarrier:
             self.stats.echoes += 1
             return
         self.stats.received += 1
+        counts = self._m_in.counts
+        counts[cmd.NAME] = counts.get(cmd.NAME, 0) + 1
         handler = self._on_command
         if handler is None:
             return
@@ -696,6 +750,7 @@ class RedisCarrier:
                 if self._in_flight:
                     self._lost_in_flight()
             self.stats.publisher_failures += 1
+            metrics.DISCONNECTS.labels("redis publisher lost").inc()
             logger.warning(
                 "Redis publisher connection lost (%s); %d commands queued, reconnecting", reason, len(self._queue)
             )
@@ -712,6 +767,7 @@ class RedisCarrier:
         while True:
             if not queue:
                 self._drained()
+                self._report_metrics()
                 if queue:
                     continue  # the resync hook queued positions
                 self._wake.clear()
@@ -737,6 +793,7 @@ class RedisCarrier:
             else:
                 batch = [queue.popleft() for _ in range(n)]
             self._in_flight = n
+            self._report_metrics()
             try:
                 async with asyncio.timeout(self.ping_timeout):
                     await write(batch, check_health=False)
@@ -778,6 +835,7 @@ class RedisCarrier:
         self.stats.lost_in_flight += lost
         self.stats.dropped += queued
         self._queue.clear()
+        self._report_pending()
         if not self._overflowing:
             self._overflowing = True
             self.stats.overflows += 1
