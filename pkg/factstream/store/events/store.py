@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import FactstreamError
+from ...ids import StreamChangeCache, create_id_generator
 from ..migrations import migrate
 from . import schema
 from .event_json import EventFields, parse_event, prune_event_json
@@ -146,10 +147,6 @@ class _TxnEffects:
 
 
 def _make_change_cache(name: str, pos: int, size: int) -> Any:
-    try:
-        from ...ids import StreamChangeCache
-    except ImportError:
-        from ._fallback import LocalStreamChangeCache as StreamChangeCache
     return StreamChangeCache(name, pos, max_size=size)
 
 
@@ -904,12 +901,6 @@ def _row_parts(row: Any) -> tuple[str, Sequence[Any]]:
 
 
 async def _default_id_gen(db: Any, instance_name: str, *, backwards: bool) -> Any:
-    try:
-        from ...ids import create_id_generator
-    except ImportError:
-        from ._fallback import LocalIdGenerator
-
-        return await LocalIdGenerator.create(db, backwards)
     gen = create_id_generator(
         db,
         stream_name="backfill" if backwards else "events",
