@@ -150,7 +150,7 @@ cdef class PendingHeap:
             raise ValueError(f"stream id {sid} is already reserved")
         return 0
 
-    cpdef reserve(self, stream_id):
+    def reserve(self, stream_id):
         """Register ``stream_id`` as reserved by this writer."""
         cdef int64_t sid = self._as_id(stream_id)
         self._check_reservable(sid)
@@ -183,7 +183,7 @@ cdef class PendingHeap:
             raise ValueError(f"stream id {sid} is already completed")
         return 0
 
-    cpdef complete(self, stream_id):
+    def complete(self, stream_id):
         """Mark ``stream_id`` finished (committed or failed); the new position, or None."""
         cdef int64_t sid = self._as_id(stream_id)
         self._check_completable(sid)
@@ -225,7 +225,7 @@ cdef class PendingHeap:
             return self._position
         return None
 
-    cpdef advance(self, new_position):
+    def advance(self, new_position):
         """Move an idle writer's position up to ``new_position``; the new position, or None."""
         cdef int64_t pos = self._as_id(new_position)
         if self._heap.size() > 0 or self._holds.size() > 0 or pos <= self._position:

@@ -89,6 +89,9 @@ class IdGenerator:
         self._flush_task: asyncio.Task[None] | None = None
         self._flushed = tracker.current_token_for_writer(tracker.instance_name) if tracker.is_writer else 0
         self._closed = False
+        #: seconds between background writes of the local position
+        self.flush_interval = 0.01
+        self._flush_sleeping = False
         tracker.on_change = self._on_change
         if tracker.is_writer:
             tracker.add_listener(self._on_local_advance)
@@ -279,7 +282,18 @@ class IdGenerator:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 return  # flushed on close()
-            self._flush_task = loop.create_task(self._flush_loop())
+            self._flush_task = loop.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        # Debounce: one upsert covers every advance made meanwhile, so the
+        # position record costs no round trip per id.
+        self._flush_sleeping = True
+        try:
+            await asyncio.sleep(self.flush_interval)
+        finally:
+            self._flush_sleeping = False
+        if not self._closed:
+            await self._flush_loop()
 
     async def _flush_loop(self) -> None:
         try:
@@ -302,9 +316,11 @@ class IdGenerator:
         )
 
     async def flush_positions(self) -> None:
-        """Record the local position in ``stream_positions`` now (also done in the background)."""
-        if self._flush_task is not None and not self._flush_task.done():
-            await asyncio.shield(self._flush_task)
+        """Record the local position in ``stream_positions`` now.
+
+        It is also recorded in the background, at most once per
+        ``flush_interval`` seconds (0.01 by default).
+        """
         if self.is_writer:
             await self._flush_loop()
 
@@ -316,6 +332,11 @@ class IdGenerator:
             await self.flush_positions()
         finally:
             self._closed = True
+            task = self._flush_task
+            if task is not None and not task.done():
+                if self._flush_sleeping:
+                    task.cancel()  # nothing left to write: flush_positions() just did
+                await asyncio.wait([task])
             for waiting in self._waiters.values():
                 for _, fut in waiting:
                     if not fut.done():
