@@ -118,27 +118,22 @@ def heap_impl(impl: str) -> ModuleType:
 # --------------------------------------------------------------- event loops
 
 
-def _uvloop_policy() -> object:
+def _new_uvloop() -> object:
     import uvloop
 
-    return uvloop.EventLoopPolicy()
+    return uvloop.new_event_loop()
 
 
-LOOP_PARAMS = [pytest.param("asyncio", id="asyncio"), pytest.param("uvloop", id="uvloop")]
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
+    """Event loops for async tests: stdlib asyncio, plus uvloop in opted-in modules.
 
-
-@pytest.fixture(params=LOOP_PARAMS)
-def both_loop_policies(request: pytest.FixtureRequest) -> object:
-    """An event loop policy per param: stdlib asyncio and uvloop.
-
-    Transport test modules opt in by overriding pytest-asyncio's fixture::
-
-        @pytest.fixture
-        def event_loop_policy(both_loop_policies):
-            return both_loop_policies
+    A test module that sets ``BOTH_EVENT_LOOPS = True`` (transport tests) runs
+    each async test twice, ids ``[asyncio]`` and ``[uvloop]``; every other
+    async test runs once on the stdlib loop (hidden id), as before.
     """
     import asyncio
 
-    if request.param == "uvloop":
-        return _uvloop_policy()
-    return asyncio.DefaultEventLoopPolicy()
+    module = getattr(item, "module", None)
+    if getattr(module, "BOTH_EVENT_LOOPS", False):
+        return {"asyncio": asyncio.new_event_loop, "uvloop": _new_uvloop}
+    return {"asyncio": asyncio.new_event_loop}

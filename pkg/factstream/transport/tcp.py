@@ -118,8 +118,7 @@ class TcpConnection(asyncio.Protocol, Connection):
     # ------------------------------------------------------------ asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
         peer = transport.get_extra_info("peername")
         side = "from" if self.is_server else "to"
         self.description = f"tcp {side} {peer[0]}:{peer[1]}" if peer else "tcp"
@@ -420,6 +419,8 @@ class TcpClient:
         self.connection: TcpConnection | None = None
         self.connects = 0
         self.attempts = 0
+        #: Why recent connections ended (newest last, at most 100).
+        self.close_reasons: deque[str] = deque(maxlen=100)
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
 
@@ -475,6 +476,7 @@ class TcpClient:
             self.connects += 1
             self._connected.set()
             reason = await asyncio.shield(conn.closed)
+            self.close_reasons.append(reason)
             self._connected.clear()
             self.connection = None
             attempt = 0 if conn.handshake_done and reason != "server_name" else attempt + 1

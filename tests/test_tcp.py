@@ -1,0 +1,393 @@
+"""Replication over real sockets on 127.0.0.1, on stdlib asyncio and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from factstream.commands import RemoteServerUpCommand
+from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
+from factstream.streams import MemoryUpdateSource
+from factstream.transport.tcp import (
+    FetchServer,
+    RemoteUpdateSource,
+    TcpClient,
+    TcpServer,
+    client_ssl_context,
+    server_ssl_context,
+)
+
+
+BOTH_EVENT_LOOPS = True  # conftest runs every test here on asyncio and uvloop
+
+
+class Raw:
+    """A netcat-like client: raw lines in and out."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def connect(cls, port: int) -> Raw:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def line(self, timeout: float = 2.0) -> str:
+        return (await asyncio.wait_for(self.reader.readline(), timeout)).decode().rstrip("\n")
+
+    async def until(self, prefix: str, timeout: float = 3.0) -> str:
+        async def find() -> str:
+            while True:
+                line = await self.line(timeout)
+                if line.startswith(prefix) or line == "":
+                    return line
+
+        return await asyncio.wait_for(find(), timeout)
+
+    async def closed(self, timeout: float = 3.0) -> list[str]:
+        lines = []
+        while True:
+            line = (await asyncio.wait_for(self.reader.readline(), timeout)).decode()
+            if not line:
+                self.close()
+                return lines
+            lines.append(line.rstrip("\n"))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def make_writer(name: str = "master", streams: tuple[str, ...] = ("to_device",)) -> tuple[ReplicationHub, dict[str, LocalStream]]:
+    pub = Publisher(name)
+    local = {}
+    for s in streams:
+        ls = LocalStream(s, name)
+        pub.add_stream(s, ls.source, 0)
+        ls.add_listener(pub.notify)
+        local[s] = ls
+    return ReplicationHub(name, publisher=pub), local
+
+
+@pytest.fixture
+async def writer() -> AsyncIterator[tuple[TcpServer, dict[str, LocalStream]]]:
+    hub, local = make_writer()
+    server = await TcpServer(hub, "hs.test", ping_interval=0.2, timeout=0.6).start()
+    yield server, local
+    await server.stop()
+
+
+async def test_handshake_and_replicate_by_hand(writer: Any) -> None:
+    server, local = writer
+    local["to_device"].write([["@a:hs"]])
+    raw = await Raw.connect(server.port)
+    assert await raw.line() == "SERVER hs.test"
+    assert (await raw.line()).startswith("PING ")
+    raw.send(b"NAME reader.1\nPING 1\nREPLICATE\n")
+    assert await raw.until("POSITION") == "POSITION to_device master 1 1"
+    local["to_device"].write([["@b:hs"], ["@c:hs"]])
+    assert await raw.until("RDATA") == 'RDATA to_device master batch ["@b:hs"]'
+    assert await raw.line() == 'RDATA to_device master 2 ["@c:hs"]'
+    raw.close()
+
+
+async def test_no_rdata_before_replicate(writer: Any) -> None:
+    server, local = writer
+    raw = await Raw.connect(server.port)
+    await raw.line()
+    local["to_device"].write([["@a:hs"]])
+    raw.send(b"REPLICATE\n")
+    assert await raw.until("POSITION") == "POSITION to_device master 1 1"
+    raw.close()
+
+
+async def test_netcat_session_without_ping_is_not_timed_out_but_pinged(writer: Any) -> None:
+    server, _ = writer
+    raw = await Raw.connect(server.port)
+    lines = [await raw.line() for _ in range(5)]  # SERVER, then PINGs every 0.2 s for ~0.8 s > timeout 0.6
+    assert lines[0] == "SERVER hs.test"
+    assert all(line.startswith("PING ") for line in lines[1:])
+    raw.close()
+
+
+async def test_keepalive_timeout_after_a_ping(writer: Any) -> None:
+    server, _ = writer
+    raw = await Raw.connect(server.port)
+    raw.send(b"PING 1\n")
+    lines = await raw.closed(timeout=3)
+    assert lines[-1] == "ERROR no command received for 0.6s"
+
+
+async def test_client_keeps_connection_alive_with_pings(writer: Any) -> None:
+    server, _ = writer
+    fol = Follower()
+    client = await TcpClient(ReplicationHub("r", follower=fol), "127.0.0.1", server.port, ping_interval=0.2, timeout=0.6).start()
+    await client.wait_connected(2)
+    await asyncio.sleep(1.5)
+    assert client.connects == 1 and client.connected
+    await client.stop()
+
+
+async def test_client_detects_a_dead_server_by_timeout() -> None:
+    # A server that says hello and pings once, then goes silent.
+    async def mute(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"SERVER mute\nPING 1\n")
+        try:
+            await reader.read()
+        finally:
+            w.close()
+
+    srv = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    client = await TcpClient(ReplicationHub("r", follower=Follower()), "127.0.0.1", port, ping_interval=0.1, timeout=0.4, backoff_initial=5).start()
+    await client.wait_connected(2)
+    conn = client.connection
+    assert conn is not None
+    assert await asyncio.wait_for(conn.closed, 3) == "timeout"
+    await client.stop()
+    srv.close()
+    await srv.wait_closed()
+
+
+async def test_wrong_server_name_is_refused_with_error() -> None:
+    received: list[bytes] = []
+    done = asyncio.Event()
+
+    async def impostor(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"SERVER impostor.example\nPING 1\n")
+        received.append(await reader.read(4096))
+        while not done.is_set():
+            data = await reader.read(4096)
+            if not data:
+                done.set()
+                break
+            received.append(data)
+        w.close()
+
+    srv = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    client = await TcpClient(
+        ReplicationHub("r", follower=Follower()), "127.0.0.1", port, expected_server_name="hs.test", backoff_initial=5
+    ).start()
+    await asyncio.wait_for(done.wait(), 3)
+    text = b"".join(received).decode()
+    assert "ERROR wrong server name: expected 'hs.test', got 'impostor.example'" in text
+    assert client.connection is None
+    await client.stop()
+    srv.close()
+    await srv.wait_closed()
+
+
+@pytest.mark.parametrize(
+    "data, error",
+    [
+        (b"BOGUS stuff\n", "ERROR invalid line: "),
+        (b"RDATA to_device master 5 [\"x\"]\n", "ERROR RDATA is not a command a client may send"),
+        (b"SERVER evil\n", "ERROR SERVER is not a command a client may send"),
+        (b"PING \xff\xfe\n", "ERROR invalid line: "),
+        (b"PING " + b"1" * 20000 + b"\n", "ERROR invalid line: "),
+        (b"POSITION a b c d\n", "ERROR "),
+    ],
+    ids=["unknown", "rdata", "server", "non-utf8", "too-long", "bad-args"],
+)
+async def test_invalid_input_gets_error_and_close_and_server_survives(writer: Any, data: bytes, error: str) -> None:
+    server, _ = writer
+    raw = await Raw.connect(server.port)
+    raw.send(b"PING 1\n" + data)
+    lines = await raw.closed()
+    assert lines[-1].startswith(error), lines[-1]
+    # The server is still serving.
+    again = await Raw.connect(server.port)
+    assert await again.line() == "SERVER hs.test"
+    again.close()
+
+
+async def test_invalid_direction_on_the_client_side() -> None:
+    async def bad(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"SERVER x\nREPLICATE\n")
+        await reader.read()
+        w.close()
+
+    srv = await asyncio.start_server(bad, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    client = await TcpClient(ReplicationHub("r", follower=Follower()), "127.0.0.1", port, backoff_initial=5).start()
+    for _ in range(300):
+        await asyncio.sleep(0.01)
+        if client.close_reasons:
+            break
+    assert list(client.close_reasons) == ["direction"]
+    await client.stop()
+    srv.close()
+    await srv.wait_closed()
+
+
+async def test_slow_reader_is_disconnected_and_memory_stays_bounded(writer: Any) -> None:
+    server, local = writer
+    raw = await Raw.connect(server.port)
+    raw.send(b"REPLICATE\n")  # and then never read again
+    await asyncio.sleep(0.1)
+    (conn,) = server.connections
+    conn.max_buffered = 500
+    peak = 0
+    row = [["@" + "x" * 200 + ":hs"]]
+    for i in range(200_000):
+        local["to_device"].write(row)
+        peak = max(peak, conn.buffered)
+        if not conn.connected:
+            break
+        if i % 1000 == 0:
+            await asyncio.sleep(0)
+    assert not conn.connected, "a reader that never reads must be disconnected"
+    assert peak <= 501
+    await asyncio.wait_for(conn.closed, 5)
+    assert server.connections == set()
+    raw.close()
+
+
+async def test_reconnect_with_catch_up_across_several_pages(writer: Any) -> None:
+    server, local = writer
+    ls = local["to_device"]
+    fol = Follower(sources={"to_device": ls.source}, start_position=0, page_limit=7)
+    got: list[int] = []
+    fol.add_handler(lambda s, w, t, rows: got.append(t))
+    client = await TcpClient(ReplicationHub("r", follower=fol), "127.0.0.1", server.port, backoff_initial=0.01).start()
+    await client.wait_connected(2)
+    ls.write([["@a"]])
+    await fol.wait_for_position("to_device", "master", 1, 2)
+    for conn in list(server.connections):
+        conn.close("kicked by test")
+    for i in range(40):  # written while the reader is away
+        t = ls.reserve()
+        ls.complete(t, None if i % 5 == 0 else [[f"@u{i}"]])
+    await fol.wait_for_position("to_device", "master", 41, 5)
+    assert client.connects == 2
+    expected = [1] + [i + 2 for i in range(40) if i % 5 != 0]
+    assert got == expected
+    assert fol.stats["catchup_fetches"] >= 5
+    await client.stop()
+
+
+async def test_writer_restart(unused_tcp_port: int) -> None:
+    source = MemoryUpdateSource()  # stands for the database both writer incarnations share
+    hub, local = make_writer()
+    ls = local["to_device"]
+    ls.source = source
+    hub.publisher._streams["to_device"].source = source  # type: ignore[union-attr]
+    hub.publisher._streams["to_device"].sync_get = source.get_updates_now  # type: ignore[union-attr]
+    server = await TcpServer(hub, "hs", port=unused_tcp_port).start()
+    fol = Follower(sources={"to_device": source}, start_position=0)
+    got: list[int] = []
+    fol.add_handler(lambda s, w, t, rows: got.append(t))
+    client = await TcpClient(ReplicationHub("r", follower=fol), "127.0.0.1", unused_tcp_port, backoff_initial=0.05, backoff_max=0.2).start()
+    for _ in range(3):
+        ls.write([["@x"]])
+    await fol.wait_for_position("to_device", "master", 3, 3)
+    await server.stop()
+    # The writer restarts from the shared store at position 3 and writes more while the reader is away.
+    pub2 = Publisher("master")
+    ls2 = LocalStream("to_device", "master", start=3, source=source)
+    pub2.add_stream("to_device", source, 3)
+    ls2.add_listener(pub2.notify)
+    for _ in range(4):
+        ls2.write([["@y"]])
+    server2 = await TcpServer(ReplicationHub("master", publisher=pub2), "hs", port=unused_tcp_port).start()
+    ls2.write([["@z"]])
+    await fol.wait_for_position("to_device", "master", 8, 5)
+    assert got == list(range(1, 9))
+    await client.stop()
+    await server2.stop()
+
+
+async def test_user_sync_and_shared_commands_over_tcp(writer: Any) -> None:
+    server, local = writer
+    whub: ReplicationHub = server.sink
+    ups: list[Any] = []
+    whub.on("REMOTE_SERVER_UP", lambda cmd, conn: ups.append(cmd))
+    rhub = ReplicationHub("reader1", follower=Follower())
+    rhub.user_sync("@a:hs", "D", True, 5)  # queued until connected
+    client = await TcpClient(rhub, "127.0.0.1", server.port, client_name="reader1", backoff_initial=0.01).start()
+    await client.wait_connected(2)
+    rhub.send(RemoteServerUpCommand("remote.example"))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if ups and whub.syncing_users():
+            break
+    assert whub.syncing_users() == {"reader1": {("@a:hs", "D")}}
+    assert ups == [RemoteServerUpCommand("remote.example")]
+    (conn,) = server.connections
+    assert conn.peer_name == "reader1"
+    conn.close("bye")
+    await asyncio.sleep(0.05)
+    for _ in range(100):  # the reader reconnects and re-announces its syncing users
+        await asyncio.sleep(0.01)
+        if whub.syncing_users():
+            break
+    assert whub.syncing_users() == {"reader1": {("@a:hs", "D")}}
+    await client.stop()
+
+
+async def test_in_memory_stream_catch_up_from_the_writer(writer: Any) -> None:
+    server, _ = writer
+    hub, local = make_writer(streams=("typing",))
+    server2 = await TcpServer(hub, "hs2").start()
+    fetch = await FetchServer({"typing": local["typing"].source}).start()
+    for i in range(10):
+        local["typing"].write([["!r:hs", [f"@u{i}:hs"]]])
+    fol = Follower(sources={"typing": RemoteUpdateSource("typing", "127.0.0.1", fetch.port)}, start_position=0, page_limit=3)
+    got: list[Any] = []
+    fol.add_handler(lambda s, w, t, rows: got.append((t, rows[0].user_ids)))
+    client = await TcpClient(ReplicationHub("r", follower=fol), "127.0.0.1", server2.port).start()
+    await fol.wait_for_position("typing", "master", 10, 3)
+    assert got == [(i + 1, [f"@u{i}:hs"]) for i in range(10)]
+    await client.stop()
+    await server2.stop()
+    await fetch.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = str(d / "cert.pem"), str(d / "key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    return cert, key
+
+
+async def test_tls_with_verification(tls_files: tuple[str, str]) -> None:
+    cert, key = tls_files
+    hub, local = make_writer()
+    server = await TcpServer(hub, "hs", ssl=server_ssl_context(cert, key)).start()
+    local["to_device"].write([["@secret:hs"]])
+    fol = Follower(sources={"to_device": local["to_device"].source}, start_position=0)
+    client = await TcpClient(ReplicationHub("r", follower=fol), "127.0.0.1", server.port,
+                             ssl=client_ssl_context(cert), server_hostname="localhost").start()
+    await fol.wait_for_position("to_device", "master", 1, 5)
+    await client.stop()
+    # Without the CA the default context refuses the self-signed certificate.
+    untrusting = await TcpClient(ReplicationHub("r2", follower=Follower()), "127.0.0.1", server.port,
+                                 ssl=client_ssl_context(), server_hostname="localhost", backoff_initial=5).start()
+    await asyncio.sleep(0.5)
+    assert untrusting.connects == 0
+    await untrusting.stop()
+    await server.stop()
+
+
+@pytest.fixture
+def unused_tcp_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_ = os
