@@ -308,3 +308,29 @@ def test_chaos_zero_lost_duplicated_or_reordered(run: Any, private_redis: RedisS
             await stop_all(nodes)
 
     run(scenario(), timeout=120)
+
+
+def test_closing_the_hub_connection_resubscribes(run: Any, redis_url: str, channel_prefix: str) -> None:
+    """Connection.close() from the core drops the subscription; a new one (a new connection) follows."""
+
+    async def scenario() -> None:
+        source = MemoryUpdateSource()
+        writer = Writer("w1", redis_url, channel_prefix, source)
+        reader = Reader("r1", redis_url, channel_prefix, source)
+        await start_all([writer, reader])
+        try:
+            first = reader.redis.connection
+            assert first is not None and first.connected and first.broadcast
+            writer.write([["@a:hs"]])
+            first.close("test")
+            await eventually(lambda: reader.redis.stats.subscriber_connects == 2, what="resubscribed")
+            second = reader.redis.connection
+            assert second is not None and second is not first and not first.connected
+            assert reader.hub.connections == [second]
+            writer.write([["@b:hs"]])
+            await settle([writer], [reader])
+            assert_exact([writer], [reader])
+        finally:
+            await stop_all([writer, reader])
+
+    run(scenario())

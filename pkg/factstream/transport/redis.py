@@ -27,6 +27,12 @@ more: it never looks at positions. What it adds around that:
 The transport is redis-py's asyncio ``Connection`` with the hiredis parser,
 used directly (no pool, no client object) so reconnects, health checks and
 pipelining are under this module's control.
+
+:class:`RedisReplication` plugs the carrier into a
+:class:`~factstream.replication.ReplicationHub` (REPLICATE after every
+confirmed subscription, positions announced after every reconnect, RDATA
+held back on a fresh subscription until its writer's POSITION);
+:func:`tail_redis` prints a live deployment's traffic. See docs/redis.md.
 """
 
 from __future__ import annotations
