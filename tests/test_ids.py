@@ -351,3 +351,16 @@ async def test_new_sequence_starts_above_existing_rows(pg: Database) -> None:
     async with gen.get_next() as sid:
         assert sid == 42
     await gen.close()
+
+
+async def test_sqlite_memory_databases_are_separate() -> None:
+    dbs = [await connect("sqlite:///:memory:") for _ in range(2)]
+    try:
+        gens = [await create_id_generator(d, stream_name="s", instance_name="m", writers=("m",)) for d in dbs]
+        for g in gens:
+            async with g.get_next() as sid:
+                assert sid == 2
+            await g.close()
+    finally:
+        for d in dbs:
+            await d.close()

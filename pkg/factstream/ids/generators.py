@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import weakref
 import zlib
@@ -46,7 +47,7 @@ TableSpec = tuple[str, "str | None", str]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-#: (database url, stream) -> live SQLite writer generator: one counter per stream.
+#: (database file, stream) -> live SQLite writer generator: one counter per stream.
 _SQLITE_WRITERS: weakref.WeakValueDictionary[tuple[str, str], IdGenerator] = weakref.WeakValueDictionary()
 
 
@@ -54,6 +55,13 @@ def _ident(name: str, what: str) -> str:
     if not _IDENT.match(name):
         raise IdGeneratorError(f"{what} {name!r} is not a plain SQL identifier (letters, digits, _)")
     return name
+
+
+def _sqlite_key(db: Database, stream_name: str) -> tuple[str, str]:
+    path = getattr(db, "path", ":memory:")
+    # every :memory: connection is its own database
+    where = f":memory:{id(db)}" if path == ":memory:" else os.path.realpath(path)
+    return (where, stream_name)
 
 
 def default_sequence_name(stream_name: str) -> str:
@@ -342,7 +350,7 @@ class IdGenerator:
                     if not fut.done():
                         fut.cancel()
             self._waiters.clear()
-            key = (self._db.url, self.stream_name)
+            key = _sqlite_key(self._db, self.stream_name)
             if _SQLITE_WRITERS.get(key) is self:
                 del _SQLITE_WRITERS[key]
 
@@ -486,7 +494,7 @@ async def create_id_generator(
                 f"stream {stream_name!r} has {len(writers)} writers ({', '.join(writers)}) but SQLite supports "
                 "only one writer per stream, in one process; use PostgreSQL for several writers"
             )
-        key = (db.url, stream_name)
+        key = _sqlite_key(db, stream_name)
         if is_writer and key in _SQLITE_WRITERS:
             raise IdGeneratorError(
                 f"stream {stream_name!r} already has a writer id generator on {db.url} in this process; "
