@@ -1,0 +1,216 @@
+"""``factstream serve``: a writer with a replication listener.
+
+It opens the database (embedded SQLite by default), creates the stream tables
+(``factstream.replication.tables.DEMO_TABLES``), recovers positions, and
+publishes every completed fact to readers over TCP (127.0.0.1 unless told
+otherwise). With ``--produce`` it also writes synthetic facts as fast as it
+can (or at ``--rate``), rolling back a share of transactions to leave holes:
+the writer of ``factstream demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import signal
+import sys
+import time
+from typing import Any
+
+from .. import transport
+from ..replication import Publisher, ReplicationHub
+from ..replication.tables import DEMO_TABLES, StreamTable, create_tables, open_id_generators
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DB = "sqlite:///factstream.db"
+DEFAULT_PORT = 9092
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run a writer with a replication listener",
+        description=(
+            "Run a writer process: publish the facts of its streams to readers over TCP "
+            "(Synapse's replication protocol). With --produce, write synthetic facts too."
+        ),
+    )
+    add_common(p)
+    p.add_argument("--produce", action="store_true", help="write synthetic facts (with random rollbacks)")
+    p.add_argument("--rate", type=float, default=0.0, help="facts per second with --produce (0: as fast as possible)")
+    p.add_argument("--duration", type=float, default=0.0, help="stop producing after this many seconds (0: never)")
+    p.add_argument("--rollback-rate", type=float, default=0.1, help="share of transactions rolled back (default 0.1)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for --produce")
+    p.add_argument("--status", action="store_true", help="print JSON status lines on stdout (for supervisors)")
+    p.set_defaults(func=run)
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=DEFAULT_DB, help=f"database URL (default {DEFAULT_DB})")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT}; 0 picks one)")
+    p.add_argument("--server-name", default="factstream", help="name sent in SERVER (readers may check it)")
+    p.add_argument("--instance-name", default="master", help="this writer's instance name")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port")
+    p.add_argument("--tls-cert", help="PEM certificate: enables TLS on the listener")
+    p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--ping-interval", type=float, default=5.0, help="seconds between keepalives (default 5)")
+    p.add_argument("--timeout", type=float, default=15.0, help="close a peer silent this long after its PING (default 15)")
+    p.add_argument("--max-buffered", type=int, default=10_000, help="commands buffered per slow reader before it is dropped")
+    p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """One JSON status line on stdout."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class _Rollback(Exception):
+    pass
+
+
+def synthetic_row(stream: str, token: int, j: int) -> list[Any]:
+    """A row of ``stream`` in Synapse's shape, carrying its creation time where the shape allows."""
+    if stream == "to_device":
+        return [f"@user{token % 97}:demo.hs"]
+    if stream == "receipts":
+        return [f"!room{token % 13}:demo.hs", "m.read", f"@user{token % 31}:demo.hs", f"$ev{token}_{j}", None, {"ts": time.time()}]
+    if stream == "caches":
+        return ["get_user_by_id", [f"@user{token}_{j}:demo.hs"], int(time.time() * 1000)]
+    return [f"{stream}-{token}-{j}"]
+
+
+class Writer:
+    """The writer process: database, id generators, publisher, hub and TCP listener."""
+
+    def __init__(self, args: argparse.Namespace, tables: tuple[StreamTable, ...] = DEMO_TABLES) -> None:
+        self.args = args
+        self.tables = tables
+        self.db: Any = None
+        self.gens: dict[str, Any] = {}
+        self.server: Any = None
+        self.hub: ReplicationHub | None = None
+        self.publisher: Publisher | None = None
+        self.stats = {"facts": 0, "rows": 0, "rolled_back": 0, "transactions": 0}
+
+    async def start(self) -> None:
+        from ..store.database import connect
+        from ..transport.tcp import TcpServer, server_ssl_context
+
+        a = self.args
+        self.db = await connect(a.db)
+        await create_tables(self.db, self.tables)
+        self.gens = await open_id_generators(self.db, a.instance_name, self.tables)
+        self.publisher = pub = Publisher(a.instance_name, page_limit=1000)
+        for t in self.tables:
+            gen = self.gens[t.stream]
+            pub.add_stream(t.stream, t.source(self.db), gen.current_token_for_writer(a.instance_name))
+            gen.add_listener(pub.notify)
+        self.hub = ReplicationHub(a.instance_name, publisher=pub)
+        ssl = server_ssl_context(a.tls_cert, a.tls_key) if a.tls_cert else None
+        self.server = await TcpServer(
+            self.hub, a.server_name, host=a.host, port=a.port, ssl=ssl,
+            ping_interval=a.ping_interval, timeout=a.timeout, max_buffered=a.max_buffered,
+        ).start()
+        if a.metrics_port:
+            from ..metrics import start_http_server
+
+            start_http_server(a.metrics_port)
+
+    def positions(self) -> dict[str, int]:
+        """Stream -> this writer's completed position."""
+        return {s: g.current_token_for_writer(self.args.instance_name) for s, g in self.gens.items()}
+
+    async def produce(self, stop: asyncio.Event) -> None:
+        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks."""
+        a = self.args
+        rng = random.Random(a.seed)
+        deadline = time.monotonic() + a.duration if a.duration else None
+        interval = 1.0 / a.rate if a.rate else 0.0
+        inst = a.instance_name
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            t = rng.choice(self.tables)
+            gen = self.gens[t.stream]
+            n = 1 if interval else rng.randint(1, 24)
+            facts = rows = 0
+            try:
+                async with self.db.transaction() as txn:
+                    ids = await gen.get_next_mult_txn(txn, n)
+                    params = []
+                    for tok in ids:
+                        k = rng.choices((0, 1, 2, 4), (4, 80, 12, 4))[0]  # 0 rows: a hole; several: a batch
+                        params.extend(t.insert_params(tok, inst, synthetic_row(t.stream, tok, j)) for j in range(k))
+                        facts += 1 if k else 0
+                        rows += k
+                    if params:
+                        await txn.executemany(t.insert_sql(), params)
+                    if rng.random() < a.rollback_rate:
+                        raise _Rollback
+            except _Rollback:
+                self.stats["rolled_back"] += n
+            else:
+                self.stats["facts"] += facts
+                self.stats["rows"] += rows
+            self.stats["transactions"] += 1
+            await asyncio.sleep(interval)
+
+    async def stop(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.flush()
+        if self.server is not None:
+            await self.server.stop()
+        for g in self.gens.values():
+            await g.close()
+        if self.db is not None:
+            await self.db.close()
+
+
+async def serve(args: argparse.Namespace) -> int:
+    writer = Writer(args)
+    await writer.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = writer.server
+    log.info("serving %s on %s:%d", args.server_name, args.host, server.port)
+    if args.status:
+        emit({"event": "listening", "port": server.port, "positions": writer.positions(), "loop": transport.loop_name()})
+    else:
+        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {args.host}:{server.port}, db {args.db}", file=sys.stderr)
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            if args.status:
+                emit({"event": "status", **writer.stats, "positions": writer.positions(), "readers": len(server.connections)})
+
+    reporter = asyncio.create_task(report())
+    started = time.monotonic()
+    if args.produce:
+        producer = asyncio.create_task(writer.produce(stop))
+        stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait({producer, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if producer.done():
+            producer.result()
+        else:
+            await producer
+        elapsed = time.monotonic() - started
+        assert writer.publisher is not None
+        await writer.publisher.flush()
+        if args.status:
+            emit({"event": "produced", **writer.stats, "seconds": elapsed, "positions": writer.positions()})
+    await stop.wait()
+    reporter.cancel()
+    await writer.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return transport.run(lambda: serve(args), use_uvloop=not args.no_uvloop)
