@@ -47,6 +47,9 @@ __all__ = [
     "ParseOptions",
     "ARROW_SCHEMA",
     "SPARK_DDL",
+    "HEADER_SCHEMA",
+    "HEADER_DDL",
+    "TYPED_COLUMNS",
     "detect_format",
     "parse_block",
     "redis_unquote",
@@ -87,6 +90,9 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 
+#: The header-only schema: the same minus the typed events/caches columns.
+HEADER_SCHEMA = pa.schema(list(ARROW_SCHEMA)[:14])
+
 _SPARK_TYPES = {
     pa.string(): "string",
     pa.int64(): "bigint",
@@ -95,6 +101,10 @@ _SPARK_TYPES = {
 }
 #: The same schema as a Spark DDL string (for ``mapInArrow``).
 SPARK_DDL: str = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA)
+#: Spark DDL of HEADER_SCHEMA.
+HEADER_DDL: str = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in HEADER_SCHEMA)
+#: Spark types of the typed columns, for filling them with nulls after a header-only parse.
+TYPED_COLUMNS: tuple[tuple[str, str], ...] = tuple((f.name, _SPARK_TYPES[f.type]) for f in list(ARROW_SCHEMA)[14:])
 
 _TYPED = [f.name for f in ARROW_SCHEMA][14:]
 _EV_STR = ["ev_event_id", "ev_room_id", "ev_type", "ev_state_key", "ev_redacts", "ev_relates_to", "ev_membership"]
@@ -198,9 +208,10 @@ class _Columns:
         self.n = 0
 
     def batch(self, source: str) -> pa.RecordBatch:
+        schema = ARROW_SCHEMA if self.typed else HEADER_SCHEMA
         n = self.n
         arrays: list[pa.Array] = [pa.array([source] * n, pa.string()) if n else pa.array([], pa.string())]
-        for f in ARROW_SCHEMA:
+        for f in schema:
             if f.name == "source_file":
                 continue
             values = getattr(self, f.name)
@@ -211,7 +222,7 @@ class _Columns:
                 arrays.append(pa.array(values, f.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
                 arrays.append(pa.array([_coerce(v, f.type) for v in values], f.type))
-        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _coerce(value: Any, typ: pa.DataType) -> Any:
@@ -387,7 +398,8 @@ def parse_block(
 ) -> Iterator[pa.RecordBatch]:
     """Parse archive ``lines`` (without newlines) numbered from ``first_line``.
 
-    Yields record batches of ``ARROW_SCHEMA`` with at most ``batch_rows`` rows.
+    Yields record batches of ``ARROW_SCHEMA`` (``HEADER_SCHEMA`` when not
+    ``typed``) with at most ``batch_rows`` rows.
     """
     parse = wire.parse_line
     cols = _Columns(typed)

@@ -1,0 +1,142 @@
+"""Seeded generator of a large replication archive for benchmarks/bench_spark.py.
+
+Writes the same lines twice, as plain files and as gzip files, split into
+``--files`` files (as a rotated capture would be). Lines look like Synapse's:
+events rows (``ev``/``state``/``state-all``) about half of them, caches rows,
+typing/receipts/presence/to_device rows, batches, POSITION, PING and about
+0.1% malformed lines. Big archives go under build/ or /tmp, never into git.
+
+    python benchmarks/gen_archive.py --lines 5000000 --out build/bench-archive
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import sys
+import time
+
+SEED = 20261122
+
+_TYPES = ["m.room.message"] * 6 + ["m.room.member", "m.reaction", "m.room.encrypted", "m.room.name", "m.room.redaction"]
+_CACHES = ["get_user_by_id", "cs_cache_fake", "get_rooms_for_user", "get_room_summary", "_get_joined_users_from_context"]
+_BAD = [
+    "RDATA events master notanumber []",
+    "POSITION events master 5",
+    "HELLO world",
+    'RDATA caches master 9 ["get_user_by_id",',
+]
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def generate(n: int, seed: int = SEED):  # type: ignore[no-untyped-def]
+    """Yield ``n`` replication lines (str, no newline), deterministic for ``seed``."""
+    rng = random.Random(seed)
+    rand = rng.random
+    tokens = {"events": 1_000_000, "caches": 5_000_000, "typing": 10, "receipts": 2_000, "presence": 700, "to_device": 50_000}
+    writers = ["event_persister1", "event_persister2", "master"]
+    ts = 1_795_300_000_000
+    for i in range(n):
+        r = rand()
+        ts += 3
+        if r < 0.001:
+            yield _BAD[i % len(_BAD)]
+        elif r < 0.50:
+            w = writers[i % 3]
+            tokens["events"] += 1
+            room = f"!r{rng.randrange(5000):05d}abcdefgh:example.com"
+            k = rand()
+            if k < 0.8:
+                typ = _TYPES[rng.randrange(len(_TYPES))]
+                sk = f"@user{rng.randrange(100000)}:example.com" if typ == "m.room.member" else None
+                row = ["ev", [f"${rng.getrandbits(96):024x}", room, typ, sk, None,
+                              f"${rng.getrandbits(64):016x}" if typ == "m.reaction" else None,
+                              ("join" if k < 0.5 else "leave") if sk else None, False, k < 0.05]]
+            elif k < 0.95:
+                row = ["state", [room, "m.room.member", f"@user{rng.randrange(100000)}:example.com", f"${rng.getrandbits(96):024x}"]]
+            else:
+                row = ["state-all", [room]]
+            tok = "batch" if rand() < 0.05 else str(tokens["events"])
+            yield f"RDATA events {w} {tok} {_dumps(row)}"
+        elif r < 0.70:
+            tokens["caches"] += 1
+            keys = None if rand() < 0.1 else [f"@user{rng.randrange(100000)}:example.com"]
+            row = [_CACHES[rng.randrange(len(_CACHES))], keys, ts]
+            tok = "batch" if rand() < 0.1 else str(tokens["caches"])
+            yield f"RDATA caches master {tok} {_dumps(row)}"
+        elif r < 0.85:
+            s = ("typing", "receipts", "presence", "to_device")[rng.randrange(4)]
+            tokens[s] += 1
+            if s == "typing":
+                row = [f"!r{rng.randrange(5000):05d}abcdefgh:example.com", [f"@user{rng.randrange(100000)}:example.com"]]
+            elif s == "receipts":
+                row = [f"!r{rng.randrange(5000):05d}abcdefgh:example.com", "m.read", f"@user{rng.randrange(100000)}:example.com",
+                       f"${rng.getrandbits(96):024x}", None, {"ts": ts}]
+            elif s == "presence":
+                row = [f"@user{rng.randrange(100000)}:example.com", "online", ts, ts, ts, None, True]
+            else:
+                row = [f"@user{rng.randrange(100000)}:example.com"]
+            yield f"RDATA {s} master {tokens[s]} {_dumps(row)}"
+        elif r < 0.92:
+            s = ("events", "caches", "typing", "receipts")[rng.randrange(4)]
+            yield f"POSITION {s} master {tokens[s]} {tokens[s] + (3 if rand() < 0.2 else 0)}"
+        elif r < 0.97:
+            yield f"PING {ts}"
+        else:
+            yield f"USER_SYNC worker1 @user{rng.randrange(100000)}:example.com None start {ts}"
+
+
+def write(out: str, lines: int, files: int, seed: int = SEED, level: int = 6) -> tuple[str, str]:
+    """Write ``out``/plain/part-NN.log and ``out``/gzip/part-NN.log.gz; return both directories."""
+    plain_dir, gz_dir = os.path.join(out, "plain"), os.path.join(out, "gzip")
+    os.makedirs(plain_dir, exist_ok=True)
+    os.makedirs(gz_dir, exist_ok=True)
+    per_file = -(-lines // files)
+    it = generate(lines, seed)
+    for f in range(files):
+        chunk = []
+        for _ in range(min(per_file, lines - f * per_file)):
+            chunk.append(next(it))
+        data = ("\n".join(chunk) + "\n").encode()
+        with open(os.path.join(plain_dir, f"part-{f:02d}.log"), "wb") as fh:
+            fh.write(data)
+        with gzip.open(os.path.join(gz_dir, f"part-{f:02d}.log.gz"), "wb", compresslevel=level) as fh:
+            fh.write(data)
+    with open(os.path.join(out, "MANIFEST.json"), "w") as fh:
+        json.dump({"lines": lines, "files": files, "seed": seed}, fh)
+    return plain_dir, gz_dir
+
+
+def ensure(out: str, lines: int, files: int, seed: int = SEED) -> tuple[str, str]:
+    """Generate the archive unless ``out`` already holds the same one."""
+    manifest = os.path.join(out, "MANIFEST.json")
+    try:
+        with open(manifest) as fh:
+            if json.load(fh) == {"lines": lines, "files": files, "seed": seed}:
+                return os.path.join(out, "plain"), os.path.join(out, "gzip")
+    except (OSError, ValueError):
+        pass
+    return write(out, lines, files, seed)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lines", type=int, default=5_000_000)
+    p.add_argument("--files", type=int, default=8)
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--out", default="build/bench-archive")
+    args = p.parse_args()
+    t = time.perf_counter()
+    plain, gz = ensure(args.out, args.lines, args.files, args.seed)
+    print(f"{args.lines} lines in {plain} and {gz} ({time.perf_counter() - t:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
