@@ -1,33 +1,435 @@
-"""``factstream demo``: the main job on the embedded default."""
+"""``factstream demo``: live replication on the embedded default, verified.
+
+One writer process (``factstream serve --produce`` on a SQLite file) writes
+facts on three streams as fast as it can, rolling back a share of its
+transactions; two reader processes follow it over TCP on 127.0.0.1, each
+appending what it receives to its own log. Midway one reader is killed with
+SIGKILL and restarted: it resumes from its log and catches up from the
+database. Each process gets a progress bar. At the end the demo checks that
+every reader received every committed fact exactly once and in order (holes
+from rollbacks skipped) and prints throughput and lag; the exit status is 1
+if the check fails.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sqlite3
 import sys
-from importlib import resources
+import tempfile
+import time
 from typing import Any
+
+from .. import transport
+
+WRITER = "master"
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="run the demonstration job",
-        description="Decode the sample replication log shipped inside the package.",
+        help="run the live replication demo (writer + two readers, one killed midway) and verify it",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--duration", type=float, default=12.0, help="seconds the writer produces (default 12)")
+    p.add_argument("--readers", type=int, default=2, help="reader processes (default 2)")
+    p.add_argument("--no-kill", action="store_true", help="do not kill and restart a reader")
+    p.add_argument("--rollback-rate", type=float, default=0.1, help="share of writer transactions rolled back")
+    p.add_argument("--workdir", help="keep the database and logs here (default: a temporary directory, removed)")
+    p.add_argument("--json", action="store_true", help="print the final report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--seed", type=int, default=7)
+    # Internal: the reader processes run this same command.
+    p.add_argument("--role", choices=("orchestrator", "reader"), default="orchestrator", help=argparse.SUPPRESS)
+    p.add_argument("--name", default="reader1", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--db", default="", help=argparse.SUPPRESS)
+    p.add_argument("--log", default="", help=argparse.SUPPRESS)
+    p.add_argument("--final", default="", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
-def sample_log_path() -> str:
-    """Path of the sample replication log that ships inside the package."""
-    return str(resources.files("factstream") / "data" / "sample.log")
-
-
 def run(args: argparse.Namespace) -> int:
-    from . import decode
+    if args.role == "reader":
+        return transport.run(lambda: reader_main(args))
+    return asyncio.run(orchestrate(args))
 
-    path = sample_log_path()
-    print(f"factstream demo: decoding {path}", file=sys.stderr)
-    status = decode.run(argparse.Namespace(files=[path], json=args.json, max_errors=100))
-    # The sample deliberately holds bad lines; finding them is success.
-    return 0 if status in (0, 1) else status
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+# ====================================================================== reader process
+
+
+def recover_log(path: str) -> tuple[dict[tuple[str, str], int], int]:
+    """Positions and row count from a reader log, dropping a torn last line (after SIGKILL)."""
+    positions: dict[tuple[str, str], int] = {}
+    rows = 0
+    if not os.path.exists(path):
+        return positions, rows
+    with open(path, "rb") as fh:
+        data = fh.read()
+    end = data.rfind(b"\n") + 1
+    if end != len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(end)
+    for line in data[:end].splitlines():
+        stream, token, got = json.loads(line)
+        positions[(stream, WRITER)] = token
+        rows += len(got)
+    return positions, rows
+
+
+async def reader_main(args: argparse.Namespace) -> int:
+    from ..replication import Follower, ReplicationHub
+    from ..replication.tables import DEMO_TABLES
+    from ..store.database import connect
+    from ..transport.tcp import TcpClient
+
+    positions, rows = recover_log(args.log)
+    fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    db = await connect(args.db)
+    fol = Follower(
+        sources={t.stream: t.source(db) for t in DEMO_TABLES},
+        positions=positions,
+        start_position=0,
+        page_limit=500,
+    )
+    lags: list[float] = []
+    state = {"rows": rows, "here": 0, "first": 0.0, "last": 0.0, "live_rows": 0}
+
+    def on_rows(stream: str, writer: str, token: int, got: list[Any]) -> None:
+        # One write per fact: a SIGKILL leaves whole facts (or one torn line we drop).
+        os.write(fd, (json.dumps([stream, token, [r.to_wire() for r in got]]) + "\n").encode())
+        now = time.time()
+        state["rows"] += len(got)
+        state["here"] += len(got)
+        state["first"] = state["first"] or now
+        state["last"] = now
+        if not fol.is_catching_up(stream, writer):
+            state["live_rows"] += len(got)
+            if stream == "receipts":
+                lags.extend(now - r.data["ts"] for r in got)
+
+    fol.add_handler(on_rows)
+    hub = ReplicationHub(args.name, follower=fol)
+    client = await TcpClient(
+        hub, "127.0.0.1", args.port, client_name=args.name, expected_server_name="demo.hs",
+        backoff_initial=0.05, backoff_max=0.5,
+    ).start()
+    emit({"event": "started", "recovered_rows": rows, "positions": {s: p for (s, _), p in positions.items()}})
+    while True:
+        await asyncio.sleep(0.2)
+        emit({"event": "status", "rows": state["rows"], "connected": client.connected})
+        if args.final and os.path.exists(args.final):
+            with open(args.final) as fh:
+                final = json.load(fh)
+            for stream, pos in final.items():
+                await fol.wait_for_position(stream, WRITER, pos, timeout=60)
+            break
+    await client.stop()
+    await fol.close()
+    await db.close()
+    os.close(fd)
+    span = state["last"] - state["first"]
+    emit({
+        "event": "done",
+        "rows": state["rows"],
+        "live_rows": state["live_rows"],
+        "rows_this_process": state["here"],
+        "rows_per_s": state["here"] / span if span > 0 else None,
+        "lag_p50_ms": None if not lags else 1000 * percentile(lags, 0.5),  # type: ignore[operator]
+        "lag_p99_ms": None if not lags else 1000 * percentile(lags, 0.99),  # type: ignore[operator]
+        "connects": client.connects,
+        "catchup_rows": fol.stats["catchup_rows"],
+        "catchup_fetches": fol.stats["catchup_fetches"],
+        "stale_rows": fol.stats["stale_rows"],
+    })
+    return 0
+
+
+# ====================================================================== orchestrator
+
+
+class Child:
+    """One child process whose JSON status lines update a progress bar."""
+
+    def __init__(self, name: str, argv: list[str], workdir: str, bar: Any) -> None:
+        self.name = name
+        self.argv = argv
+        self.workdir = workdir
+        self.bar = bar
+        self.proc: asyncio.subprocess.Process | None = None
+        self.last: dict[str, Any] = {}
+        self.events: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.reader_task: asyncio.Task[None] | None = None
+        self.restarts = 0
+
+    async def start(self) -> None:
+        err = open(os.path.join(self.workdir, f"{self.name}.stderr"), "ab")
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        err.close()
+        self.events = {}
+        self.reader_task = asyncio.create_task(self._read(self.proc))
+
+    def event(self, name: str) -> asyncio.Future[dict[str, Any]]:
+        if name not in self.events:
+            self.events[name] = asyncio.get_running_loop().create_future()
+        return self.events[name]
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            self.last = msg
+            fut = self.event(msg.get("event", ""))
+            if not fut.done():
+                fut.set_result(msg)
+            n = msg.get("rows")
+            if self.bar is not None and isinstance(n, int):
+                self.bar.n = n
+                self.bar.refresh()
+
+    async def wait(self, event: str, timeout: float) -> dict[str, Any]:
+        """Wait for a status event, failing early if the process dies."""
+        fut = self.event(event)
+        assert self.proc is not None
+        died = asyncio.create_task(self.proc.wait())
+        done, _ = await asyncio.wait({fut, died}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        died.cancel()
+        if fut.done():
+            return fut.result()
+        tail = self.stderr_tail()
+        raise RuntimeError(f"{self.name} did not report {event!r} in {timeout:.0f}s (exit {self.proc.returncode}).\n{tail}")
+
+    def stderr_tail(self, n: int = 15) -> str:
+        try:
+            with open(os.path.join(self.workdir, f"{self.name}.stderr"), errors="replace") as fh:
+                return "".join(fh.readlines()[-n:])
+        except OSError:
+            return ""
+
+    async def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+        if self.reader_task:
+            await self.reader_task
+
+    async def terminate(self, timeout: float = 10.0) -> int | None:
+        if self.proc is None or self.proc.returncode is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        return self.proc.returncode
+
+
+def committed_facts(db_path: str) -> dict[str, dict[int, list[Any]]]:
+    """Stream -> token -> rows, straight from the SQLite file (the truth)."""
+    from ..replication.tables import DEMO_TABLES
+
+    out: dict[str, dict[int, list[Any]]] = {}
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        for t in DEMO_TABLES:
+            facts: dict[int, list[Any]] = {}
+            cols = ", ".join(t.columns)
+            for rec in conn.execute(f"SELECT stream_id, {cols} FROM {t.table} ORDER BY stream_id"):
+                facts.setdefault(int(rec[0]), []).append(t.to_row(tuple(rec[1:])))
+            out[t.stream] = facts
+    finally:
+        conn.close()
+    return out
+
+
+def verify_log(path: str, truth: dict[str, dict[int, list[Any]]]) -> dict[str, Any]:
+    """Compare a reader log with the database: lost, duplicated, reordered, altered facts."""
+    seen: dict[str, list[int]] = {s: [] for s in truth}
+    rows: dict[str, dict[int, list[Any]]] = {s: {} for s in truth}
+    with open(path) as fh:
+        for line in fh:
+            stream, token, got = json.loads(line)
+            seen.setdefault(stream, []).append(token)
+            rows.setdefault(stream, {})[token] = got
+    report: dict[str, Any] = {"ok": True, "streams": {}}
+    for stream, facts in truth.items():
+        tokens = seen.get(stream, [])
+        dup = len(tokens) - len(set(tokens))
+        reordered = sum(1 for a, b in zip(tokens, tokens[1:]) if b <= a)
+        lost = len(set(facts) - set(tokens))
+        extra = len(set(tokens) - set(facts))
+        altered = sum(
+            1 for t in set(facts) & set(tokens)
+            if sorted(map(json.dumps, facts[t])) != sorted(map(json.dumps, rows[stream][t]))
+        )
+        ok = not (dup or reordered or lost or extra or altered)
+        report["streams"][stream] = {
+            "facts": len(facts), "received": len(tokens), "lost": lost, "duplicated": dup,
+            "reordered": reordered, "unknown": extra, "altered": altered, "ok": ok,
+        }
+        report["ok"] = report["ok"] and ok
+    return report
+
+
+async def orchestrate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="factstream-demo-")
+    os.makedirs(workdir, exist_ok=True)
+    db_path = os.path.join(workdir, "demo.db")
+    for leftover in ("demo.db", "demo.db-wal", "demo.db-shm", "final.json"):
+        if os.path.exists(os.path.join(workdir, leftover)):
+            os.remove(os.path.join(workdir, leftover))
+    db_url = f"sqlite:///{db_path}"
+    final_path = os.path.join(workdir, "final.json")
+    py = [sys.executable, "-m", "factstream.cli"]
+    show = not args.no_progress and not args.json
+    say = (lambda msg: tqdm.write(msg, file=sys.stderr)) if show else (lambda msg: print(msg, file=sys.stderr))
+
+    def bar(pos: int, desc: str, unit: str) -> Any:
+        if not show:
+            return None
+        return tqdm(desc=desc.ljust(18), position=pos, unit=unit, unit_scale=True, leave=True, dynamic_ncols=True, file=sys.stderr)
+
+    say(f"factstream demo: writer + {args.readers} readers over TCP on 127.0.0.1, SQLite at {db_path}")
+    writer = Child("writer", [*py, "serve", "--db", db_url, "--port", "0", "--produce", "--duration", str(args.duration),
+                              "--status", "--seed", str(args.seed), "--server-name", "demo.hs",
+                              "--rollback-rate", str(args.rollback_rate)], workdir, bar(0, "writer (rows)", "row"))
+    readers: list[Child] = []
+    started = time.monotonic()
+    result = 1
+    try:
+        await writer.start()
+        port = (await writer.wait("listening", 30))["port"]
+        for i in range(args.readers):
+            name = f"reader{i + 1}"
+            log_path = os.path.join(workdir, f"{name}.log")
+            if os.path.exists(log_path):
+                os.remove(log_path)
+            child = Child(name, [*py, "demo", "--role", "reader", "--name", name, "--port", str(port), "--db", db_url,
+                                 "--log", log_path, "--final", final_path], workdir, bar(i + 1, f"{name} (rows)", "row"))
+            await child.start()
+            await child.wait("started", 30)
+            readers.append(child)
+
+        produced_fut = writer.event("produced")
+        victim = readers[-1] if readers and not args.no_kill else None
+        if victim is not None:
+            await asyncio.sleep(args.duration * 0.4)
+            await victim.kill()
+            say(f"killed {victim.name} (SIGKILL) at {time.monotonic() - started:.1f}s; restarting it in 1s")
+            if victim.bar is not None:
+                victim.bar.set_description(f"{victim.name} (killed)".ljust(18))
+            await asyncio.sleep(1.0)
+            await victim.start()
+            victim.restarts += 1
+            restarted = await victim.wait("started", 30)
+            if victim.bar is not None:
+                victim.bar.set_description(f"{victim.name} (restarted)".ljust(18))
+            say(f"restarted {victim.name}: resumed after {restarted['recovered_rows']} rows from its log")
+        produced = await writer.wait("produced", args.duration + 60)
+        with open(final_path + ".tmp", "w") as fh:
+            json.dump(produced["positions"], fh)
+        os.replace(final_path + ".tmp", final_path)
+        for writer_total_bar in [r.bar for r in readers if r.bar is not None]:
+            writer_total_bar.total = produced["rows"]
+        dones = [await r.wait("done", 90) for r in readers]
+        for r in [writer, *readers]:
+            if r.bar is not None:
+                r.bar.close()
+        await writer.terminate()
+        _ = produced_fut
+
+        truth = committed_facts(db_path)
+        reports = [verify_log(os.path.join(workdir, f"{r.name}.log"), truth) for r in readers]
+        ok = all(rep["ok"] for rep in reports)
+        total_facts = sum(len(f) for f in truth.values())
+        total_rows = sum(len(rows) for f in truth.values() for rows in f.values())
+        summary = {
+            "ok": ok,
+            "seconds": round(time.monotonic() - started, 1),
+            "writer": {
+                "facts": total_facts,
+                "rows": total_rows,
+                "rolled_back_ids": produced["rolled_back"],
+                "facts_per_s": round(produced["facts"] / produced["seconds"]),
+                "rows_per_s": round(produced["rows"] / produced["seconds"]),
+                "positions": produced["positions"],
+            },
+            "readers": [
+                {"name": r.name, "restarts": r.restarts, **{k: v for k, v in d.items() if k != "event"}, "verification": rep}
+                for r, d, rep in zip(readers, dones, reports)
+            ],
+            "workdir": workdir if args.workdir else None,
+        }
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            print_summary(summary)
+        result = 0 if ok else 1
+    except Exception as err:  # report, clean up, fail
+        print(f"factstream demo: FAILED: {err}", file=sys.stderr)
+        result = 1
+    finally:
+        for r in readers:
+            await r.terminate(2)
+        await writer.terminate(5)
+        if not args.workdir and result == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif result != 0:
+            print(f"factstream demo: logs kept in {workdir}", file=sys.stderr)
+    return result
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.1f}{unit}"
+    return f"{v:,}{unit}"
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    w = s["writer"]
+    print()
+    print(f"writer: {w['facts']:,} committed facts ({w['rows']:,} rows) on {len(w['positions'])} streams, "
+          f"{w['rolled_back_ids']:,} ids rolled back (holes); {w['facts_per_s']:,} facts/s, {w['rows_per_s']:,} rows/s")
+    print(f"{'reader':<10} {'rows':>9} {'rows/s':>9} {'lag p50':>9} {'lag p99':>9} {'connects':>8} {'caught up':>10}  verification")
+    for r in s["readers"]:
+        v = r["verification"]
+        lost = sum(x["lost"] for x in v["streams"].values())
+        dup = sum(x["duplicated"] for x in v["streams"].values())
+        reord = sum(x["reordered"] for x in v["streams"].values())
+        verdict = "OK" if v["ok"] else "FAILED"
+        name = r["name"] + (" *" if r["restarts"] else "")
+        print(f"{name:<10} {r['rows']:>9,} {_fmt(r['rows_per_s']):>9} {_fmt(r['lag_p50_ms'], 'ms'):>9} "
+              f"{_fmt(r['lag_p99_ms'], 'ms'):>9} {r['connects']:>8} {r['catchup_rows']:>10,}  "
+              f"{verdict}: lost {lost}, duplicated {dup}, reordered {reord}")
+    if any(r["restarts"] for r in s["readers"]):
+        print("* killed with SIGKILL midway and restarted; it resumed from its own log and caught up from the database")
+    print(f"\n{'PASS' if s['ok'] else 'FAIL'}: every reader received every committed fact exactly once and in order"
+          if s["ok"] else "\nFAIL: see the verification column")
+    print(f"({s['seconds']}s in all)")

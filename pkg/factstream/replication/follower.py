@@ -132,8 +132,14 @@ class Follower:
         """(stream, writer) -> position, for every pair heard of."""
         return {k: v.position for k, v in self._keys.items()}
 
-    def is_catching_up(self) -> bool:
-        """True while any out-of-band fetch is running."""
+    def is_catching_up(self, stream: str | None = None, writer: str | None = None) -> bool:
+        """True while an out-of-band fetch runs (for that stream and writer, or any).
+
+        Inside a handler this tells a fact delivered by catch-up from a live one.
+        """
+        if stream is not None and writer is not None:
+            key = self._keys.get((stream, writer))
+            return key is not None and key.fetching
         return any(k.fetching for k in self._keys.values())
 
     async def wait_for_position(self, stream: str, writer: str, token: int, timeout: float = 30.0) -> None:
