@@ -47,7 +47,7 @@ _spec.loader.exec_module(gen_archive)
 
 
 @pytest.fixture(scope="module")
-def archive() -> dict[str, str]:
+def archive(spark: Any) -> dict[str, str]:
     plain, gz = gen_archive.ensure(OUT, LINES, 8)
     return {"plain": plain, "gzip": gz}
 
@@ -55,6 +55,7 @@ def archive() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
+    gen_archive.ensure(OUT, LINES, 8)
     from factstream.spark.session import make_session
 
     session = make_session(
@@ -69,8 +70,14 @@ def spark() -> Iterator[Any]:
         },
         log_level="ERROR",
     )
-    # warm up the JVM and the Python workers so the first variant pays no start-up
-    session.range(1000).mapInArrow(lambda it: it, "id long").write.format("noop").mode("overwrite").save()
+    # warm up the JVM (code generation, JIT) and the Python workers on one small file,
+    # so that the first variant measured does not pay for start-up
+    warm = os.path.join(OUT, "warmup.log")
+    if not os.path.exists(warm):
+        with open(warm, "w") as fh:
+            fh.write("\n".join(gen_archive.generate(50_000, seed=1)) + "\n")
+    for name in ("native_typed", "factstream_files_typed", "factstream_text_typed", "python_udf_typed"):
+        VARIANTS[name](session, warm).write.format("noop").mode("overwrite").save()
     yield session
     _write_summary()
     session.stop()

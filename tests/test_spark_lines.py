@@ -176,3 +176,4 @@ def test_list_files_globs_dirs_and_missing(tmp_path: Path) -> None:
     assert got == ["c.log", "d/e/b.log.gz"]
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         S.list_files([str(tmp_path / "nothing-here*")])
+

@@ -399,7 +399,9 @@ def parse_block(
     """Parse archive ``lines`` (without newlines) numbered from ``first_line``.
 
     Yields record batches of ``ARROW_SCHEMA`` (``HEADER_SCHEMA`` when not
-    ``typed``) with at most ``batch_rows`` rows.
+    ``typed``) with at most ``batch_rows`` rows. One plain loop over the
+    lines: with the compiled codec, a column-at-a-time variant (parse all,
+    gather with attrgetter, scatter with Arrow ``take``) measured slower.
     """
     parse = wire.parse_line
     cols = _Columns(typed)

@@ -1,0 +1,162 @@
+"""Replication over TCP end to end: RDATA rows/s and completion-to-delivery latency.
+
+Rows: a writer (LocalStream -> Publisher -> hub -> TcpServer) and 1 or 8
+readers (TcpClient -> hub -> Follower -> handler) in one process on
+127.0.0.1. The clock starts before the first completion and stops when every
+reader's handler has seen the last row; ``items`` counts rows delivered over
+all readers. Each group has two rows measured in the same run:
+
+* ``uvloop-c``: uvloop with the compiled (Cython) codec;
+* ``asyncio-py``: the stdlib loop with the pure-Python codec twin (baseline).
+
+The publisher, hub and follower are the same Python code in both rows; only
+the loop and the codec differ. Rows are events-stream ``ev`` rows; the
+follower runs untyped (``typed=False``) so the handler gets the decoded JSON.
+
+Latency rows write one fact per millisecond and record, per fact, the time
+from completion on the writer to the handler call on each reader
+(``p50_us``/``p99_us`` in extra_info; the timing itself is the whole run).
+
+Run: PYTHONPATH=pkg .venv/bin/python -m pytest benchmarks/bench_tcp.py -p no:randomly --benchmark-only
+--benchmark-json=tcp.json -q; .venv/bin/python benchmarks/ratios.py tcp.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from conftest import twin
+from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
+from factstream.streams import MemoryUpdateSource
+from factstream.transport.tcp import TcpClient, TcpServer
+
+CONFIGS = [pytest.param(("uvloop", "c"), id="uvloop-c"), pytest.param(("asyncio", "py"), id="asyncio-py")]
+N_ROWS = {1: 40_000, 8: 10_000}
+ROWS = [
+    ["ev", [f"$ev{i}abcdefghij:bench.hs", f"!room{i % 50}:bench.hs", "m.room.message", None, None, None, None, False, False]]
+    for i in range(max(N_ROWS.values()))
+]
+
+
+def _loop(kind: str) -> asyncio.AbstractEventLoop:
+    if kind == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+async def _setup(codec: Any, readers: int, capacity: int) -> tuple[LocalStream, Any, list[Follower], list[TcpClient]]:
+    ls = LocalStream("events", "master", source=MemoryUpdateSource(capacity=capacity))
+    pub = Publisher("master")
+    pub.add_stream("events", ls.source, 0)
+    ls.add_listener(pub.notify)
+    hub = ReplicationHub("master", publisher=pub)
+    server = await TcpServer(hub, "bench", codec=codec, max_buffered=10_000_000).start()
+    fols, clients = [], []
+    for i in range(readers):
+        fol = Follower(typed=False, positions={("events", "master"): 0})
+        client = await TcpClient(ReplicationHub(f"r{i}", follower=fol), "127.0.0.1", server.port, codec=codec).start()
+        fols.append(fol)
+        clients.append(client)
+    while len(hub._replicating) < readers:  # every reader connected and asked REPLICATE
+        await asyncio.sleep(0.005)
+    return ls, server, fols, clients
+
+
+async def _teardown(server: Any, clients: list[TcpClient]) -> None:
+    for c in clients:
+        await c.stop()
+    await server.stop()
+
+
+def _throughput(cfg: tuple[str, str], readers: int) -> float:
+    loop_kind, impl = cfg
+    codec = twin("_wire", impl)
+    n = N_ROWS[readers]
+
+    async def main() -> float:
+        ls, server, fols, clients = await _setup(codec, readers, n * 2)
+        delivered = [0]
+
+        def count(stream: str, writer: str, token: int, rows: list[Any]) -> None:
+            delivered[0] += len(rows)
+
+        for f in fols:
+            f.add_handler(count)
+        t0 = time.perf_counter()
+        write = ls.write
+        for i in range(n):
+            write((ROWS[i],))
+            if i % 256 == 255:
+                await asyncio.sleep(0)
+        for f in fols:
+            await f.wait_for_position("events", "master", n, timeout=120)
+        dt = time.perf_counter() - t0
+        assert delivered[0] == n * readers
+        await _teardown(server, clients)
+        return dt
+
+    loop = _loop(loop_kind)
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("readers", [1, 8])
+def test_rdata_rows_per_second(benchmark: Any, cfg: tuple[str, str], readers: int) -> None:
+    benchmark.group = f"tcp RDATA end to end, {readers} reader{'s' if readers > 1 else ''}"
+    benchmark.extra_info["items"] = N_ROWS[readers] * readers
+    benchmark.extra_info["rows_per_round"] = N_ROWS[readers]
+    benchmark.pedantic(lambda: _throughput(cfg, readers), rounds=3, iterations=1, warmup_rounds=1)
+
+
+def _latency(cfg: tuple[str, str], readers: int, n: int = 2000) -> tuple[float, float]:
+    loop_kind, impl = cfg
+    codec = twin("_wire", impl)
+
+    async def main() -> tuple[float, float]:
+        ls, server, fols, clients = await _setup(codec, readers, n * 2)
+        completed: dict[int, float] = {}
+        lat: list[float] = []
+
+        def record(stream: str, writer: str, token: int, rows: list[Any]) -> None:
+            lat.append(time.perf_counter() - completed[token])
+
+        for f in fols:
+            f.add_handler(record)
+        for i in range(n):
+            token = ls.reserve()
+            completed[token] = time.perf_counter()
+            ls.complete(token, (ROWS[i],))
+            await asyncio.sleep(0.001)
+        for f in fols:
+            await f.wait_for_position("events", "master", n, timeout=60)
+        await _teardown(server, clients)
+        lat.sort()
+        return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
+
+    loop = _loop(loop_kind)
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("readers", [1, 8])
+def test_completion_to_delivery_latency(benchmark: Any, cfg: tuple[str, str], readers: int) -> None:
+    benchmark.group = f"tcp latency completion->delivery, {readers} reader{'s' if readers > 1 else ''}"
+    result: dict[str, float] = {}
+
+    def once() -> None:
+        result["p50_us"], result["p99_us"] = _latency(cfg, readers)
+
+    benchmark.pedantic(once, rounds=1, iterations=1)
+    benchmark.extra_info.update({k: round(v, 1) for k, v in result.items()})
