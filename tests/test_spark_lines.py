@@ -177,3 +177,54 @@ def test_list_files_globs_dirs_and_missing(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         S.list_files([str(tmp_path / "nothing-here*")])
 
+
+
+def _capture(args: list[str], out: Path, publish: list[bytes], channel: str) -> list[bytes]:
+    """Run redis-cli with ``args`` into ``out`` while ``publish`` goes to ``channel``; return its lines."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+
+    if shutil.which("redis-cli") is None:
+        pytest.skip("redis-cli is not installed (apt-get install redis-tools)")
+    with open(out, "wb") as fh:
+        proc = subprocess.Popen(["redis-cli", "-h", "127.0.0.1", "-p", "6379", *args], stdout=fh)
+        try:
+            client = redis.Redis(host="127.0.0.1", port=6379)
+            deadline = time.monotonic() + 10
+            while client.pubsub_numsub(channel)[0][1] == 0 and "MONITOR" not in args and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            for payload in publish:
+                client.publish(channel, payload)
+            time.sleep(0.5)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return out.read_bytes().split(b"\n")[:-1]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("mode", ["monitor", "redis-csv", "redis-raw"])
+def test_real_redis_cli_captures(redis_url: str, channel_prefix: str, tmp_path: Path, mode: str) -> None:
+    payloads = spark_archives.protocol_lines(21, 60) + ["RDATA caches master 4 [\"\u00e9\\t\",null,1]".encode()]
+    args = {"monitor": ["MONITOR"], "redis-csv": ["--csv", "SUBSCRIBE", channel_prefix], "redis-raw": ["SUBSCRIBE", channel_prefix]}
+    lines = _capture(args[mode], tmp_path / "cap.txt", payloads, channel_prefix)
+    assert L.detect_format(lines) == mode
+    rows = _rows(lines, fmt=mode)
+    mine = [r for r in rows if r["channel"] == channel_prefix]
+    assert len(mine) == len(payloads)
+    for row, payload in zip(mine, payloads):
+        try:
+            cmd = wire.parse_line(payload)
+        except ProtocolError as err:
+            assert row["error"] == str(err)
+            continue
+        assert row["error"] is None and row["command"] == cmd.NAME
+        if isinstance(cmd, wire.RdataCommand):
+            assert (row["stream"], row["token"]) == (cmd.stream_name, cmd.token)
+            assert row["row"].encode() == payload.split(b" ", 4)[4]
+    if mode == "monitor":
+        assert all(r["ts_text"] for r in mine)
