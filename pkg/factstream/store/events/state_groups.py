@@ -119,15 +119,24 @@ class StateGroupStore:
         if parent is not None:
             # Everything that changed between the base (height == target) and
             # the parent lies on the parent's base chain above the target.
+            # Only the groups strictly above the target height, plus the base
+            # itself (found as the base of the lowest of them or the parent).
             rows = await txn.fetchall(
-                _CHAIN_SQL + " SELECT c.h, d.type, d.state_key, d.event_id, c.id, c.base FROM chain c"
-                " LEFT JOIN state_group_deltas d ON d.state_group = c.id",
-                (parent,),
+                "WITH RECURSIVE chain(id, base, h) AS ("
+                " SELECT id, base_group, height FROM state_groups WHERE id = ?"
+                " UNION ALL SELECT g.id, g.base_group, g.height FROM state_groups g JOIN chain c ON g.id = c.base"
+                " WHERE c.h > ?)"
+                " SELECT c.h, d.type, d.state_key, d.event_id, c.id, c.base FROM chain c"
+                " LEFT JOIN state_group_deltas d ON d.state_group = c.id WHERE c.h > ?",
+                (parent, target, target),
             )
-            chain_rows = [r for r in rows if int(r[0]) > target]
-            delta = _merge_by_height([r for r in chain_rows if r[1] is not None])
+            delta = _merge_by_height([r for r in rows if r[1] is not None])
             if target > 0:
-                base = next(int(r[4]) for r in rows if int(r[0]) == target)
+                if rows:
+                    lowest = min(rows, key=lambda r: int(r[0]))
+                    base = int(lowest[5])
+                else:  # the parent itself sits at the target height
+                    base = parent
         delta.update(changes)
         row = await txn.fetchone(
             "UPDATE event_store_counters SET value = value + 1 WHERE name = 'state_group' RETURNING value"

@@ -146,6 +146,28 @@ class _TxnEffects:
         self.users[user_id] = max(pos, self.users.get(user_id, pos))
 
 
+_MISSING = object()
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Rows of one persist batch, buffered so each table is written once per batch."""
+
+    known: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    raw: dict[str, bytes] = field(default_factory=dict)
+    memberships: dict[str, str | None] = field(default_factory=dict)
+    event_rows: list[list[Any]] = field(default_factory=list)
+    row_index: dict[str, int] = field(default_factory=dict)
+    edges: list[tuple[str, str, str]] = field(default_factory=list)
+    redactions: list[tuple[str, str, str]] = field(default_factory=list)
+    redaction_targets: set[tuple[str, str]] = field(default_factory=set)
+    redact_updates: list[tuple[str, str]] = field(default_factory=list)
+    extremities: dict[str, set[str]] = field(default_factory=dict)
+    ext_orig: dict[str, set[str]] = field(default_factory=dict)
+    cursors: dict[tuple[str, str], Any] = field(default_factory=dict)
+    cursors_dirty: set[tuple[str, str]] = field(default_factory=set)
+
+
 def _make_change_cache(name: str, pos: int, size: int) -> Any:
     return StreamChangeCache(name, pos, max_size=size)
 
@@ -285,9 +307,11 @@ class EventStore:
                 results: list[PersistedEvent] = []
                 async with self.db.transaction() as txn:
                     txn.call_after_rollback(self._forget_uncommitted)
+                    batch = await self._prefetch(txn, parsed)
                     for item, f in zip(items, parsed):
                         sid = next(back) if item.backfilled else next(fwd)
-                        results.append(await self._persist_one(txn, item, f, sid, effects))
+                        results.append(await self._persist_one(txn, batch, item, f, sid, effects))
+                    await self._flush(txn, batch)
                     txn.call_after_commit(self._apply_effects, effects)
                 # Unused reservations (duplicates) complete empty, like a rolled-back fact.
         finally:
@@ -317,17 +341,74 @@ class EventStore:
             self._rooms_for_user.pop(user, None)
         return res
 
+    async def _prefetch(self, txn: Any, parsed: Sequence[EventFields]) -> _Batch:
+        batch = _Batch()
+        wanted = sorted({f.event_id for f in parsed} | {p for f in parsed for p in f.prev_events})
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = await txn.fetchall(
+                "SELECT event_id, topological_ordering, state_group, outlier, rejected, stream_ordering,"
+                f" state_group_before, room_id FROM events WHERE event_id IN ({marks})",
+                chunk,
+            )
+            batch.known.update((r[0], tuple(r)) for r in rows)
+        ids = sorted({f.event_id for f in parsed})
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            rows = await txn.fetchall(
+                f"SELECT redacts, room_id FROM redactions WHERE redacts IN ({','.join('?' * len(chunk))})", chunk
+            )
+            batch.redaction_targets.update((r[0], r[1]) for r in rows)
+        return batch
+
+    async def _flush(self, txn: Any, batch: _Batch) -> None:
+        if batch.event_rows:
+            await txn.executemany(
+                "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type, state_key,"
+                " sender, membership, redacts, relates_to, instance_name, outlier, rejected, redacted,"
+                " history_visibility, state_group_before, state_group, json)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                batch.event_rows,
+            )
+        if batch.edges:
+            await txn.executemany(
+                "INSERT INTO event_edges (event_id, prev_event_id, room_id) VALUES (?, ?, ?)", batch.edges
+            )
+        if batch.redactions:
+            await txn.executemany(
+                "INSERT INTO redactions (event_id, redacts, room_id) VALUES (?, ?, ?)", batch.redactions
+            )
+        if batch.redact_updates:
+            await txn.executemany(
+                "UPDATE events SET redacted = 1 WHERE event_id = ? AND room_id = ?", batch.redact_updates
+            )
+        for room, now in batch.extremities.items():
+            orig = batch.ext_orig[room]
+            gone, new = orig - now, now - orig
+            if gone:
+                await txn.executemany(
+                    "DELETE FROM forward_extremities WHERE room_id = ? AND event_id = ?",
+                    [(room, e) for e in sorted(gone)],
+                )
+            if new:
+                await txn.executemany(
+                    "INSERT INTO forward_extremities (room_id, event_id) VALUES (?, ?)",
+                    [(room, e) for e in sorted(new)],
+                )
+        if batch.cursors_dirty:
+            await txn.executemany(
+                "INSERT INTO room_cursors (room_id, direction, event_id, group_before, group_after, target)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (room_id, direction) DO UPDATE SET"
+                " event_id = excluded.event_id, group_before = excluded.group_before,"
+                " group_after = excluded.group_after, target = excluded.target",
+                [(room, d, *batch.cursors[(room, d)]) for room, d in sorted(batch.cursors_dirty)],
+            )
+
     async def _persist_one(
-        self, txn: Any, item: NewEvent, f: EventFields, sid: int, effects: _TxnEffects
+        self, txn: Any, batch: _Batch, item: NewEvent, f: EventFields, sid: int, effects: _TxnEffects
     ) -> PersistedEvent:
-        wanted = [f.event_id, *f.prev_events]
-        marks = ",".join("?" * len(wanted))
-        rows = await txn.fetchall(
-            "SELECT event_id, topological_ordering, state_group, outlier, rejected, stream_ordering,"
-            f" state_group_before, room_id FROM events WHERE event_id IN ({marks})",
-            wanted,
-        )
-        known = {r[0]: r for r in rows}
+        known = batch.known
         if f.event_id in known:
             r = known[f.event_id]
             return PersistedEvent(f.event_id, r[7], int(r[5]), int(r[1]), r[6], r[2], duplicate=True)
@@ -344,7 +425,7 @@ class EventStore:
         after: int | None = None
         vis_before = vis_after = "shared"
         if not outlier:
-            before = await self._state_before(txn, room, [p.state_group for p in prevs if not p.outlier])
+            before = await self._state_before(txn, batch, room, [p.state_group for p in prevs if not p.outlier])
             if before is not None:
                 vis_before = (await self.groups.meta(txn, before))[1]
             vis_after = vis_before
@@ -357,35 +438,26 @@ class EventStore:
         visibility = None if outlier else effective_visibility(vis_before, vis_after)
 
         # --- redactions (either order of arrival)
-        hit = await txn.fetchone("SELECT 1 FROM redactions WHERE redacts = ? AND room_id = ?", (f.event_id, room))
-        redacted = 1 if hit else 0
-
-        await txn.execute(
-            "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type, state_key,"
-            " sender, membership, redacts, relates_to, instance_name, outlier, rejected, redacted,"
-            " history_visibility, state_group_before, state_group, json)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                sid, f.depth, f.event_id, room, f.type, f.state_key, f.sender, f.membership, f.redacts,
-                f.relates_to, self.instance_name, int(outlier), int(rejected), redacted, visibility,
-                before, after, item.raw,
-            ),
-        )
+        redacted = 1 if (f.event_id, room) in batch.redaction_targets else 0
+        batch.row_index[f.event_id] = len(batch.event_rows)
+        batch.event_rows.append([
+            sid, f.depth, f.event_id, room, f.type, f.state_key, f.sender, f.membership, f.redacts,
+            f.relates_to, self.instance_name, int(outlier), int(rejected), redacted, visibility,
+            before, after, item.raw,
+        ])
+        known[f.event_id] = (f.event_id, f.depth, after, int(outlier), int(rejected), sid, before, room)
+        batch.raw[f.event_id] = item.raw
         if f.membership is not None:
-            self._membership_cache[f.event_id] = f.membership
-        if f.prev_events:
-            await txn.executemany(
-                "INSERT INTO event_edges (event_id, prev_event_id, room_id) VALUES (?, ?, ?)",
-                [(f.event_id, p, room) for p in dict.fromkeys(f.prev_events)],
-            )
+            batch.memberships[f.event_id] = f.membership
+        batch.edges.extend((f.event_id, p, room) for p in dict.fromkeys(f.prev_events))
         if f.redacts is not None and not rejected:
-            await txn.execute(
-                "INSERT INTO redactions (event_id, redacts, room_id) VALUES (?, ?, ?)",
-                (f.event_id, f.redacts, room),
-            )
-            await txn.execute(
-                "UPDATE events SET redacted = 1 WHERE event_id = ? AND room_id = ?", (f.redacts, room)
-            )
+            batch.redactions.append((f.event_id, f.redacts, room))
+            batch.redaction_targets.add((f.redacts, room))
+            idx = batch.row_index.get(f.redacts)
+            if idx is not None and batch.event_rows[idx][3] == room:
+                batch.event_rows[idx][13] = 1
+            else:
+                batch.redact_updates.append((f.redacts, room))
 
         if forward:
             effects.room(room, sid)
@@ -393,26 +465,32 @@ class EventStore:
                 effects.user(f.state_key, sid)
         if not outlier and not rejected:
             if forward:
-                await self._update_current_state(txn, room, f, prevs, after, sid, effects)
-            await self._update_visibility(txn, room, f, before, after, sid)
+                await self._update_current_state(txn, batch, room, f, prevs, after, sid, effects)
+            await self._update_visibility(txn, batch, room, f, before, after, sid)
         return PersistedEvent(f.event_id, room, sid, f.depth, before, after)
 
-    async def _state_before(self, txn: Any, room: str, prev_groups: list[int | None]) -> int | None:
+    async def _state_before(self, txn: Any, batch: _Batch, room: str, prev_groups: list[int | None]) -> int | None:
         distinct = list(dict.fromkeys(prev_groups))
         if not distinct:
             return None
         if len(distinct) == 1:
             return distinct[0]
         states = [await self.groups.full_state(txn, g) for g in distinct]
-        resolved = await self._resolve(txn, room, states)
+        resolved = await self._resolve(txn, batch, room, states)
         for g, s in zip(distinct, states):
             if s == resolved:
                 return g
-        return await self._group_for_state(txn, room, distinct, resolved)
+        return await self._group_for_state(txn, batch, room, distinct, resolved)
 
-    async def _resolve(self, txn: Any, room: str, states: Sequence[Mapping[StateKey, str]]) -> StateMap:
-        ids = sorted(conflicted_events(states))
+    async def _resolve(self, txn: Any, batch: _Batch, room: str, states: Sequence[Mapping[StateKey, str]]) -> StateMap:
         depths: dict[str, int] = {}
+        ids = []
+        for e in sorted(conflicted_events(states)):
+            r = batch.known.get(e)
+            if r is not None:
+                depths[e] = int(r[1])
+            else:
+                ids.append(e)
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
             rows = await txn.fetchall(
@@ -424,7 +502,7 @@ class EventStore:
         return self.resolver(room, states, depths)
 
     async def _group_for_state(
-        self, txn: Any, room: str, candidates: list[int | None], state: StateMap
+        self, txn: Any, batch: _Batch, room: str, candidates: list[int | None], state: StateMap
     ) -> int:
         parents = [g for g in candidates if g is not None]
         heights = [(await self.groups.meta(txn, g))[0] for g in parents]
@@ -439,15 +517,19 @@ class EventStore:
         vis = "shared"
         hv = state.get(_HV_KEY)
         if hv is not None:
-            row = await txn.fetchone("SELECT json FROM events WHERE event_id = ?", (hv,))
-            if row is not None:
-                content = json.loads(bytes(row[0])).get("content") or {}
+            raw = batch.raw.get(hv)
+            if raw is None:
+                row = await txn.fetchone("SELECT json FROM events WHERE event_id = ?", (hv,))
+                raw = bytes(row[0]) if row is not None else None
+            if raw is not None:
+                content = json.loads(raw).get("content") or {}
                 vis = normalise_visibility(content.get("history_visibility"))
         return await self.groups.create(txn, room, parent, changes, vis)
 
     async def _update_current_state(
         self,
         txn: Any,
+        batch: _Batch,
         room: str,
         f: EventFields,
         prevs: list[_Prev],
@@ -455,19 +537,13 @@ class EventStore:
         sid: int,
         effects: _TxnEffects,
     ) -> None:
-        rows = await txn.fetchall("SELECT event_id FROM forward_extremities WHERE room_id = ?", (room,))
-        old_x = {r[0] for r in rows}
-        prev_ids = {p.event_id for p in prevs}
-        consumed = old_x & set(f.prev_events)
-        new_x = (old_x - consumed) | {f.event_id}
-        if consumed:
-            await txn.executemany(
-                "DELETE FROM forward_extremities WHERE room_id = ? AND event_id = ?",
-                [(room, e) for e in consumed],
-            )
-        await txn.execute(
-            "INSERT INTO forward_extremities (room_id, event_id) VALUES (?, ?)", (room, f.event_id)
-        )
+        old_x = batch.extremities.get(room)
+        if old_x is None:
+            rows = await txn.fetchall("SELECT event_id FROM forward_extremities WHERE room_id = ?", (room,))
+            old_x = {r[0] for r in rows}
+            batch.ext_orig[room] = set(old_x)
+        new_x = (old_x - set(f.prev_events)) | {f.event_id}
+        batch.extremities[room] = new_x
         state_inputs = {p.event_id for p in prevs if not p.outlier}
         changes: dict[StateKey, str] = {}
         if old_x == state_inputs:
@@ -481,25 +557,33 @@ class EventStore:
             ) if f.is_state else []
             old = {(r[0], r[1]): r[2] for r in old_rows}
         else:
-            marks = ",".join("?" * len(new_x))
-            xr = await txn.fetchall(
-                f"SELECT event_id, state_group FROM events WHERE event_id IN ({marks})", list(new_x)
-            )
-            groups = {r[0]: r[1] for r in xr}
+            groups: dict[str, Any] = {}
+            missing = []
+            for x in new_x:
+                r = batch.known.get(x)
+                if r is not None:
+                    groups[x] = r[2]
+                else:
+                    missing.append(x)
+            if missing:
+                xr = await txn.fetchall(
+                    f"SELECT event_id, state_group FROM events WHERE event_id IN ({','.join('?' * len(missing))})",
+                    missing,
+                )
+                groups.update((r[0], r[1]) for r in xr)
             groups[f.event_id] = after
             distinct = list(dict.fromkeys(groups[x] for x in sorted(new_x)))
             states = [await self.groups.full_state(txn, g) for g in distinct]
-            new_state = states[0] if len(states) == 1 else await self._resolve(txn, room, states)
+            new_state = states[0] if len(states) == 1 else await self._resolve(txn, batch, room, states)
             old_rows = await txn.fetchall(
                 "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?", (room,)
             )
             old = {(r[0], r[1]): r[2] for r in old_rows}
             changes = {k: v for k, v in new_state.items() if old.get(k) != v}
         changes = {k: v for k, v in changes.items() if old.get(k) != v}
-        _ = prev_ids
         if not changes:
             return
-        members = await self._memberships(txn, [v for k, v in changes.items() if k[0] == MEMBER])
+        members = await self._memberships(txn, batch, [v for k, v in changes.items() if k[0] == MEMBER])
         await txn.executemany(
             "INSERT INTO current_state_events (room_id, type, state_key, event_id, membership)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key)"
@@ -520,11 +604,13 @@ class EventStore:
                 effects.user(sk, sid)
                 changed_members.add(sk)
 
-    async def _memberships(self, txn: Any, event_ids: Iterable[str]) -> dict[str, str | None]:
+    async def _memberships(self, txn: Any, batch: _Batch, event_ids: Iterable[str]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         missing = []
         for e in event_ids:
-            if e in self._membership_cache:
+            if e in batch.memberships:
+                out[e] = batch.memberships[e]
+            elif e in self._membership_cache:
                 out[e] = self._membership_cache[e]
             else:
                 missing.append(e)
@@ -542,21 +628,27 @@ class EventStore:
         return out
 
     async def _update_visibility(
-        self, txn: Any, room: str, f: EventFields, before: int | None, after: int | None, sid: int
+        self, txn: Any, batch: _Batch, room: str, f: EventFields, before: int | None, after: int | None, sid: int
     ) -> None:
         """Keep ``membership_spans`` equal to each user's membership at each event."""
         direction = "f" if sid > 0 else "b"
-        cur = await txn.fetchone(
-            "SELECT group_before, group_after, target FROM room_cursors WHERE room_id = ? AND direction = ?",
-            (room, direction),
-        )
+        ckey = (room, direction)
+        cur = batch.cursors.get(ckey, _MISSING)
+        if cur is _MISSING:
+            row = await txn.fetchone(
+                "SELECT event_id, group_before, group_after, target FROM room_cursors"
+                " WHERE room_id = ? AND direction = ?",
+                ckey,
+            )
+            cur = None if row is None else tuple(row)
+            batch.cursors[ckey] = cur
         target = f.state_key if f.type == MEMBER else None
         candidates: set[str] = set()
         if cur is None:
             state = await self.groups.full_state(txn, before)
             candidates = {sk for (t, sk) in state if t == MEMBER}
         else:
-            p_before, p_after, p_target = cur
+            _, p_before, p_after, p_target = cur
             if p_target is not None:
                 candidates.add(p_target)
             if before == p_after:
@@ -572,7 +664,7 @@ class EventStore:
         if candidates:
             keys = [(MEMBER, u) for u in sorted(candidates)]
             found = await self.groups.lookup(txn, before, keys)
-            mships = await self._memberships(txn, found.values())
+            mships = await self._memberships(txn, batch, found.values())
             desired: dict[str, str | None] = {}
             for u in candidates:
                 ev = found.get((MEMBER, u))
@@ -610,13 +702,8 @@ class EventStore:
                     "INSERT INTO membership_spans (room_id, user_id, membership, lo, hi) VALUES (?, ?, ?, ?, ?)",
                     [(room, u, desired[u], lo, hi) for u in new],
                 )
-        await txn.execute(
-            "INSERT INTO room_cursors (room_id, direction, event_id, group_before, group_after, target)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (room_id, direction) DO UPDATE SET"
-            " event_id = excluded.event_id, group_before = excluded.group_before,"
-            " group_after = excluded.group_after, target = excluded.target",
-            (room, direction, f.event_id, before, after, target),
-        )
+        batch.cursors[ckey] = (f.event_id, before, after, target)
+        batch.cursors_dirty.add(ckey)
 
     # ------------------------------------------------------------ reading: single events and state
 
