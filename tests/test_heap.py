@@ -282,3 +282,32 @@ def test_hold_keeps_the_position_below_an_id_on_its_way(heap_impl: ModuleType) -
     assert heap.release(3) == 4  # 6 still waits: the id held at 5 may be below it
     assert heap.release(5) == 6
     assert heap.is_idle()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ids=st.lists(st.integers(2, 2**62), min_size=1, max_size=600, unique=True),
+    seed=st.integers(0, 2**32),
+)
+def test_differential_wide_ids_and_interleaving(ids: list[int], seed: int) -> None:
+    """Sparse ids, interleaved reserve/complete (exercises the compiled hash table's growth and deletion)."""
+    rng = random.Random(seed)
+    twins = [_compat.load("_heap", "py")]
+    if not _compat.NO_EXTENSIONS:
+        twins.append(_compat.load("_heap", "c"))
+    heaps = [t.PendingHeap(1) for t in twins]
+    todo = sorted(ids)
+    reserved: list[int] = []
+    while todo or reserved:
+        if todo and (not reserved or rng.random() < 0.55):
+            sid = todo.pop(0)
+            outs = [h.reserve(sid) for h in heaps]
+            reserved.append(sid)
+        else:
+            sid = reserved.pop(rng.randrange(len(reserved)))
+            outs = [h.complete(sid) for h in heaps]
+        assert len(set(outs)) == 1
+        assert len({(h.position, h.pending, len(h)) for h in heaps}) == 1
+        probe = rng.choice(ids)
+        assert len({h.is_pending(probe) for h in heaps}) == 1
+    assert all(h.position == max(ids) and h.is_idle() for h in heaps)

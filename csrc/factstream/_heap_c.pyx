@@ -4,14 +4,13 @@
 
 Same names, behaviour, error types and messages; see the pure twin for the
 specification. Storage: a binary min-heap of tracked ids in a C++ vector and
-an unordered_map id -> completed flag.
+an open-addressing hash table id -> state (linear probing, Fibonacci hashing,
+backward-shift deletion, load <= 1/2), which avoids a heap allocation per id.
 """
 
-from libc.stdint cimport int64_t
-from libcpp.unordered_map cimport unordered_map
+from libc.stdint cimport int64_t, uint64_t, uint8_t
 from libcpp.unordered_set cimport unordered_set
 from libcpp.vector cimport vector
-from cython.operator cimport dereference as deref
 
 __all__ = ["PendingHeap", "INT64_MIN", "INT64_MAX"]
 
@@ -29,13 +28,84 @@ cdef class PendingHeap:
     # Invariant: _heap[0] (if any) is pending; ids below it are settled.
     cdef int64_t _position
     cdef vector[int64_t] _heap
-    cdef unordered_map[int64_t, char] _done   # tracked id -> completed?
+    # hash table of tracked ids: _keys[i] valid where _state[i] != EMPTY
+    cdef vector[int64_t] _keys
+    cdef vector[uint8_t] _state
+    cdef uint64_t _mask
+    cdef int _shift
+    cdef Py_ssize_t _used
     cdef Py_ssize_t _pending
     cdef vector[int64_t] _holds             # few at a time: linear scans
 
     def __init__(self, position=1):
         self._position = self._as_id(position)
         self._pending = 0
+        self._alloc(16)
+
+    # -- hash table (EMPTY=0, PENDING=1, DONE=2)
+
+    cdef void _alloc(self, Py_ssize_t cap) noexcept:
+        cdef int bits = 0
+        while (<Py_ssize_t>1 << bits) < cap:
+            bits += 1
+        self._keys.assign(<size_t>1 << bits, 0)
+        self._state.assign(<size_t>1 << bits, 0)
+        self._mask = (<uint64_t>1 << bits) - 1
+        self._shift = 64 - bits
+        self._used = 0
+
+    cdef inline uint64_t _home(self, int64_t key) noexcept:
+        return (<uint64_t>key * <uint64_t>0x9E3779B97F4A7C15ULL) >> self._shift
+
+    cdef inline Py_ssize_t _find(self, int64_t key) noexcept:
+        cdef uint64_t i = self._home(key)
+        cdef uint8_t* st = self._state.data()
+        cdef int64_t* ks = self._keys.data()
+        while st[i] != 0:
+            if ks[i] == key:
+                return <Py_ssize_t>i
+            i = (i + 1) & self._mask
+        return -1
+
+    cdef void _put(self, int64_t key, uint8_t state) noexcept:
+        # key must be absent
+        cdef vector[int64_t] old_keys
+        cdef vector[uint8_t] old_state
+        cdef size_t j
+        if 2 * (self._used + 1) > <Py_ssize_t>(self._mask + 1):
+            old_keys.swap(self._keys)
+            old_state.swap(self._state)
+            self._alloc(2 * (self._mask + 1))
+            for j in range(old_keys.size()):
+                if old_state[j] != 0:
+                    self._put(old_keys[j], old_state[j])
+        cdef uint64_t i = self._home(key)
+        cdef uint8_t* st = self._state.data()
+        while st[i] != 0:
+            i = (i + 1) & self._mask
+        st[i] = state
+        self._keys[i] = key
+        self._used += 1
+
+    cdef void _erase_at(self, Py_ssize_t slot) noexcept:
+        cdef uint64_t i = <uint64_t>slot
+        cdef uint64_t j = i
+        cdef uint64_t k
+        cdef uint8_t* st = self._state.data()
+        cdef int64_t* ks = self._keys.data()
+        while True:
+            j = (j + 1) & self._mask
+            if st[j] == 0:
+                break
+            k = self._home(ks[j])
+            # the entry at j may stay if its home lies cyclically in (i, j]
+            if (i <= j and i < k and k <= j) or (i > j and (i < k or k <= j)):
+                continue
+            ks[i] = ks[j]
+            st[i] = st[j]
+            i = j
+        st[i] = 0
+        self._used -= 1
 
     cdef inline int64_t _as_id(self, object value) except? -1:
         cdef int64_t out
@@ -92,13 +162,13 @@ cdef class PendingHeap:
 
     def is_pending(self, stream_id):
         """Whether ``stream_id`` is reserved and not completed."""
-        cdef int64_t sid = self._as_id(stream_id)
-        it = self._done.find(sid)
-        return it != self._done.end() and deref(it).second == 0
+        cdef Py_ssize_t slot = self._find(self._as_id(stream_id))
+        return slot >= 0 and self._state[slot] == 1
 
     def pending_ids(self):
         """The pending ids, ascending."""
-        out = [p.first for p in self._done if p.second == 0]
+        cdef size_t i
+        out = [self._keys[i] for i in range(self._state.size()) if self._state[i] == 1]
         out.sort()
         return out
 
@@ -146,7 +216,7 @@ cdef class PendingHeap:
     cdef int _check_reservable(self, int64_t sid) except -1:
         if sid <= self._position:
             raise ValueError(f"stream id {sid} is at or below the position {self._position}")
-        if self._done.count(sid):
+        if self._find(sid) >= 0:
             raise ValueError(f"stream id {sid} is already reserved")
         return 0
 
@@ -154,7 +224,7 @@ cdef class PendingHeap:
         """Register ``stream_id`` as reserved by this writer."""
         cdef int64_t sid = self._as_id(stream_id)
         self._check_reservable(sid)
-        self._done[sid] = 0
+        self._put(sid, 1)
         self._pending += 1
         self._push(sid)
 
@@ -171,23 +241,22 @@ cdef class PendingHeap:
             seen.insert(sid)
             ids.push_back(sid)
         for sid in ids:
-            self._done[sid] = 0
+            self._put(sid, 1)
             self._push(sid)
         self._pending += ids.size()
 
-    cdef int _check_completable(self, int64_t sid) except -1:
-        it = self._done.find(sid)
-        if it == self._done.end():
+    cdef Py_ssize_t _check_completable(self, int64_t sid) except -1:
+        cdef Py_ssize_t slot = self._find(sid)
+        if slot < 0:
             raise ValueError(f"stream id {sid} was not reserved")
-        if deref(it).second != 0:
+        if self._state[slot] != 1:
             raise ValueError(f"stream id {sid} is already completed")
-        return 0
+        return slot
 
     def complete(self, stream_id):
         """Mark ``stream_id`` finished (committed or failed); the new position, or None."""
-        cdef int64_t sid = self._as_id(stream_id)
-        self._check_completable(sid)
-        self._done[sid] = 1
+        cdef Py_ssize_t slot = self._check_completable(self._as_id(stream_id))
+        self._state[slot] = 2
         self._pending -= 1
         return self._absorb()
 
@@ -204,7 +273,7 @@ cdef class PendingHeap:
             seen.insert(sid)
             ids.push_back(sid)
         for sid in ids:
-            self._done[sid] = 1
+            self._state[self._find(sid)] = 2
         self._pending -= ids.size()
         return self._absorb()
 
@@ -216,9 +285,13 @@ cdef class PendingHeap:
         for i in range(self._holds.size()):
             if self._holds[i] < limit:
                 limit = self._holds[i]
-        while self._heap.size() > 0 and self._heap[0] <= limit and self._done[self._heap[0]] != 0:
+        cdef Py_ssize_t slot
+        while self._heap.size() > 0 and self._heap[0] <= limit:
+            slot = self._find(self._heap[0])
+            if self._state[slot] != 2:
+                break
             sid = self._pop()
-            self._done.erase(sid)
+            self._erase_at(slot)
             self._position = sid
             moved = True
         if moved:
