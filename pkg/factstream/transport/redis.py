@@ -415,6 +415,8 @@ class RedisCarrier:
 
     async def wait_subscribed(self, timeout: float | None = None) -> None:
         """Wait until the subscription is confirmed (raises TimeoutError after ``timeout``)."""
+        if not self.listen:
+            raise RuntimeError("this carrier was made with listen=False: it never subscribes")
         async with asyncio.timeout(timeout):
             while not self._subscribed:
                 self._subscribed_event.clear()
@@ -961,6 +963,11 @@ class RedisReplication:
     def connection(self) -> RedisConnection | None:
         """The live connection (None while not subscribed)."""
         return self._conn
+
+    @property
+    def connections(self) -> list[RedisConnection]:
+        """The live connection as a list (zero or one), like ``TcpServer.connections``."""
+        return [] if self._conn is None else [self._conn]
 
     @property
     def stats(self) -> RedisCarrierStats:
