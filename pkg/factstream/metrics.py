@@ -8,13 +8,17 @@ names, writer names and a short list of disconnect reasons.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 __all__ = [
     "COMMANDS_IN",
     "COMMANDS_OUT",
-    "ROWS",
-    "POSITION",
+    "track",
     "PENDING_OUT",
     "RECONNECTS",
     "CATCHUP_FETCHES",
@@ -26,8 +30,59 @@ __all__ = [
 
 COMMANDS_IN = Counter("factstream_commands_in", "Replication commands received, by command", ["command"])
 COMMANDS_OUT = Counter("factstream_commands_out", "Replication commands sent, by command", ["command"])
-ROWS = Counter("factstream_rows", "Stream rows delivered to the application (reader) or published (writer)", ["side", "stream"])
-POSITION = Gauge("factstream_position", "Position per stream and writer as seen by this process", ["side", "stream", "writer"])
+
+class StreamStatsSource(Protocol):
+    """A publisher or follower: reports its counts when Prometheus scrapes (no cost per row)."""
+
+    def metric_rows(self) -> Iterable[tuple[str, str, int]]:
+        """(side, stream, rows so far)."""
+        ...
+
+    def metric_positions(self) -> Iterable[tuple[str, str, str, int]]:
+        """(side, stream, writer, position)."""
+        ...
+
+
+_SOURCES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(source: StreamStatsSource) -> None:
+    """Report ``source``'s rows and positions (``factstream_rows``, ``factstream_position``) while it lives."""
+    _SOURCES.add(source)
+
+
+class _StreamCollector:
+    """Rows per stream and positions per (stream, writer), read from live objects at scrape time."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        rows = CounterMetricFamily(
+            "factstream_rows", "Stream rows delivered to the application (reader) or published (writer)",
+            labels=["side", "stream"],
+        )
+        pos = GaugeMetricFamily(
+            "factstream_position", "Position per stream and writer as seen by this process",
+            labels=["side", "stream", "writer"],
+        )
+        totals: dict[tuple[str, str], int] = {}
+        positions: dict[tuple[str, str, str], int] = {}
+        for src in list(_SOURCES):
+            for side, stream, n in src.metric_rows():
+                totals[(side, stream)] = totals.get((side, stream), 0) + n
+            for side, stream, writer, p in src.metric_positions():
+                key = (side, stream, writer)
+                positions[key] = max(p, positions.get(key, p))
+        for (side, stream), n in sorted(totals.items()):
+            rows.add_metric([side, stream], n)
+        for (side, stream, writer), p in sorted(positions.items()):
+            pos.add_metric([side, stream, writer], p)
+        yield rows
+        yield pos
+
+
+REGISTRY.register(_StreamCollector())  # type: ignore[arg-type]
 PENDING_OUT = Gauge("factstream_pending_outbound", "Commands buffered for sending (all connections and the outbox)")
 RECONNECTS = Counter("factstream_reconnects", "Client reconnection attempts", ["target"])
 CATCHUP_FETCHES = Counter("factstream_catchup_fetches", "Out-of-band catch-up pages fetched", ["stream"])

@@ -67,7 +67,7 @@ class _Key:
     queue: deque[tuple[Any, ...]] = field(default_factory=deque)
     fetching: bool = False
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
-    gauge: Any = None
+    rows: int = 0
 
 
 class Follower:
@@ -99,9 +99,9 @@ class Follower:
         self._unknown_reported: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._drop_metric: dict[tuple[str, str], Any] = {}
-        self._rows_metric: dict[str, Any] = {}
+        metrics.track(self)
         #: Counters kept for tests and the demo.
-        self.stats: dict[str, int] = {"delivered_rows": 0, "stale_rows": 0, "catchup_rows": 0, "catchup_fetches": 0}
+        self.stats: dict[str, int] = {"stale_rows": 0, "catchup_rows": 0, "catchup_fetches": 0}
 
     # ------------------------------------------------------------ application API
 
@@ -169,7 +169,7 @@ class Follower:
         if self.streams is not None and stream not in self.streams:
             return
         key = self._keys.get((stream, cmd.instance_name)) or self._key(stream, cmd.instance_name)
-        row = self._parse(stream, cmd.row)
+        row = self._parse(stream, cmd.row) if self.typed else cmd.row
         if cmd.token is None:
             key.batch.append(row)
             key.batch_conn = conn
@@ -180,10 +180,14 @@ class Follower:
             key.batch = []
         else:
             rows = [row]
+        token = cmd.token
         if key.fetching:
-            key.queue.append(("rows", cmd.token, rows))
+            key.queue.append(("rows", token, rows))
+        elif key.position is not None and token > key.position:
+            self._deliver(key, token, rows)
+            self._advance(key, token)
         else:
-            self._apply_rows(key, cmd.token, rows)
+            self._apply_rows(key, token, rows)
 
     def on_position(self, cmd: PositionCommand, conn: object = None) -> None:
         """Consume one POSITION: advance, or fetch what was missed."""
@@ -217,8 +221,15 @@ class Follower:
         key = self._keys.get((stream, writer))
         if key is None:
             key = self._keys[(stream, writer)] = _Key(stream, writer, None)
-            key.gauge = metrics.POSITION.labels("reader", stream, writer)
         return key
+
+    def metric_rows(self) -> list[tuple[str, str, int]]:
+        """For Prometheus: rows delivered per stream (summed over writers)."""
+        return [("reader", k.stream, k.rows) for k in self._keys.values()]
+
+    def metric_positions(self) -> list[tuple[str, str, str, int]]:
+        """For Prometheus: position per (stream, writer)."""
+        return [("reader", k.stream, k.writer, k.position) for k in self._keys.values() if k.position is not None]
 
     def _parse(self, stream: str, row: Any) -> Any:
         if not self.typed:
@@ -346,17 +357,12 @@ class Follower:
             update = Update(stream, writer, token, rows)
             for q in self._queues:
                 q.put_nowait(update)
-        self.stats["delivered_rows"] += len(rows)
-        m = self._rows_metric.get(stream)
-        if m is None:
-            m = self._rows_metric[stream] = metrics.ROWS.labels("reader", stream)
-        m.inc(len(rows))
+        key.rows += len(rows)
 
     def _advance(self, key: _Key, token: int) -> None:
         if key.position is not None and token <= key.position:
             return
         key.position = token
-        key.gauge.set(token)
         if key.waiters:
             for entry in list(key.waiters):
                 if entry[0] <= token and not entry[1].done():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics
@@ -39,7 +39,7 @@ class _Published:
     sent: int
     target: int
     sync_get: Callable[..., Any] | None = None
-    gauge: Any = field(default=None)
+    rows: int = 0
 
 
 def _wire(row: Any) -> Any:
@@ -56,7 +56,7 @@ class Publisher:
         self._sinks: list[Callable[[list[Command]], None]] = []
         self._dirty: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        self._rows_metric: dict[str, Any] = {}
+        metrics.track(self)
 
     # ------------------------------------------------------------ setup
 
@@ -64,12 +64,7 @@ class Publisher:
         """Publish stream ``name`` from ``current_token`` on, reading rows from ``source``."""
         if name in self._streams:
             raise ValueError(f"stream {name!r} is already published by {self.instance_name}")
-        gauge = metrics.POSITION.labels("writer", name, self.instance_name)
-        gauge.set(current_token)
-        self._streams[name] = _Published(
-            name, source, current_token, current_token, getattr(source, "get_updates_now", None), gauge
-        )
-        self._rows_metric[name] = metrics.ROWS.labels("writer", name)
+        self._streams[name] = _Published(name, source, current_token, current_token, getattr(source, "get_updates_now", None))
 
     def add_sink(self, sink: Callable[[list[Command]], None]) -> None:
         """``sink(commands)`` receives every batch of outgoing commands (the hub's broadcast)."""
@@ -130,8 +125,25 @@ class Publisher:
             if st.sent >= st.target:
                 self._dirty.discard(name)
 
+    def metric_rows(self) -> list[tuple[str, str, int]]:
+        """For Prometheus: rows published per stream."""
+        return [("writer", s.name, s.rows) for s in self._streams.values()]
+
+    def metric_positions(self) -> list[tuple[str, str, str, int]]:
+        """For Prometheus: published position per stream."""
+        return [("writer", s.name, self.instance_name, s.sent) for s in self._streams.values()]
+
     def _emit(self, st: _Published, updates: list[tuple[int, Any]], upto: int) -> None:
         name, inst = st.name, self.instance_name
+        if len(updates) == 1 and upto == updates[0][0] > st.sent:
+            # The common case: one row completing one fact.
+            row = updates[0][1]
+            st.sent = upto
+            st.rows += 1
+            one: list[Command] = [RdataCommand(name, inst, upto, row.to_wire() if isinstance(row, Row) else row)]
+            for sink in self._sinks:
+                sink(one)
+            return
         cmds: list[Command] = []
         last = st.sent
         n = len(updates)
@@ -151,9 +163,7 @@ class Publisher:
             cmds.append(PositionCommand(name, inst, last, upto))
         if upto > st.sent:
             st.sent = upto
-            st.gauge.set(upto)
-        if n:
-            self._rows_metric[name].inc(n)
+        st.rows += n
         if cmds:
             for sink in self._sinks:
                 sink(cmds)

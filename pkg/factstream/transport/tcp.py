@@ -32,7 +32,7 @@ import logging
 import random
 import ssl as _ssl
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -72,6 +72,23 @@ DEFAULT_MAX_BUFFERED = 10_000
 _ABORT_GRACE = 1.0  # seconds a closing connection may take to flush its ERROR
 
 
+_IN: dict[str, Any] = {}
+_OUT: dict[str, Any] = {}
+
+
+def _count(cache: dict[str, Any], counter: Any, cmds: Any) -> None:
+    """Count commands by name with one metric update per name (labels cached)."""
+    counts: dict[str, int] = {}
+    for c in cmds:
+        name = c.NAME
+        counts[name] = counts.get(name, 0) + 1
+    for name, n in counts.items():
+        child = cache.get(name)
+        if child is None:
+            child = cache[name] = counter.labels(name)
+        child.inc(n)
+
+
 def _now_ms() -> str:
     return str(int(time.time() * 1000))
 
@@ -91,6 +108,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
         on_close: Any = None,
+        codec: Any = None,
     ) -> None:
         self.sink = sink
         self.is_server = is_server
@@ -100,7 +118,11 @@ class TcpConnection(asyncio.Protocol, Connection):
         self.timeout = timeout
         self.max_buffered = max_buffered
         self._allowed = CLIENT_COMMANDS if is_server else SERVER_COMMANDS
-        self._decoder = wire.LineDecoder(max_line_length=max_line_length)
+        self._codec = codec or wire
+        self._decoder = self._codec.LineDecoder(max_line_length=max_line_length)
+        self._encode_lines = self._codec.encode_lines
+        self._outq: list[Command] = []
+        self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._paused = False
         self._pending: deque[Command] = deque()
@@ -141,9 +163,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             cmds = err.commands  # type: ignore[assignment]
             error = err
         if cmds:
-            counts = Counter(c.NAME for c in cmds)
-            for name, n in counts.items():
-                metrics.COMMANDS_IN.labels(name).inc(n)
+            _count(_IN, metrics.COMMANDS_IN, cmds)
             for cmd in cmds:
                 if self._closing:
                     return
@@ -180,6 +200,8 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._paused = False
         if self._pending and not self._closing:
             cmds = list(self._pending)
+            cmds.extend(self._outq)
+            self._outq = []
             metrics.PENDING_OUT.dec(len(cmds))
             self._pending.clear()
             self._write(cmds)
@@ -192,18 +214,37 @@ class TcpConnection(asyncio.Protocol, Connection):
     def send_many(self, cmds: Iterable[Command]) -> None:
         if self._closing:
             return
-        if self._paused:
-            before = len(self._pending)
-            self._pending.extend(cmds)
-            metrics.PENDING_OUT.inc(len(self._pending) - before)
-            if len(self._pending) > self.max_buffered:
-                log.error(
-                    "%s (%s) fell behind: more than %d commands buffered; disconnecting it "
-                    "(it will reconnect and catch up)", self.description, self.peer_name, self.max_buffered,
-                )
-                self._abort_with("congestion", f"client fell behind: more than {self.max_buffered} commands buffered")
+        if not self._paused:
+            # Coalesce everything sent in one loop iteration into one write (one syscall).
+            self._outq.extend(cmds)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_event_loop().call_soon(self._flush)
             return
-        self._write(cmds)
+        self._buffer(cmds)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._closing or not self._outq:
+            self._outq = []
+            return
+        cmds, self._outq = self._outq, []
+        if self._paused:
+            self._buffer(cmds)
+        else:
+            self._write(cmds)
+
+    def _buffer(self, cmds: Iterable[Command]) -> None:
+        """The socket is backed up: hold at most ``max_buffered`` commands, then drop the peer."""
+        before = len(self._pending)
+        self._pending.extend(cmds)
+        metrics.PENDING_OUT.inc(len(self._pending) - before)
+        if len(self._pending) > self.max_buffered:
+            log.error(
+                "%s (%s) fell behind: more than %d commands buffered; disconnecting it "
+                "(it will reconnect and catch up)", self.description, self.peer_name, self.max_buffered,
+            )
+            self._abort_with("congestion", f"client fell behind: more than {self.max_buffered} commands buffered")
 
     def close(self, reason: str | None = None) -> None:
         if self._closing:
@@ -230,17 +271,13 @@ class TcpConnection(asyncio.Protocol, Connection):
         if not cmds or self._transport is None:
             return
         try:
-            data = wire.encode_lines(cmds)
+            data = self._encode_lines(cmds)
         except ProtocolError:
             log.exception("%s: cannot encode outgoing commands; dropping them", self.description)
             return
         self._transport.write(data)
         self._last_sent = time.monotonic()
-        if len(cmds) == 1:
-            metrics.COMMANDS_OUT.labels(cmds[0].NAME).inc()
-        else:
-            for name, n in Counter(c.NAME for c in cmds).items():
-                metrics.COMMANDS_OUT.labels(name).inc(n)
+        _count(_OUT, metrics.COMMANDS_OUT, cmds)
 
     def _handle(self, cmd: Command) -> None:
         name = cmd.NAME
@@ -276,7 +313,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._close_reason = reason
         if self._transport is not None:
             try:
-                self._transport.write(wire.encode_lines([ErrorCommand(message.replace("\n", " ").replace("\r", " "))]))
+                self._transport.write(self._encode_lines([ErrorCommand(message.replace("\n", " ").replace("\r", " "))]))
                 metrics.COMMANDS_OUT.labels("ERROR").inc()
             except Exception:  # the ERROR is a courtesy
                 pass
@@ -330,6 +367,7 @@ class TcpServer:
         timeout: float = DEFAULT_TIMEOUT,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
+        codec: Any = None,
     ) -> None:
         self.sink = sink
         self.server_name = server_name
@@ -337,7 +375,8 @@ class TcpServer:
         self.port = port
         self.ssl = ssl
         self.opts = dict(
-            ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length
+            ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length,
+            codec=codec,
         )
         self._server: asyncio.Server | None = None
         self.connections: set[TcpConnection] = set()
@@ -402,6 +441,7 @@ class TcpClient:
         backoff_initial: float = 0.1,
         backoff_max: float = 30.0,
         connect_timeout: float = 10.0,
+        codec: Any = None,
     ) -> None:
         self.sink = sink
         self.host = host
@@ -411,7 +451,8 @@ class TcpClient:
         self.ssl = ssl
         self.server_hostname = server_hostname
         self.opts = dict(
-            ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length
+            ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length,
+            codec=codec,
         )
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
