@@ -63,7 +63,7 @@ async def batches(g: IdGenerator) -> int:
 def test_get_next(benchmark: Any, gen: tuple[asyncio.AbstractEventLoop, IdGenerator]) -> None:
     loop, g = gen
     benchmark.pedantic(lambda: loop.run_until_complete(singles(g)), rounds=10, warmup_rounds=1)
-    benchmark.extra_info["ids_per_call"] = SINGLE
+    benchmark.extra_info["items"] = SINGLE
     assert g.current_token() == g.max_token()
 
 
@@ -71,7 +71,7 @@ def test_get_next(benchmark: Any, gen: tuple[asyncio.AbstractEventLoop, IdGenera
 def test_get_next_mult_100(benchmark: Any, gen: tuple[asyncio.AbstractEventLoop, IdGenerator]) -> None:
     loop, g = gen
     benchmark.pedantic(lambda: loop.run_until_complete(batches(g)), rounds=10, warmup_rounds=1)
-    benchmark.extra_info["ids_per_call"] = BATCHES * 100
+    benchmark.extra_info["items"] = BATCHES * 100
     assert g.current_token() == g.max_token()
 
 
@@ -99,7 +99,7 @@ def test_baseline_raw_nextval_postgres(benchmark: Any, postgres_dsn: str) -> Non
 
     try:
         benchmark.pedantic(lambda: loop.run_until_complete(raw()), rounds=10, warmup_rounds=1)
-        benchmark.extra_info["ids_per_call"] = SINGLE
+        benchmark.extra_info["items"] = SINGLE
     finally:
         loop.run_until_complete(conn.close())
         loop.close()
