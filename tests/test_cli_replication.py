@@ -1,0 +1,114 @@
+"""``factstream serve``, ``tail`` and ``positions`` as separate processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "pkg") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+CLI = [sys.executable, "-m", "factstream.cli"]
+
+
+def _serve(db_url: str, *extra: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--db", db_url, "--port", "0", "--status", "--server-name", "cli.hs", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )
+    assert proc.stdout is not None
+    first = json.loads(proc.stdout.readline())
+    assert first["event"] == "listening"
+    return proc, first
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for fh in (proc.stdout, proc.stderr):
+            if fh is not None:
+                fh.close()
+
+
+@pytest.mark.slow
+def test_serve_tail_positions(tmp_path: Any) -> None:
+    db_url = f"sqlite:///{tmp_path}/w.db"
+    # Produce for a moment, then keep serving.
+    proc, first = _serve(db_url, "--produce", "--duration", "1", "--seed", "3")
+    port = first["port"]
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if msg["event"] == "produced":
+                positions = msg["positions"]
+                break
+        tail = subprocess.run(
+            [*CLI, "tail", f"127.0.0.1:{port}", "--db", db_url, "--from-start", "--json", "--stream", "caches",
+             "--count", "5", "--server-name", "cli.hs"],
+            capture_output=True, text=True, timeout=30, env=ENV,
+        )
+        assert tail.returncode == 0, tail.stderr
+        rows = [json.loads(line) for line in tail.stdout.splitlines()]
+        assert len(rows) == 5 and {r["stream"] for r in rows} == {"caches"}
+        tokens = [r["token"] for r in rows]
+        assert tokens == sorted(tokens)
+        assert rows[0]["row"][0] == "get_user_by_id" and isinstance(rows[0]["row"][2], int)
+
+        pos = subprocess.run(
+            [*CLI, "positions", "--db", db_url, "--connect", f"127.0.0.1:{port}", "--wait", "0.3", "--json"],
+            capture_output=True, text=True, timeout=30, env=ENV,
+        )
+        assert pos.returncode == 0, pos.stderr
+        table = {(r["stream"], r["writer"]): r for r in json.loads(pos.stdout)}
+        for stream, p in positions.items():
+            assert table[(stream, "master")]["replication"] == p
+            assert table[(stream, "master")]["max_stream_id"] <= p
+        text = subprocess.run([*CLI, "positions", "--db", db_url], capture_output=True, text=True, timeout=30, env=ENV)
+        assert "to_device" in text.stdout and "recorded" in text.stdout
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.slow
+def test_tail_prints_live_rows_and_survives_a_writer_restart(tmp_path: Any) -> None:
+    db_url = f"sqlite:///{tmp_path}/w.db"
+    proc, first = _serve(db_url)
+    port = first["port"]
+    _stop(proc)
+    # A tail started while the writer is down keeps retrying, then follows the restarted writer.
+    tail = subprocess.Popen(
+        [*CLI, "tail", f"127.0.0.1:{port}", "--db", db_url, "--count", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )
+    time.sleep(0.5)
+    proc2 = subprocess.Popen(
+        [*CLI, "serve", "--db", db_url, "--port", str(port), "--status", "--produce", "--rate", "200", "--seed", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )
+    try:
+        out, err = tail.communicate(timeout=60)
+        assert tail.returncode == 0, err
+        lines = out.splitlines()
+        assert len(lines) == 20
+        stream, writer, token, row = lines[0].split(" ", 3)
+        assert writer == "master" and int(token) > 1 and json.loads(row)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+        _stop(proc2)
+
+
+def test_tail_rejects_a_bad_target() -> None:
+    out = subprocess.run([*CLI, "tail", "nonsense"], capture_output=True, text=True, timeout=30, env=ENV)
+    assert out.returncode != 0 and "expected HOST:PORT" in out.stderr
