@@ -364,3 +364,35 @@ async def test_sqlite_memory_databases_are_separate() -> None:
     finally:
         for d in dbs:
             await d.close()
+
+
+async def test_single_writer_table_without_instance_column(db: Database) -> None:
+    await db.execute("CREATE TABLE plain (sid BIGINT NOT NULL)")
+    gen = await make(db, stream_name="plain", tables=[("plain", None, "sid")])
+    async with gen.get_next() as sid:
+        await db.execute("INSERT INTO plain VALUES (?)", (sid,))
+    await gen.close()
+    await db.execute("INSERT INTO plain VALUES (7)")  # written, position never recorded
+    again = await make(db, stream_name="plain", tables=[("plain", None, "sid")])
+    assert again.current_token() == 7
+    async with again.get_next() as sid:
+        assert sid == 8
+    await again.close()
+
+
+@pytest.mark.postgres
+async def test_backwards_multi_writer_recovery(pg: Database) -> None:
+    w1 = await make(pg, stream_name="backfill", instance_name="w1", writers=("w1", "w2"), backwards=True)
+    w2 = await make(pg, stream_name="backfill", instance_name="w2", writers=("w1", "w2"), backwards=True)
+    for gen in (w1, w2, w1):
+        async with gen.get_next() as sid:
+            assert sid < 0
+            await pg.execute("INSERT INTO facts VALUES (?, ?, 'old')", (sid, gen.instance_name))
+    assert w1.current_token_for_writer("w1") == 4 and w2.current_token_for_writer("w2") == 3
+    await w1.close()
+    await w2.close()
+    await pg.execute("INSERT INTO facts VALUES (-5, 'w2', 'unrecorded')")
+    reader = await make(pg, stream_name="backfill", instance_name="r", writers=("w1", "w2"), backwards=True)
+    assert reader.positions() == {"w1": 4, "w2": 5}
+    assert reader.current_token() == 4
+    await reader.close()

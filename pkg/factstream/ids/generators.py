@@ -387,12 +387,27 @@ async def _max_in_tables(run: Database | Transaction, tables: list[TableSpec], b
 
 
 async def _writer_maxima_above(
-    run: Database | Transaction, tables: list[TableSpec], backwards: bool, above: int
+    run: Database | Transaction,
+    tables: list[TableSpec],
+    backwards: bool,
+    above: int,
+    sole_writer: str | None = None,
 ) -> dict[str, int]:
-    """Per writer, the largest id above ``above`` in the backing tables (token orientation)."""
+    """Per writer, the largest id above ``above`` in the backing tables (token orientation).
+
+    Rows of a table without an instance column belong to ``sole_writer`` (the
+    only writer of a single-writer stream); otherwise such tables are skipped.
+    """
     out: dict[str, int] = {}
     for table, inst, col in tables:
         if inst is None:
+            if sole_writer is None:
+                continue
+            agg, cmp, bound = ("MIN", "<", -above) if backwards else ("MAX", ">", above)
+            row = await run.fetchone(f"SELECT {agg}({col}) FROM {table} WHERE {col} {cmp} ?", (bound,))
+            if row and row[0] is not None:
+                pos = -int(row[0]) if backwards else int(row[0])
+                out[sole_writer] = max(out.get(sole_writer, 0), pos)
             continue
         if backwards:
             sql = f"SELECT {inst}, -MIN({col}) FROM {table} WHERE {col} < ? GROUP BY {inst}"
@@ -457,7 +472,8 @@ async def _load_postgres(
     known = [recorded[w] for w in writers if w in recorded]
     floor = min(known) if len(known) == len(set(writers)) else min(known + [1])
     positions = {w: recorded.get(w, floor) for w in writers}
-    for name, pos in (await _writer_maxima_above(txn, tables, backwards, floor)).items():
+    sole = writers[0] if len(writers) == 1 else None
+    for name, pos in (await _writer_maxima_above(txn, tables, backwards, floor, sole)).items():
         if name in positions:
             positions[name] = max(positions[name], pos)
     return positions
