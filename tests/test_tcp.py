@@ -391,3 +391,21 @@ def unused_tcp_port() -> int:
 
 
 _ = os
+
+
+async def test_server_survives_random_garbage(writer: Any) -> None:
+    import random
+
+    server, local = writer
+    rng = random.Random(5)
+    for _ in range(25):
+        raw = await Raw.connect(server.port)
+        chunks = [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300))) for _ in range(rng.randint(1, 5))]
+        for c in chunks:
+            raw.send(c + (b"\n" if rng.random() < 0.5 else b""))
+        raw.close()
+    fol = Follower(sources={"to_device": local["to_device"].source}, start_position=0)
+    client = await TcpClient(ReplicationHub("r", follower=fol), "127.0.0.1", server.port).start()
+    local["to_device"].write([["@still-alive:hs"]])
+    await fol.wait_for_position("to_device", "master", 1, 5)
+    await client.stop()
