@@ -22,6 +22,9 @@ from factstream.store.database import Database, connect
 ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 TABLES = [("facts", "instance_name", "stream_id")]
 
+#: writers run on uvloop in production: every test here runs on both loops
+BOTH_EVENT_LOOPS = True
+
 
 @pytest.fixture(params=ENGINES)
 async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:

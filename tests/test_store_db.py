@@ -13,6 +13,9 @@ from factstream.store.database import Database, DatabaseError, connect, to_pyfor
 
 ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
+#: writers and readers run on uvloop in production: every test here runs on both loops
+BOTH_EVENT_LOOPS = True
+
 
 @pytest.fixture(params=ENGINES)
 async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
