@@ -160,3 +160,33 @@ def test_completion_to_delivery_latency(benchmark: Any, cfg: tuple[str, str], re
 
     benchmark.pedantic(once, rounds=1, iterations=1)
     benchmark.extra_info.update({k: round(v, 1) for k, v in result.items()})
+
+
+@pytest.mark.parametrize("readers", [1, 8])
+def test_paired_ratio_uvloop_c_over_asyncio_py(benchmark: Any, readers: int) -> None:
+    """Alternate the two configurations round by round (ABAB...) so machine load hits both alike.
+
+    extra_info holds each configuration's median rows/s and the median of the
+    per-pair ratios; the timing row itself is the whole paired run.
+    """
+    benchmark.group = f"tcp paired ratio, {readers} reader{'s' if readers > 1 else ''}"
+    result: dict[str, float] = {}
+
+    def pairs() -> None:
+        fast, slow, ratios = [], [], []
+        for _ in range(5):
+            a = _throughput(("uvloop", "c"), readers)
+            b = _throughput(("asyncio", "py"), readers)
+            fast.append(a)
+            slow.append(b)
+            ratios.append(b / a)
+        n = N_ROWS[readers] * readers
+        fast.sort()
+        slow.sort()
+        ratios.sort()
+        result["uvloop_c_rows_per_s"] = round(n / fast[2])
+        result["asyncio_py_rows_per_s"] = round(n / slow[2])
+        result["median_pair_ratio"] = round(ratios[2], 2)
+
+    benchmark.pedantic(pairs, rounds=1, iterations=1)
+    benchmark.extra_info.update(result)
