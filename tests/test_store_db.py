@@ -161,3 +161,8 @@ async def test_postgres_pool_is_bounded(postgres_dsn: str) -> None:
         assert len(db._all) <= 2  # type: ignore[attr-defined]
     finally:
         await db.close()
+
+
+async def test_sqlite_missing_folder_is_explained(tmp_path: Path) -> None:
+    with pytest.raises(DatabaseError, match="check that its folder exists"):
+        await connect(f"sqlite:///{tmp_path / 'no' / 'such' / 'dir.db'}")

@@ -270,7 +270,15 @@ class SqliteDatabase(Database):
                 conn.execute("PRAGMA synchronous = NORMAL")
             return conn
 
-        self._conn = await self._run(opener)
+        try:
+            self._conn = await self._run(opener)
+        except sqlite3.Error as err:
+            self._executor.shutdown(wait=False)
+            self._closed = True
+            raise DatabaseError(
+                f"cannot open SQLite database {self.path!r} ({err}); check that its folder exists and is "
+                "writable (sqlite:///relative.db, sqlite:////absolute/path.db)"
+            ) from err
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._closed:
