@@ -51,3 +51,14 @@ async def test_table_source_pages_by_token() -> None:
     assert ups == [(3, ["e"]), (6, ["f"])] and upto == 10 and not limited
     ups, upto, limited = await src.get_updates("w", 0, 1, 2)
     assert ups == [(1, ["a"])] and upto == 1 and not limited
+
+
+async def test_table_source_backwards_ids_give_positive_tokens() -> None:
+    db = _SyncDb()
+    db.conn.execute("CREATE TABLE b (stream_ordering INTEGER, instance_name TEXT, event_id TEXT)")
+    db.conn.executemany("INSERT INTO b VALUES (?, ?, ?)", [(-2, "w", "$a"), (-3, "w", "$b"), (-3, "w", "$c"), (-5, "w", "$d")])
+    src = TableUpdateSource(db, "b", ["event_id"], id_column="stream_ordering", backwards=True)
+    ups, upto, limited = await src.get_updates("w", 1, 10, 10)
+    assert ups == [(2, ["$a"]), (3, ["$b"]), (3, ["$c"]), (5, ["$d"])] and upto == 10 and not limited
+    ups, upto, limited = await src.get_updates("w", 2, 10, 1)
+    assert [u[0] for u in ups] == [3, 3] and upto == 3 and limited

@@ -409,3 +409,11 @@ async def test_server_survives_random_garbage(writer: Any) -> None:
     local["to_device"].write([["@still-alive:hs"]])
     await fol.wait_for_position("to_device", "master", 1, 5)
     await client.stop()
+
+
+def test_backoff_is_exponential_capped_and_jittered() -> None:
+    client = TcpClient(ReplicationHub("r"), "127.0.0.1", 1, backoff_initial=0.1, backoff_max=2.0)
+    for attempt, base in [(1, 0.1), (2, 0.2), (3, 0.4), (5, 1.6), (6, 2.0), (40, 2.0)]:
+        delays = {client.next_delay(attempt) for _ in range(50)}
+        assert all(base * 0.5 <= d <= base for d in delays)
+        assert len(delays) > 1  # jitter

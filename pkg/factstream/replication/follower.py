@@ -314,6 +314,14 @@ class Follower:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            if limited and upto <= pos and not any(t > pos for t, _ in updates):
+                log.error(
+                    "%s/%s: update source returned a limited page without progress after %d; retrying in %.2fs",
+                    key.stream, key.writer, pos, delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
             delay = 0.05
             fetches.inc()
             fetched.inc(len(updates))

@@ -141,20 +141,25 @@ class TableUpdateSource:
         instance_column: str | None = "instance_name",
         to_row: Callable[[tuple[Any, ...]], Any] | None = None,
         where: str = "",
+        backwards: bool = False,
     ) -> None:
         self.db = db
+        self.backwards = backwards
         self.table = table
         self.columns = list(columns)
         self.id_column = id_column
         self.instance_column = instance_column
         self.to_row = to_row or list
-        cols = ", ".join([id_column, *self.columns])
-        cond = f"{id_column} > ? AND {id_column} <= ?"
+        # Backwards ids: token t is id -t, so (from, upto] is ids in [-upto, -from).
+        token_expr = f"-{id_column}" if backwards else id_column
+        cols = ", ".join([token_expr, *self.columns])
+        cond = f"{token_expr} > ? AND {token_expr} <= ?"
         if instance_column:
             cond += f" AND {instance_column} = ?"
         if where:
             cond += f" AND ({where})"
-        self._sql = f"SELECT {cols} FROM {table} WHERE {cond} ORDER BY {id_column} LIMIT ?"
+        order = f"{id_column} DESC" if backwards else id_column
+        self._sql = f"SELECT {cols} FROM {table} WHERE {cond} ORDER BY {order} LIMIT ?"
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
         params: list[Any] = [from_token, upto_token]
