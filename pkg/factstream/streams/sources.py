@@ -113,6 +113,10 @@ class MemoryUpdateSource:
         tokens = self._tokens.get(instance_name)
         if not tokens:
             return [], upto_token, False
+        last = tokens[-1]
+        if last == upto_token and (len(tokens) == 1 or tokens[-2] <= from_token) and last > from_token:
+            # The writer's hot path: exactly the row just added.
+            return [(last, self._rows[instance_name][-1])], upto_token, False
         lo = bisect.bisect_right(tokens, from_token)
         hi = bisect.bisect_right(tokens, upto_token)
         if hi - lo <= limit:

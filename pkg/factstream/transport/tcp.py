@@ -281,6 +281,9 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     def _handle(self, cmd: Command) -> None:
         name = cmd.NAME
+        if name == "RDATA" and not self.is_server:  # the hot path
+            self.sink.command_received(self, cmd)
+            return
         if name not in self._allowed:
             side = "client" if self.is_server else "server"
             self._abort_with("direction", f"{name} is not a command a {side} may send")
