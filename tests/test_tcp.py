@@ -417,3 +417,67 @@ def test_backoff_is_exponential_capped_and_jittered() -> None:
         delays = {client.next_delay(attempt) for _ in range(50)}
         assert all(base * 0.5 <= d <= base for d in delays)
         assert len(delays) > 1  # jitter
+
+
+async def test_reader_of_two_writers_gets_each_writers_batches_in_order() -> None:
+    hubs = {}
+    servers = {}
+    for name in ("w1", "w2"):
+        pub = Publisher(name)
+        ls = LocalStream("caches", name)
+        pub.add_stream("caches", ls.source, 0)
+        ls.add_listener(pub.notify)
+        hubs[name] = ls
+        servers[name] = await TcpServer(ReplicationHub(name, publisher=pub), f"{name}.hs").start()
+    fol = Follower(typed=False, start_position=0)
+    got: list[tuple[str, int, int]] = []
+    fol.add_handler(lambda s, w, t, rows: got.append((w, t, len(rows))))
+    rhub = ReplicationHub("r", follower=fol)
+    clients = [await TcpClient(rhub, "127.0.0.1", servers[n].port).start() for n in ("w1", "w2")]
+    for c in clients:
+        await c.wait_connected(3)
+    while len(rhub.connections) < 2:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    for i in range(30):
+        for name, ls in hubs.items():
+            ls.write([["c", [f"{name}-{i}-{j}"], 0] for j in range(1 + i % 3)])
+    for name in hubs:
+        await fol.wait_for_position("caches", name, 30, 5)
+    for name in hubs:
+        mine = [(t, n) for w, t, n in got if w == name]
+        assert mine == [(i + 1, 1 + i % 3) for i in range(30)]
+    for c in clients:
+        await c.stop()
+    for s in servers.values():
+        await s.stop()
+
+
+async def test_client_drops_duplicate_and_stale_rdata_from_the_wire() -> None:
+    async def scripted(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(
+            b"SERVER s\nPING 1\nPOSITION to_device m 2 2\n"
+            b'RDATA to_device m 1 ["@old"]\n'
+            b'RDATA to_device m 3 ["@a"]\n'
+            b'RDATA to_device m 3 ["@dup"]\n'
+            b'RDATA to_device m batch ["@b1"]\n'
+            b'RDATA to_device m 4 ["@b2"]\n'
+            b'RDATA to_device m 2 ["@stale"]\n'
+            b"POSITION to_device m 4 6\n"
+        )
+        try:
+            await reader.read()
+        finally:
+            w.close()
+
+    srv = await asyncio.start_server(scripted, "127.0.0.1", 0)
+    fol = Follower(typed=False, positions={("to_device", "m"): 2})
+    got: list[tuple[int, list[Any]]] = []
+    fol.add_handler(lambda s, w, t, rows: got.append((t, rows)))
+    client = await TcpClient(ReplicationHub("r", follower=fol), "127.0.0.1", srv.sockets[0].getsockname()[1]).start()
+    await fol.wait_for_position("to_device", "m", 6, 3)
+    assert got == [(3, [["@a"]]), (4, [["@b1"], ["@b2"]])]
+    assert fol.stats["stale_rows"] == 3
+    await client.stop()
+    srv.close()
+    await srv.wait_closed()
