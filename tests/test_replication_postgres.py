@@ -75,3 +75,41 @@ async def test_catch_up_from_postgres_tables(postgres_dsn: str) -> None:
 async def test_catch_up_from_sqlite_tables(tmp_path: Any) -> None:
     await _scenario(f"sqlite:///{tmp_path}/r.db")
     await asyncio.sleep(0)
+
+
+async def test_database_backed_cache_invalidation_over_tcp(tmp_path: Any) -> None:
+    from factstream.replication import CacheInvalidator, CacheRegistry, SimpleCache
+    from factstream.replication.tables import TableWriter
+
+    caches_table = DEMO_TABLES[2]
+    url = f"sqlite:///{tmp_path}/c.db"
+    db = await connect(url)
+    await create_tables(db, [caches_table])
+    gen = (await open_id_generators(db, "master", [caches_table]))["caches"]
+    pub = Publisher("master")
+    pub.add_stream("caches", caches_table.source(db), gen.current_token_for_writer("master"))
+    gen.add_listener(pub.notify)
+    server = await TcpServer(ReplicationHub("master", publisher=pub), "c.hs").start()
+    inv = CacheInvalidator(TableWriter(db, gen, caches_table).write)
+    await inv.invalidate("get_user_by_id", ["@early:hs"])  # before the reader: reaches it by catch-up
+
+    reader_db = await connect(url)
+    registry = CacheRegistry()
+    users = SimpleCache({("@early:hs",): 1, ("@bob:hs",): 2, ("@ann:hs",): 3})
+    registry.register("get_user_by_id", users)
+    fol = Follower(sources={"caches": caches_table.source(reader_db)}, start_position=0)
+    fol.add_handler(registry.on_rows, "caches")
+    client = await TcpClient(ReplicationHub("r", follower=fol), "127.0.0.1", server.port).start()
+    token = await inv.invalidate_many([("get_user_by_id", ["@bob:hs"]), ("other", None)])
+    await pub.flush()
+    await fol.wait_for_position("caches", "master", token, 5)
+    assert users == {("@ann:hs",): 3}
+    token = await inv.invalidate("get_user_by_id", None)
+    await pub.flush()
+    await fol.wait_for_position("caches", "master", token, 5)
+    assert users == {}
+    await client.stop()
+    await server.stop()
+    await gen.close()
+    await db.close()
+    await reader_db.close()

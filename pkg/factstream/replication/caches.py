@@ -106,8 +106,9 @@ class CacheInvalidator:
     """Writer side: ``invalidate(name, keys)`` appends a caches-stream fact via ``write(rows) -> token``.
 
     ``write`` is whatever persists rows at one token: ``LocalStream.write``
-    for an in-memory caches stream, or a function inserting into the
-    database's cache invalidation table and completing the id generator.
+    for an in-memory caches stream (the methods then return the token), or
+    ``TableWriter(db, id_gen, caches_table).write`` for a database-backed one
+    (the methods then return an awaitable of the token).
     """
 
     def __init__(self, write: Callable[[list[Any]], Any]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..streams.sources import TableUpdateSource
 
-__all__ = ["StreamTable", "DEMO_TABLES", "create_tables", "open_id_generators"]
+__all__ = ["StreamTable", "TableWriter", "DEMO_TABLES", "create_tables", "open_id_generators"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,33 @@ async def open_id_generators(
         )
         for t in tables
     }
+
+
+class TableWriter:
+    """Writes facts of one table-backed stream: one transaction, one token, its rows.
+
+    ``await writer.write(rows) -> token``; the id generator completes the
+    token after commit (or rollback), its listener (the publisher) then sends
+    the rows. ``CacheInvalidator(TableWriter(db, gen, caches_table).write)``
+    gives a database-backed caches stream.
+    """
+
+    def __init__(self, db: Any, id_gen: Any, table: StreamTable, instance_name: str | None = None) -> None:
+        self.db = db
+        self.id_gen = id_gen
+        self.table = table
+        self.instance_name = instance_name or id_gen.instance_name
+
+    async def write(self, rows: Sequence[Any]) -> int:
+        """Persist ``rows`` (wire rows or typed rows) at one new token; returns it."""
+        from ..streams.rows import Row
+
+        t = self.table
+        async with self.db.transaction() as txn:
+            token = int(await self.id_gen.get_next_txn(txn))
+            params = [
+                t.insert_params(token, self.instance_name, r.to_wire() if isinstance(r, Row) else r) for r in rows
+            ]
+            if params:
+                await txn.executemany(t.insert_sql(), params)
+        return token
