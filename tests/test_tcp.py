@@ -481,3 +481,40 @@ async def test_client_drops_duplicate_and_stale_rdata_from_the_wire() -> None:
     await client.stop()
     srv.close()
     await srv.wait_closed()
+
+
+async def test_shared_commands_are_relayed_to_other_readers_and_server_ends_never_send_client_commands() -> None:
+    from factstream.commands import LockReleasedCommand
+
+    pub = Publisher("master")
+    ls = LocalStream("caches", "master")
+    pub.add_stream("caches", ls.source, 0)
+    ls.add_listener(pub.notify)
+    # A writer hub that also follows (and has a syncing user): it must still never send REPLICATE/USER_SYNC as a server.
+    whub = ReplicationHub("master", publisher=pub, follower=Follower())
+    whub.user_sync("@master-user:hs", None, True, 1)
+    server = await TcpServer(whub, "hs").start()
+    heard: dict[str, list[Any]] = {"a": [], "b": []}
+    hubs = {}
+    clients = []
+    for name in ("a", "b"):
+        hubs[name] = ReplicationHub(name, follower=Follower())
+        hubs[name].on("REMOTE_SERVER_UP", lambda cmd, conn, n=name: heard[n].append(cmd))
+        hubs[name].on("LOCK_RELEASED", lambda cmd, conn, n=name: heard[n].append(cmd))
+        clients.append(await TcpClient(hubs[name], "127.0.0.1", server.port).start())
+    for c in clients:
+        await c.wait_connected(3)
+    while len(whub.connections) < 2:
+        await asyncio.sleep(0.01)
+    hubs["a"].send(RemoteServerUpCommand("back.example"))
+    hubs["a"].send(LockReleasedCommand("a", "lock", "key"))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if len(heard["b"]) == 2:
+            break
+    assert heard["b"] == [RemoteServerUpCommand("back.example"), LockReleasedCommand("a", "lock", "key")]
+    assert heard["a"] == []
+    assert all(c.close_reasons == type(c.close_reasons)() for c in clients)  # nobody was disconnected for direction
+    for c in clients:
+        await c.stop()
+    await server.stop()

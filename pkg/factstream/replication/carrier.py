@@ -17,6 +17,8 @@ positions. It talks to the core through two small types:
 ``Connection.broadcast`` is False for point-to-point links (TCP: the writer
 streams RDATA to a connection only after it asked REPLICATE) and True for
 shared buses (Redis: every RDATA is published for whoever listens).
+``Connection.may_send`` names the commands this end may send (None: any); the
+hub respects it, so REPLICATE and USER_SYNC never go out of a TCP server end.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class Connection(ABC):
     description: str = "connection"
     #: The peer's name once known (TCP: SERVER or NAME), else None.
     peer_name: str | None = None
+    #: Command names this end may send (TCP: the server or the client list), None for any.
+    #: The hub never hands a connection a command outside this set.
+    may_send: frozenset[str] | None = None
 
     @abstractmethod
     def send(self, cmd: Command) -> None:

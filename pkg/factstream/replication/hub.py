@@ -11,7 +11,12 @@ transport can drive it, and routes what arrives:
   handlers as if the instance had cleared them), then handlers;
 * FEDERATION_ACK, USER_IP, REMOTE_SERVER_UP, LOCK_RELEASED, NEW_ACTIVE_TASK,
   CANCEL_TASK -> handlers registered with :meth:`on`, called as
-  ``handler(cmd, conn)`` with the typed command.
+  ``handler(cmd, conn)`` with the typed command; a relaying hub (a TCP
+  writer, by default) also passes REMOTE_SERVER_UP and LOCK_RELEASED on to
+  its other point-to-point connections, as Synapse's master does.
+
+A connection only ever gets commands in its ``may_send`` set (a TCP server
+end never sends REPLICATE or USER_SYNC, even from a hub that also follows).
 
 Outgoing application commands go through :meth:`send`: to every connection,
 or, while there is none, into a bounded outbox flushed on the next
@@ -46,6 +51,9 @@ __all__ = ["ReplicationHub", "OutboxFull", "CommandHandler"]
 
 log = logging.getLogger(__name__)
 
+#: Shared commands a relaying hub passes on to its other connections.
+_RELAYED = frozenset({"REMOTE_SERVER_UP", "LOCK_RELEASED"})
+
 #: ``handler(cmd, conn)``; ``conn`` is None for commands synthesised by the hub.
 CommandHandler = Callable[[Command, Connection | None], Any]
 
@@ -65,6 +73,7 @@ class ReplicationHub:
         follower: Follower | None = None,
         max_outbox: int = 10_000,
         replicate_on_connect: bool | None = None,
+        relay: bool | None = None,
     ) -> None:
         self.instance_name = instance_name
         self.publisher = publisher
@@ -72,6 +81,9 @@ class ReplicationHub:
         self.max_outbox = max_outbox
         #: Send REPLICATE on each new connection (default: when following).
         self.replicate_on_connect = follower is not None if replicate_on_connect is None else replicate_on_connect
+        #: Pass REMOTE_SERVER_UP / LOCK_RELEASED from one point-to-point connection to the
+        #: others (a TCP writer is the hub of a star, as Synapse's master is). Default: when publishing.
+        self.relay = publisher is not None if relay is None else relay
         self._connections: list[Connection] = []
         self._replicating: list[Connection] = []
         self._outbox: deque[Command] = deque()
@@ -97,8 +109,10 @@ class ReplicationHub:
     def send(self, cmd: Command) -> None:
         """Send ``cmd`` on every connection, or queue it (bounded) until one exists."""
         if self._connections:
+            name = cmd.NAME
             for conn in self._connections:
-                conn.send(cmd)
+                if conn.may_send is None or name in conn.may_send:
+                    conn.send(cmd)
             return
         if len(self._outbox) >= self.max_outbox:
             raise OutboxFull(
@@ -151,6 +165,9 @@ class ReplicationHub:
             metrics.PENDING_OUT.dec(len(self._outbox))
             cmds.extend(self._outbox)
             self._outbox.clear()
+        allowed = conn.may_send
+        if allowed is not None:
+            cmds = [c for c in cmds if c.NAME in allowed]
         if cmds:
             conn.send_many(cmds)
 
@@ -191,6 +208,10 @@ class ReplicationHub:
                 users.discard((cmd.user_id, cmd.device_id))
         elif type(cmd) is ClearUserSyncsCommand:
             self._remote_syncs.get(conn, {}).pop(cmd.instance_id, None)
+        elif self.relay and not conn.broadcast and cmd.NAME in _RELAYED:
+            for other in self._connections:
+                if other is not conn and not other.broadcast and (other.may_send is None or cmd.NAME in other.may_send):
+                    other.send(cmd)
         self._dispatch(cmd, conn)
 
     # ------------------------------------------------------------ internals

@@ -118,6 +118,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self.timeout = timeout
         self.max_buffered = max_buffered
         self._allowed = CLIENT_COMMANDS if is_server else SERVER_COMMANDS
+        self.may_send = SERVER_COMMANDS if is_server else CLIENT_COMMANDS
         self._codec = codec or wire
         self._decoder = self._codec.LineDecoder(max_line_length=max_line_length)
         self._encode_lines = self._codec.encode_lines
