@@ -21,7 +21,7 @@ NO_EXTENSIONS = os.environ.get("FACTSTREAM_NO_EXTENSIONS", "") not in ("", "0")
 
 HINT = (
     "factstream: building the Cython extensions failed ({err}).\n"
-    "  Install a C compiler and the Python headers (e.g. 'apt install gcc python3-dev'),\n"
+    "  Install a C and C++ compiler and the Python headers (e.g. 'apt install gcc g++ python3-dev'),\n"
     "  or build the pure-Python package instead: FACTSTREAM_NO_EXTENSIONS=1 pip install ."
 )
 

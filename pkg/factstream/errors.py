@@ -32,7 +32,7 @@ class ProtocolError(FactstreamError, ValueError):
             msg = f"{reason}: {shown!r}{more}"
         super().__init__(msg)
 
-    def __reduce__(self):  # keep picklable across processes (Spark executors)
+    def __reduce__(self) -> tuple[object, ...]:  # keep picklable across processes (Spark executors)
         return (_rebuild_protocol_error, (self.reason, self.line, self.commands))
 
 
