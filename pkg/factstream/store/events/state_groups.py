@@ -70,12 +70,8 @@ class StateGroupStore:
         if cached is not None:
             self._cache.move_to_end(group)
             return cached
-        rows = await txn.fetchall(
-            _CHAIN_SQL + " SELECT c.h, d.type, d.state_key, d.event_id FROM chain c"
-            " JOIN state_group_deltas d ON d.state_group = c.id",
-            (group,),
-        )
-        state = _merge_by_height(rows)
+        chain = await self._chain(txn, group, 0)
+        state = await self._deltas(txn, chain)
         self._cache[group] = state
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -89,19 +85,41 @@ class StateGroupStore:
         cached = self._cache.get(group)
         if cached is not None:
             return {k: cached[k] for k in keys if k in cached}
-        out: StateMap = {}
-        by_type: dict[str, list[str]] = {}
+        chain = await self._chain(txn, group, 0)
+        heights = {gid: h for gid, _, h in chain}
+        out: dict[StateKey, tuple[int, str]] = {}
+        ids = [gid for gid, _, _ in chain]
         for t, sk in keys:
-            by_type.setdefault(t, []).append(sk)
-        for t, sks in by_type.items():
-            marks = ",".join("?" * len(sks))
             rows = await txn.fetchall(
-                _CHAIN_SQL + " SELECT c.h, d.type, d.state_key, d.event_id FROM chain c"
-                f" JOIN state_group_deltas d ON d.state_group = c.id AND d.type = ? AND d.state_key IN ({marks})",
-                (group, t, *sks),
+                "SELECT state_group, event_id FROM state_group_deltas WHERE type = ? AND state_key = ?"
+                f" AND state_group IN ({','.join('?' * len(ids))})",
+                (t, sk, *ids),
             )
-            out.update(_merge_by_height(rows))
-        return out
+            for gid, ev in rows:
+                h = heights[int(gid)]
+                if (t, sk) not in out or h > out[(t, sk)][0]:
+                    out[(t, sk)] = (h, ev)
+        return {k: v[1] for k, v in out.items()}
+
+    async def _chain(self, txn: Any, group: int, above: int) -> list[tuple[int, int | None, int]]:
+        """``(id, base, height)`` from ``group`` down its base chain, keeping heights > ``above``."""
+        rows = await txn.fetchall(
+            _CHAIN_SQL[:-1] + " WHERE c.h > ?) SELECT id, base, h FROM chain",
+            (group, above),
+        )
+        return [(int(r[0]), None if r[1] is None else int(r[1]), int(r[2])) for r in rows if int(r[2]) > above]
+
+    async def _deltas(self, txn: Any, chain: list[tuple[int, int | None, int]]) -> StateMap:
+        """Merge the deltas of ``chain``'s groups, the highest group winning."""
+        if not chain:
+            return {}
+        heights = {gid: h for gid, _, h in chain}
+        rows = await txn.fetchall(
+            "SELECT state_group, type, state_key, event_id FROM state_group_deltas"
+            f" WHERE state_group IN ({','.join('?' * len(chain))})",
+            list(heights),
+        )
+        return _merge_by_height((heights[int(r[0])], r[1], r[2], r[3]) for r in rows)
 
     async def create(
         self,
@@ -121,22 +139,11 @@ class StateGroupStore:
             # the parent lies on the parent's base chain above the target.
             # Only the groups strictly above the target height, plus the base
             # itself (found as the base of the lowest of them or the parent).
-            rows = await txn.fetchall(
-                "WITH RECURSIVE chain(id, base, h) AS ("
-                " SELECT id, base_group, height FROM state_groups WHERE id = ?"
-                " UNION ALL SELECT g.id, g.base_group, g.height FROM state_groups g JOIN chain c ON g.id = c.base"
-                " WHERE c.h > ?)"
-                " SELECT c.h, d.type, d.state_key, d.event_id, c.id, c.base FROM chain c"
-                " LEFT JOIN state_group_deltas d ON d.state_group = c.id WHERE c.h > ?",
-                (parent, target, target),
-            )
-            delta = _merge_by_height([r for r in rows if r[1] is not None])
+            chain = await self._chain(txn, parent, target)
+            delta = await self._deltas(txn, chain)
             if target > 0:
-                if rows:
-                    lowest = min(rows, key=lambda r: int(r[0]))
-                    base = int(lowest[5])
-                else:  # the parent itself sits at the target height
-                    base = parent
+                # the base is the base of the lowest group above the target (or the parent itself)
+                base = min(chain, key=lambda c: c[2])[1] if chain else parent
         delta.update(changes)
         row = await txn.fetchone(
             "UPDATE event_store_counters SET value = value + 1 WHERE name = 'state_group' RETURNING value"

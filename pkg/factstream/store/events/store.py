@@ -729,8 +729,8 @@ class EventStore:
         """Full state after (or before) ``event_id``: {(type, state_key): event_id}."""
         before_g, after_g = await self._event_groups(event_id)
         g = after_g if after else before_g
-        async with self.db.transaction() as txn:
-            return dict(await self.groups.full_state(txn, g))
+        # Committed groups never change: a plain read (no write lock on SQLite) is enough.
+        return dict(await self.groups.full_state(self.db, g))
 
     async def get_state_group(self, event_id: str, *, after: bool = True) -> int | None:
         """The state group after (or before) ``event_id`` (None: empty state)."""
