@@ -59,3 +59,10 @@ def test_missing_file_says_so(tmp_path: Path) -> None:
 def test_help_explains_itself() -> None:
     res = run("--help")
     assert res.returncode == 0 and b"bad line" in res.stdout
+
+
+def test_sample_log_ships_and_decodes() -> None:
+    res = run("--sample", "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == 1 and doc["error_count"] == 4  # the sample holds four deliberately bad lines
+    assert doc["commands"]["RDATA"] == 10 and {e["line"] for e in doc["errors"]} == {26, 27, 28, 29}

@@ -112,7 +112,7 @@ def check_lines(wire: ModuleType, oracle: Oracle, texts: list[str]) -> None:
 
 
 def test_sample_log_and_examples_agree(wire_impl: ModuleType, oracle: Oracle) -> None:
-    from factstream.cli.demo import sample_log_path
+    from factstream.cli.decode import sample_log_path
 
     from test_wire import EXAMPLES
 

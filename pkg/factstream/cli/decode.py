@@ -9,10 +9,16 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import IO, Any
 
 from .. import wire
 from ..errors import ProtocolError
+
+
+def sample_log_path() -> str:
+    """Path of the sample replication log that ships inside the package."""
+    return str(resources.files("factstream") / "data" / "sample.log")
 
 
 def register(subparsers: Any) -> None:
@@ -23,10 +29,12 @@ def register(subparsers: Any) -> None:
             "Read replication protocol lines (one per line, as on the TCP wire or a Redis "
             "channel) and print per-command and per-stream counts, token ranges and every bad "
             "line with its line number and reason. Files ending in .gz are decompressed. "
-            "Exit status 1 if any line was bad."
+            "Exit status 1 if any line was bad. Try it on the sample that ships with the package: "
+            "factstream decode --sample."
         ),
     )
     p.add_argument("files", nargs="*", metavar="FILE", help="files to read ('-' or nothing for stdin)")
+    p.add_argument("--sample", action="store_true", help="also read the sample log shipped inside the package")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.add_argument("--max-errors", type=int, default=100, metavar="N", help="list at most N bad lines (default 100)")
     p.set_defaults(func=run)
@@ -131,7 +139,8 @@ def _print_text(summary: Summary, out: IO[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    paths = args.files or ["-"]
+    paths = list(args.files) + ([sample_log_path()] if getattr(args, "sample", False) else [])
+    paths = paths or ["-"]
     try:
         summary = summarise(paths, args.max_errors)
     except OSError as err:
