@@ -56,7 +56,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from .. import metrics, wire
-from ..commands import Command, PositionCommand, RdataCommand
+from ..commands import Command, PositionCommand, RdataCommand, ReplicateCommand
 from ..replication.carrier import CommandSink, Connection
 
 __all__ = [
@@ -328,6 +328,7 @@ class RedisCarrier:
 
         self._queue: deque[bytes] = deque()
         self._overflowing = False
+        self._dropped_before = 0
         self._need_resync = False
         self._wake = asyncio.Event()
         self._flusher_waiting = False
@@ -467,6 +468,7 @@ class RedisCarrier:
                 self._overflowing = True
                 self._need_resync = True
                 self.stats.overflows += 1
+                self._dropped_before = self.stats.dropped - 1
                 logger.error(
                     "Redis publish queue full (%d commands, publisher %s): dropping new commands until it "
                     "drains; readers will catch up from positions announced afterwards. Raise max_pending "
@@ -847,6 +849,7 @@ class RedisCarrier:
         if not self._overflowing:
             self._overflowing = True
             self.stats.overflows += 1
+            self._dropped_before = self.stats.dropped - queued
         logger.error(
             "Redis publisher connection lost with %d commands unacknowledged; dropping %d queued commands and "
             "refusing new ones until reconnected, then announcing positions so readers catch up", lost, queued,
@@ -857,7 +860,10 @@ class RedisCarrier:
         if self._need_resync:
             self._need_resync = False
             if self._overflowing:
-                logger.warning("Redis publish queue drained after dropping %d commands; resyncing", self.stats.dropped)
+                logger.warning(
+                    "Redis publishing resumes after dropping %d commands; announcing positions",
+                    self.stats.dropped - self._dropped_before,
+                )
             self._overflowing = False
             self.stats.resyncs += 1
             self._run_hook(self._on_resync, "on_resync")
@@ -925,7 +931,12 @@ class RedisReplication:
     facts published while it was away, so, as Synapse does, RDATA of a
     (stream, writer) is ignored on each new subscription until a POSITION of
     that pair has been seen on it; the POSITION's catch-up covers the rows
-    ignored. Own RDATA/POSITION/LOCK_RELEASED echoes never reach the hub.
+    ignored. ``batch`` rows are held here until their closing row and handed
+    over together; a POSITION of the same writer discards a held batch (its
+    end was lost on the writer's side, which a reader's connection cannot
+    see; Synapse also drops pending batches on POSITION), and the catch-up
+    fetches the whole fact. Own RDATA/POSITION/LOCK_RELEASED echoes never
+    reach the hub.
     """
 
     def __init__(
@@ -956,8 +967,11 @@ class RedisReplication:
         self._conn: RedisConnection | None = None
         self._generation = 0
         self._announced: set[tuple[str, str]] = set()
+        self._batches: dict[tuple[str, str], list[Command]] = {}
         #: RDATA ignored on a fresh subscription before its POSITION (repaired by catch-up).
         self.gated_rdata = 0
+        #: batches whose closing row never came (dropped at the writer's next POSITION).
+        self.truncated_batches = 0
 
     @property
     def connection(self) -> RedisConnection | None:
@@ -1002,6 +1016,7 @@ class RedisReplication:
     def _on_subscribed(self) -> None:
         self._generation += 1
         self._announced = set()
+        self._batches = {}
         conn = self._conn = RedisConnection(self.carrier, self._generation)
         self.hub.connection_made(conn)  # REPLICATE (when following), user syncs, outbox
         publisher = self._publisher()
@@ -1016,9 +1031,17 @@ class RedisReplication:
             self.hub.connection_lost(conn, reason)
 
     def _on_resync(self) -> None:
+        # Our recent commands may not have reached anyone. A REPLICATE among
+        # them would leave this reader's RDATA gated until each writer happens
+        # to announce again, so ask again; writers re-announce their positions.
+        conn = self._conn
+        if conn is None:
+            return  # the next subscription does both anyway
+        if getattr(self.hub, "replicate_on_connect", False):
+            conn.send(ReplicateCommand())
         publisher = self._publisher()
-        if publisher is not None and self._conn is not None:
-            self._conn.send_many(publisher.position_commands())
+        if publisher is not None:
+            conn.send_many(publisher.position_commands())
 
     def _on_command(self, cmd: Command) -> None:
         conn = self._conn
@@ -1026,11 +1049,26 @@ class RedisReplication:
             return
         kind = type(cmd)
         if kind is RdataCommand:
-            if (cmd.stream_name, cmd.instance_name) not in self._announced:  # type: ignore[attr-defined]
+            key = (cmd.stream_name, cmd.instance_name)  # type: ignore[attr-defined]
+            if key not in self._announced:
                 self.gated_rdata += 1
                 return
+            if cmd.token is None:  # type: ignore[attr-defined]
+                self._batches.setdefault(key, []).append(cmd)
+                return
+            held = self._batches.pop(key, None)
+            if held:
+                for row_cmd in held:
+                    self.hub.command_received(conn, row_cmd)
         elif kind is PositionCommand:
-            self._announced.add((cmd.stream_name, cmd.instance_name))  # type: ignore[attr-defined]
+            key = (cmd.stream_name, cmd.instance_name)  # type: ignore[attr-defined]
+            self._announced.add(key)
+            if self._batches.pop(key, None):
+                # A writer's batch is contiguous in what it publishes and its POSITION only ever
+                # follows a complete batch, so this batch lost its end on the writer's side
+                # (publisher connection or queue); the POSITION's catch-up fetches the whole fact.
+                self.truncated_batches += 1
+                logger.info("%s/%s: batch cut short by a lost publication; catch-up will fetch it", *key)
         self.hub.command_received(conn, cmd)
 
 
