@@ -44,12 +44,14 @@ class StateGroupStore:
     def __init__(self, cache_size: int = 64) -> None:
         self._cache: OrderedDict[int, StateMap] = OrderedDict()
         self._meta: dict[int, tuple[int, str]] = {}  # id -> (height, history_visibility)
+        self._chains: dict[int, list[tuple[int, int | None, int]]] = {}  # id -> its base chain
         self._cache_size = cache_size
 
     def forget(self) -> None:
         """Drop every cached group (after a rollback ids may be reused)."""
         self._cache.clear()
         self._meta.clear()
+        self._chains.clear()
 
     async def meta(self, txn: Any, group: int) -> tuple[int, str]:
         """``(height, history_visibility)`` of ``group``."""
@@ -87,27 +89,36 @@ class StateGroupStore:
             return {k: cached[k] for k in keys if k in cached}
         chain = await self._chain(txn, group, 0)
         heights = {gid: h for gid, _, h in chain}
-        out: dict[StateKey, tuple[int, str]] = {}
-        ids = [gid for gid, _, _ in chain]
+        ids = list(heights)
+        by_type: dict[str, list[str]] = {}
         for t, sk in keys:
-            rows = await txn.fetchall(
-                "SELECT state_group, event_id FROM state_group_deltas WHERE type = ? AND state_key = ?"
-                f" AND state_group IN ({','.join('?' * len(ids))})",
-                (t, sk, *ids),
-            )
-            for gid, ev in rows:
-                h = heights[int(gid)]
-                if (t, sk) not in out or h > out[(t, sk)][0]:
-                    out[(t, sk)] = (h, ev)
+            by_type.setdefault(t, []).append(sk)
+        out: dict[StateKey, tuple[int, str]] = {}
+        for t, sks in by_type.items():
+            for i in range(0, len(sks), 400):
+                chunk = sks[i : i + 400]
+                rows = await txn.fetchall(
+                    "SELECT state_group, state_key, event_id FROM state_group_deltas WHERE type = ?"
+                    f" AND state_key IN ({','.join('?' * len(chunk))})"
+                    f" AND state_group IN ({','.join('?' * len(ids))})",
+                    (t, *chunk, *ids),
+                )
+                for gid, sk, ev in rows:
+                    h = heights[int(gid)]
+                    if (t, sk) not in out or h > out[(t, sk)][0]:
+                        out[(t, sk)] = (h, ev)
         return {k: v[1] for k, v in out.items()}
 
     async def _chain(self, txn: Any, group: int, above: int) -> list[tuple[int, int | None, int]]:
         """``(id, base, height)`` from ``group`` down its base chain, keeping heights > ``above``."""
-        rows = await txn.fetchall(
-            _CHAIN_SQL[:-1] + " WHERE c.h > ?) SELECT id, base, h FROM chain",
-            (group, above),
-        )
-        return [(int(r[0]), None if r[1] is None else int(r[1]), int(r[2])) for r in rows if int(r[2]) > above]
+        chain = self._chains.get(group)
+        if chain is None:
+            rows = await txn.fetchall(_CHAIN_SQL + " SELECT id, base, h FROM chain", (group,))
+            chain = [(int(r[0]), None if r[1] is None else int(r[1]), int(r[2])) for r in rows]
+            if len(self._chains) > 50_000:
+                self._chains.clear()
+            self._chains[group] = chain
+        return [c for c in chain if c[2] > above]
 
     async def _deltas(self, txn: Any, chain: list[tuple[int, int | None, int]]) -> StateMap:
         """Merge the deltas of ``chain``'s groups, the highest group winning."""
@@ -160,6 +171,10 @@ class StateGroupStore:
                 [(group, t, sk, ev) for (t, sk), ev in delta.items()],
             )
         self._meta[group] = (height, history_visibility)
+        if base is None:
+            self._chains[group] = [(group, None, height)]
+        elif base in self._chains:
+            self._chains[group] = [(group, base, height), *self._chains[base]]
         return group
 
 

@@ -41,7 +41,7 @@ from ..migrations import migrate
 from . import schema
 from .event_json import EventFields, parse_event, prune_event_json
 from .resolver import DepthResolver, StateKey, StateMap, StateResolver, conflicted_events
-from .state_groups import EMPTY, StateGroupStore
+from .state_groups import StateGroupStore
 from .tokens import RoomsToken, TopologicalToken
 from .visibility import HISTORY_VISIBILITY, MEMBER, effective_visibility, membership_at, normalise_visibility
 
@@ -1001,4 +1001,3 @@ async def _default_id_gen(db: Any, instance_name: str, *, backwards: bool) -> An
     return gen
 
 
-_ = EMPTY
