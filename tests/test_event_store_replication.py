@@ -115,3 +115,54 @@ async def test_reader_follows_events_stream_and_answers_new_events(db_url: str, 
         await writer.close()
         await wdb.close()
         await rdb.close()
+
+
+@pytest.mark.postgres
+async def test_two_writers_share_the_stream_orderings(postgres_dsn: str) -> None:
+    """Multi-writer: two event persisters (different rooms) draw from one events sequence."""
+    from factstream.ids import create_id_generator
+    from factstream.store.events import EventsStreamSource
+
+    dbs = [await connect(postgres_dsn) for _ in range(2)]
+    stores = []
+    try:
+        for name, db in zip(("w1", "w2"), dbs):
+            await EventStore.open(db, writer=False)  # migrate before the generators read the tables
+            fwd = await create_id_generator(db, stream_name="events", instance_name=name, writers=("w1", "w2"),
+                                            tables=(("events", "instance_name", "stream_ordering"),))
+            back = await create_id_generator(db, stream_name="backfill", instance_name=name, writers=("w1", "w2"),
+                                             tables=(("events", "instance_name", "stream_ordering"),), backwards=True)
+            stores.append(await EventStore.open(db, instance_name=name, stream_id_gen=fwd, backfill_id_gen=back))
+        rooms = [linear_room(f"!w{i}:hs", [
+            ("m.room.create", "@a:hs", "", {"creator": "@a:hs"}),
+            ("m.room.member", "@a:hs", "@a:hs", {"membership": "join"}),
+            *[("m.room.message", "@a:hs", None, {"body": str(j)}) for j in range(6)],
+        ]) for i in range(2)]
+        got: dict[str, list[int]] = {"w1": [], "w2": []}
+        for k in range(8):
+            for store, room in zip(stores, rooms):
+                res = await store.persist_event(room[k])
+                got[store.instance_name].append(res.stream_ordering)
+        all_ids = got["w1"] + got["w2"]
+        assert len(set(all_ids)) == 16 and all(ids == sorted(ids) for ids in got.values())
+        src = EventsStreamSource(dbs[0])
+        for name, room_id in (("w1", "!w0:hs"), ("w2", "!w1:hs")):
+            rows, _, _ = await src.get_updates(name, 0, max(all_ids), 1000)
+            evs = [r for r in rows if r[1][0] == "ev"]
+            assert [t for t, _ in evs] == got[name]
+            assert {r[1][1][1] for r in evs} == {room_id}
+        # a reader asks up to a position both writers have passed
+        reader = await EventStore.open(dbs[0], writer=False, instance_name="reader")
+        for name in ("w1", "w2"):
+            reader.advance_reader(name, max(got[name]))
+        new = await reader.get_new_events_for_user("@a:hs", 0)
+        assert sorted(new) == ["!w0:hs", "!w1:hs"]
+        upto = reader.current_token()
+        assert upto == min(max(got["w1"]), max(got["w2"]))
+        assert all(e.stream_ordering <= upto for v in new.values() for e in v.events)
+    finally:
+        for s in stores:
+            await s.stream_id_gen.close()
+            await s.backfill_id_gen.close()
+        for db in dbs:
+            await db.close()
