@@ -193,3 +193,54 @@ def test_publish_and_deliver(benchmark: Any, redis_url: str, loop: asyncio.Abstr
         run(reader.close())
     assert reader.stats.invalid == 0
     benchmark.extra_info.update(items=n, loop=type(loop).__module__.split(".")[0], round_trips=writer.stats.round_trips)
+
+
+# ---------------------------------------------------------------------- whole stack
+
+
+@pytest.mark.benchmark(group="redis replication, facts written -> delivered by a Follower")
+def test_replication_end_to_end(benchmark: Any, redis_url: str, loop: asyncio.AbstractEventLoop) -> None:
+    """LocalStream.write -> Publisher -> RedisReplication -> Redis -> RedisReplication -> Follower handler."""
+    from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
+    from factstream.transport.redis import RedisReplication
+
+    run = _on(loop)
+    n = N_COMMANDS // 2
+    channel = _channel()
+    stream = LocalStream("to_device", "bench-writer")
+    pub = Publisher("bench-writer")
+    pub.add_stream("to_device", stream.source, 0)
+    stream.add_listener(pub.notify)
+    writer = RedisReplication(ReplicationHub("bench-writer", publisher=pub), redis_url, channel, max_pending=n * 2)
+    fol = Follower(sources={"to_device": stream.source}, start_position=0)
+    delivered = 0
+
+    def count(s: str, w: str, t: int, rows: list[Any]) -> None:
+        nonlocal delivered
+        delivered += len(rows)
+
+    fol.add_handler(count)
+    reader = RedisReplication(ReplicationHub("bench-reader", follower=fol), redis_url, channel)
+
+    async def start() -> None:
+        await writer.start()
+        await reader.start()
+        await writer.wait_connected(5)
+        await reader.wait_connected(5)
+
+    async def one_round() -> int:
+        before = delivered
+        for i in range(n):
+            stream.write([[f"@user{i % 997}:example.org"]])
+        await fol.wait_for_position("to_device", "bench-writer", stream.current_token(), timeout=60)
+        return delivered - before
+
+    run(start())
+    try:
+        assert benchmark.pedantic(lambda: run(one_round()), rounds=5, warmup_rounds=1) == n
+    finally:
+        run(writer.stop())
+        run(reader.stop())
+        run(fol.close())
+        pub.close()
+    benchmark.extra_info.update(items=n, loop=type(loop).__module__.split(".")[0], catchup_fetches=fol.stats["catchup_fetches"])
