@@ -233,7 +233,10 @@ def factstream_pandas_udf(spark: Any, path: str, typed: bool) -> Any:
 
     from factstream.spark.lines import ARROW_SCHEMA, SPARK_DDL, parse_block
 
-    @F.pandas_udf(f"struct<{SPARK_DDL.replace(' string', ':string').replace(' bigint', ':bigint').replace(' boolean', ':boolean').replace(' array<string>', ':array<string>')}>")
+    struct = "struct<" + SPARK_DDL.replace(" string", ":string").replace(" bigint", ":bigint").replace(
+        " boolean", ":boolean"
+    ).replace(" array<string>", ":array<string>") + ">"
+
     def parse(values: pd.Series) -> pd.DataFrame:
         lines = pa.array(values, pa.binary()).to_pylist()
         batches = list(parse_block(lines, source="", typed=typed, batch_rows=len(lines) + 1))
@@ -241,8 +244,11 @@ def factstream_pandas_udf(spark: Any, path: str, typed: bool) -> Any:
         assert table.num_rows == len(lines), "blank lines would break the 1:1 contract"
         return table.to_pandas(types_mapper=pd.ArrowDtype)
 
+    # this module uses postponed annotations; Spark reads the hints to pick the UDF kind
+    parse.__annotations__ = {"values": pd.Series, "return": pd.DataFrame}
+    parse_udf = F.pandas_udf(parse, struct)
     df = spark.read.text(path).select(F.col("value").cast("binary").alias("value"))
-    return df.select(parse("value").alias("r")).select("r.*")
+    return df.select(parse_udf("value").alias("r")).select("r.*")
 
 
 def factstream_files(spark: Any, path: str, typed: bool) -> Any:

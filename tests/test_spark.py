@@ -258,8 +258,9 @@ def test_report_figures_match_hand_computed(spark: Any, report_dir: str) -> None
 def test_cli_parse_and_report(tmp_path: Path, archives: tuple[str, dict[str, list[Any]]]) -> None:
     root, expected = archives
     out = str(tmp_path / "pq")
-    done = _cli("parse", root, "--out", out, "--chunk-mb", "0.002")
+    done = _cli("parse", root, "--out", out, "--chunk-mb", "0.002", "--progress", "always")
     assert done.returncode == 0, done.stderr
+    assert "parsing:" in done.stderr and "task" in done.stderr  # the tqdm bar
     total = sum(len(v) for v in expected.values())
     assert f"wrote {total} lines" in done.stderr
     again = _cli("parse", root, "--out", out)

@@ -106,8 +106,6 @@ HEADER_DDL: str = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in HEADER_S
 #: Spark types of the typed columns, for filling them with nulls after a header-only parse.
 TYPED_COLUMNS: tuple[tuple[str, str], ...] = tuple((f.name, _SPARK_TYPES[f.type]) for f in list(ARROW_SCHEMA)[14:])
 
-_TYPED = [f.name for f in ARROW_SCHEMA][14:]
-_EV_STR = ["ev_event_id", "ev_room_id", "ev_type", "ev_state_key", "ev_redacts", "ev_relates_to", "ev_membership"]
 
 
 @dataclass(frozen=True)
@@ -197,32 +195,114 @@ def detect_format(head: list[bytes]) -> str:
 
 
 class _Columns:
-    """Column lists for one record batch."""
+    """Columns of one record batch: dense lists for what most lines have, sparse for the rest."""
 
-    __slots__ = tuple(f.name for f in ARROW_SCHEMA) + ("typed", "n")
+    __slots__ = (
+        "typed", "line_number", "command", "stream", "instance", "token", "row",
+        "ts_text", "direction", "channel", "prev_token", "data", "error", "raw", "ev", "cache",
+    )
 
     def __init__(self, typed: bool) -> None:
-        for f in ARROW_SCHEMA:
-            setattr(self, f.name, [])
         self.typed = typed
-        self.n = 0
+        self.line_number: list[int] = []
+        self.command: list[str | None] = []
+        self.stream: list[str | None] = []
+        self.instance: list[str | None] = []
+        self.token: list[int | None] = []
+        self.row: list[bytes | None] = []
+        # sparse: index -> value
+        self.ts_text: dict[int, bytes] = {}
+        self.direction: dict[int, bytes] = {}
+        self.channel: dict[int, bytes] = {}
+        self.prev_token: dict[int, int] = {}
+        self.data: dict[int, bytes | None] = {}
+        self.error: dict[int, str] = {}
+        self.raw: dict[int, str] = {}
+        # typed rows: (index, decoded row) of the events and caches streams
+        self.ev: list[tuple[int, Any]] = []
+        self.cache: list[tuple[int, Any]] = []
+
+    def add_bad(self, number: int, problem: str, payload: bytes) -> None:
+        i = len(self.line_number)
+        self.line_number.append(number)
+        self.command.append(None)
+        self.stream.append(None)
+        self.instance.append(None)
+        self.token.append(None)
+        self.row.append(None)
+        self.error[i] = problem
+        self.raw[i] = payload.decode("utf-8", "replace")
+
+    def add_cmd(self, number: int, cmd: Any, payload: bytes) -> None:
+        i = len(self.line_number)
+        self.line_number.append(number)
+        cls = type(cmd)
+        self.command.append(cls.NAME)
+        if cls is RdataCommand:
+            stream = cmd.stream_name
+            self.stream.append(stream)
+            self.instance.append(cmd.instance_name)
+            self.token.append(cmd.token)
+            self.row.append(_row_text(cmd, payload))
+            if self.typed:
+                if stream == "events":
+                    self.ev.append((i, cmd.row))
+                elif stream == "caches":
+                    self.cache.append((i, cmd.row))
+            return
+        self.row.append(None)
+        if cls is PositionCommand:
+            self.stream.append(cmd.stream_name)
+            self.instance.append(cmd.instance_name)
+            self.token.append(cmd.new_token)
+            self.prev_token[i] = cmd.prev_token
+        elif cls is FederationAckCommand:
+            self.stream.append(None)
+            self.instance.append(cmd.instance_name)
+            self.token.append(cmd.token)
+        else:
+            self.stream.append(None)
+            self.instance.append(None)
+            self.token.append(None)
+            body = payload.split(b" ", 1)
+            if len(body) == 2:
+                self.data[i] = body[1]
+
+    def __len__(self) -> int:
+        return len(self.line_number)
 
     def batch(self, source: str) -> pa.RecordBatch:
         schema = ARROW_SCHEMA if self.typed else HEADER_SCHEMA
-        n = self.n
-        arrays: list[pa.Array] = [pa.array([source] * n, pa.string()) if n else pa.array([], pa.string())]
-        for f in schema:
-            if f.name == "source_file":
-                continue
-            values = getattr(self, f.name)
-            if not values:
-                arrays.append(pa.nulls(n, f.type))
-                continue
-            try:
-                arrays.append(pa.array(values, f.type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-                arrays.append(pa.array([_coerce(v, f.type) for v in values], f.type))
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        n = len(self.line_number)
+        cols: dict[str, pa.Array] = {
+            "source_file": pa.repeat(pa.scalar(source, pa.string()), n),
+            "line_number": pa.array(self.line_number, pa.int64()),
+            "command": pa.array(self.command, pa.string()),
+            "stream": _array(self.stream, pa.string()),
+            "instance": _array(self.instance, pa.string()),
+            "token": pa.array(self.token, pa.int64()),
+            "row": _array(self.row, pa.string()),
+        }
+        for name in ("ts_text", "direction", "channel", "prev_token", "data", "error", "raw"):
+            typ = schema.field(name).type
+            sparse = getattr(self, name)
+            if not sparse:
+                cols[name] = pa.nulls(n, typ)
+            else:
+                dense: list[Any] = [None] * n
+                for i, v in sparse.items():
+                    dense[i] = v
+                cols[name] = _array(dense, typ)
+        if self.typed:
+            _typed_columns(cols, n, self.ev, self.cache)
+        return pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema)
+
+
+def _array(values: list[Any], typ: pa.DataType) -> pa.Array:
+    try:
+        return pa.array(values, typ)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        return pa.array([_coerce(v, typ) for v in values], typ)
 
 
 def _coerce(value: Any, typ: pa.DataType) -> Any:
@@ -246,48 +326,61 @@ def _key_text(key: Any) -> str:
     return key if type(key) is str else json.dumps(key, separators=(",", ":"))
 
 
-def _fill_typed(cols: _Columns, stream: str, row: Any) -> None:
-    """Append the typed columns of one RDATA row (nulls where the row has another shape)."""
-    ev = (None,) * 10
-    cache = (None, None, None)
-    if stream == "events":
-        if type(row) is list and len(row) == 2:
-            kind, data = row
-            if type(data) is list:
-                if kind == "ev" and len(data) == 9:
-                    ev = (kind, *data)
-                elif kind == "state" and len(data) == 4:
-                    ev = (kind, data[3], data[0], data[1], data[2], None, None, None, None, None)
-                elif kind == "state-all" and len(data) == 1:
-                    ev = (kind, None, data[0], None, None, None, None, None, None, None)
-                else:
-                    ev = (kind if type(kind) is str else None,) + (None,) * 9
-    elif stream == "caches":
-        if type(row) is list and len(row) == 3:
-            keys = row[1]
-            if type(keys) is list:
-                keys = [_key_text(k) for k in keys]
-            elif keys is not None:
-                keys = None
-            cache = (row[0], keys, row[2])
-    cols.ev_kind.append(ev[0])
-    cols.ev_event_id.append(ev[1])
-    cols.ev_room_id.append(ev[2])
-    cols.ev_type.append(ev[3])
-    cols.ev_state_key.append(ev[4])
-    cols.ev_redacts.append(ev[5])
-    cols.ev_relates_to.append(ev[6])
-    cols.ev_membership.append(ev[7])
-    cols.ev_rejected.append(ev[8])
-    cols.ev_outlier.append(ev[9])
-    cols.cache_func.append(cache[0])
-    cols.cache_keys.append(cache[1])
-    cols.cache_invalidation_ts.append(cache[2])
+_EV_NONE = (None,) * 10
 
 
-def _fill_typed_null(cols: _Columns) -> None:
-    for name in _TYPED:
-        getattr(cols, name).append(None)
+def _ev_fields(row: Any) -> tuple[Any, ...]:
+    """(kind, event_id, room_id, type, state_key, redacts, relates_to, membership, rejected, outlier)."""
+    if type(row) is list and len(row) == 2:
+        kind, data = row
+        if type(data) is list:
+            if kind == "ev" and len(data) == 9:
+                return (kind, *data)
+            if kind == "state" and len(data) == 4:
+                return (kind, data[3], data[0], data[1], data[2], None, None, None, None, None)
+            if kind == "state-all" and len(data) == 1:
+                return (kind, None, data[0], None, None, None, None, None, None, None)
+            return (kind if type(kind) is str else None,) + _EV_NONE[1:]
+    return _EV_NONE
+
+
+def _cache_fields(row: Any) -> tuple[Any, Any, Any]:
+    """(cache_func, keys as strings or None, invalidation_ts)."""
+    if type(row) is list and len(row) == 3:
+        keys = row[1]
+        if type(keys) is list:
+            keys = [_key_text(k) for k in keys]
+        elif keys is not None:
+            keys = None
+        return (row[0], keys, row[2])
+    return (None, None, None)
+
+
+_EV_COLUMNS = ("ev_kind", "ev_event_id", "ev_room_id", "ev_type", "ev_state_key", "ev_redacts",
+               "ev_relates_to", "ev_membership", "ev_rejected", "ev_outlier")
+_CACHE_COLUMNS = ("cache_func", "cache_keys", "cache_invalidation_ts")
+
+
+def _scatter_index(n: int, positions: list[int]) -> pa.Array:
+    """Length-n indices: k where positions[k] is, null elsewhere (for ``take``)."""
+    ix: list[int | None] = [None] * n
+    for k, i in enumerate(positions):
+        ix[i] = k
+    return pa.array(ix, pa.int32())
+
+
+def _typed_columns(cols: dict[str, pa.Array], n: int, ev: list[tuple[int, Any]], cache: list[tuple[int, Any]]) -> None:
+    """Decode events/caches rows into their columns: transpose with zip, scatter with Arrow ``take``."""
+    for items, fields, names in ((ev, _ev_fields, _EV_COLUMNS), (cache, _cache_fields, _CACHE_COLUMNS)):
+        if not items:
+            for name in names:
+                cols[name] = pa.nulls(n, ARROW_SCHEMA.field(name).type)
+            continue
+        positions = [i for i, _ in items]
+        columns = list(zip(*[fields(r) for _, r in items]))
+        index = _scatter_index(n, positions)
+        for name, values in zip(names, columns):
+            cols[name] = _array(list(values), ARROW_SCHEMA.field(name).type).take(index)
 
 
 def _row_text(cmd: RdataCommand, line: bytes) -> bytes:
@@ -399,92 +492,68 @@ def parse_block(
     """Parse archive ``lines`` (without newlines) numbered from ``first_line``.
 
     Yields record batches of ``ARROW_SCHEMA`` (``HEADER_SCHEMA`` when not
-    ``typed``) with at most ``batch_rows`` rows. One plain loop over the
-    lines: with the compiled codec, a column-at-a-time variant (parse all,
-    gather with attrgetter, scatter with Arrow ``take``) measured slower.
+    ``typed``) with at most ``batch_rows`` rows. The codec runs once per line;
+    columns most lines lack are kept sparse, and typed columns are built per
+    column (transposed with ``zip``, placed with Arrow ``take``).
     """
     parse = wire.parse_line
     cols = _Columns(typed)
-    (
-        a_line, a_ts, a_dir, a_chan, a_cmd, a_stream, a_inst, a_tok, a_prev, a_row, a_data, a_err, a_raw
-    ) = (
-        cols.line_number, cols.ts_text, cols.direction, cols.channel, cols.command, cols.stream,
-        cols.instance, cols.token, cols.prev_token, cols.row, cols.data, cols.error, cols.raw,
-    )
-    n = 0
-    for number, payload, ts, direction, channel, problem in _payloads(lines, first_line, fmt):
-        cmd = None
-        if problem is None:
-            try:
-                cmd = parse(payload)
-            except ProtocolError as err:
-                problem = str(err)
-        a_line.append(number)
-        a_ts.append(ts)
-        a_dir.append(direction)
-        a_chan.append(channel)
-        if cmd is None:
-            a_cmd.append(None)
-            a_stream.append(None)
-            a_inst.append(None)
-            a_tok.append(None)
-            a_prev.append(None)
-            a_row.append(None)
-            a_data.append(None)
-            a_err.append(problem)
-            a_raw.append(payload.decode("utf-8", "replace"))
-            if typed:
-                _fill_typed_null(cols)
-        else:
-            a_err.append(None)
-            a_raw.append(None)
-            cls = type(cmd)
-            a_cmd.append(cls.NAME)
-            if cls is RdataCommand:
-                stream = cmd.stream_name
-                a_stream.append(stream)
-                a_inst.append(cmd.instance_name)
-                a_tok.append(cmd.token)
-                a_prev.append(None)
-                a_row.append(_row_text(cmd, payload))
-                a_data.append(None)
-                if typed:
-                    _fill_typed(cols, stream, cmd.row)
+    if fmt == "lines":
+        # The common case inline: a line that starts with a command name has no prefix.
+        match = _PREFIX.match
+        number = first_line - 1
+        add_cmd = cols.add_cmd
+        for line in lines:
+            number += 1
+            if line and 65 <= line[0] <= 90:
+                payload = line
             else:
-                if cls is PositionCommand:
-                    a_stream.append(cmd.stream_name)
-                    a_inst.append(cmd.instance_name)
-                    a_tok.append(cmd.new_token)
-                    a_prev.append(cmd.prev_token)
-                    a_data.append(None)
-                elif cls is FederationAckCommand:
-                    a_stream.append(None)
-                    a_inst.append(cmd.instance_name)
-                    a_tok.append(cmd.token)
-                    a_prev.append(None)
-                    a_data.append(None)
-                else:
-                    a_stream.append(None)
-                    a_inst.append(None)
-                    a_tok.append(None)
-                    a_prev.append(None)
-                    body = payload.split(b" ", 1)
-                    a_data.append(body[1] if len(body) == 2 else None)
-                a_row.append(None)
-                if typed:
-                    _fill_typed_null(cols)
-        n += 1
-        if n >= batch_rows:
-            cols.n = n
-            yield cols.batch(source)
-            cols = _Columns(typed)
-            (
-                a_line, a_ts, a_dir, a_chan, a_cmd, a_stream, a_inst, a_tok, a_prev, a_row, a_data, a_err, a_raw
-            ) = (
-                cols.line_number, cols.ts_text, cols.direction, cols.channel, cols.command, cols.stream,
-                cols.instance, cols.token, cols.prev_token, cols.row, cols.data, cols.error, cols.raw,
-            )
-            n = 0
-    if n:
-        cols.n = n
+                m = match(line)
+                ts, d = m.group(1), m.group(2)
+                payload = line[m.end():] if m.end() else line
+                if not payload.strip():
+                    if ts is None and d is None:
+                        continue  # blank line
+                    i = len(cols)
+                    cols.add_bad(number, "prefix without a replication line", payload)
+                    _mark(cols, i, ts, d)
+                    if len(cols) >= batch_rows:
+                        yield cols.batch(source)
+                        cols = _Columns(typed)
+                        add_cmd = cols.add_cmd
+                    continue
+                if ts is not None or d is not None:
+                    _mark(cols, len(cols), ts, d)
+            try:
+                add_cmd(number, parse(payload), payload)
+            except ProtocolError as err:
+                cols.add_bad(number, str(err), payload)
+            if len(cols) >= batch_rows:
+                yield cols.batch(source)
+                cols = _Columns(typed)
+                add_cmd = cols.add_cmd
+    else:
+        for number, payload, ts, direction, channel, problem in _payloads(lines, first_line, fmt):
+            i = len(cols)
+            if problem is None:
+                try:
+                    cols.add_cmd(number, parse(payload), payload)
+                except ProtocolError as err:
+                    cols.add_bad(number, str(err), payload)
+            else:
+                cols.add_bad(number, problem, payload)
+            _mark(cols, i, ts, direction)
+            if channel is not None:
+                cols.channel[i] = channel
+            if len(cols) >= batch_rows:
+                yield cols.batch(source)
+                cols = _Columns(typed)
+    if len(cols):
         yield cols.batch(source)
+
+
+def _mark(cols: _Columns, i: int, ts: bytes | None, direction: bytes | None) -> None:
+    if ts is not None:
+        cols.ts_text[i] = ts
+    if direction is not None:
+        cols.direction[i] = direction

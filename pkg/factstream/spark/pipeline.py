@@ -56,7 +56,10 @@ def plan(
     if to_count:
         sc = spark.sparkContext
         sc.setJobDescription("factstream: counting lines of split files")
-        got = sc.parallelize(to_count, len(to_count)).map(lambda c: ((c.path, c.start), count_newlines(c))).collect()
+        try:
+            got = sc.parallelize(to_count, len(to_count)).map(lambda c: ((c.path, c.start), count_newlines(c))).collect()
+        finally:
+            sc.setJobDescription(None)  # type: ignore[arg-type]
         counts = dict(got)
     rows = []
     before = 0
