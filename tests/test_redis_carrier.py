@@ -132,11 +132,17 @@ class RedisServer:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
+            if self.proc.poll() is not None:  # e.g. another process took the port meanwhile
+                raise RuntimeError(f"redis-server on port {self.port} exited with status {self.proc.returncode}")
             try:
+                # The unix socket is ours alone: when it answers, this very process is listening.
+                with socket.socket(socket.AF_UNIX) as unix:
+                    unix.settimeout(0.2)
+                    unix.connect(self.socket_path)
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return
             except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                if time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server on port {self.port} did not start") from None
                 time.sleep(0.02)
 
