@@ -166,3 +166,51 @@ async def test_two_writers_share_the_stream_orderings(postgres_dsn: str) -> None
             await s.backfill_id_gen.close()
         for db in dbs:
             await db.close()
+
+
+SYNAPSE_PYTHON = Path("/tmp/syn/bin/python")
+_PARSE_WITH_SYNAPSE = """
+import json, sys, attr
+from synapse.replication.tcp.streams.events import EventsStream
+out = []
+for token, row in json.load(sys.stdin):
+    parsed = EventsStream.parse_row(row)
+    out.append([token, parsed.type, type(parsed.data).__name__, attr.astuple(parsed.data)])
+json.dump(out, sys.stdout)
+"""
+
+
+async def test_rows_parse_with_synapse_events_stream(tmp_path: Path) -> None:
+    """Synapse's own EventsStream.parse_row reads our rows into the same fields (test-only oracle)."""
+    import subprocess
+
+    if not SYNAPSE_PYTHON.exists():
+        pytest.skip("matrix-synapse reference install not found at /tmp/syn")
+    from factstream.store.events import EventsStreamSource
+
+    db = await connect(f"sqlite:///{tmp_path}/events.db")
+    store = await EventStore.open(db)
+    try:
+        room = linear_room("!s:hs", [
+            ("m.room.create", "@a:hs", "", {"creator": "@a:hs"}),
+            ("m.room.member", "@a:hs", "@a:hs", {"membership": "join"}),
+            ("m.room.message", "@a:hs", None, {"body": "x", "m.relates_to": {"event_id": "$1-!s:hs"}}),
+        ])
+        await store.persist_events(room)
+        await store.persist_event(ev("!s:hs", 9, "m.room.redaction", "@a:hs", ["$3-!s:hs"], 4) [:-1]
+                                  + b', "redacts": "$3-!s:hs"}', rejected=True)
+        rows, _, _ = await EventsStreamSource(db).get_updates("master", 0, store.current_token(), 1000)
+    finally:
+        await store.close()
+        await db.close()
+    proc = subprocess.run([str(SYNAPSE_PYTHON), "-c", _PARSE_WITH_SYNAPSE], input=json.dumps(rows),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = json.loads(proc.stdout)
+    kinds = {"ev": "EventsStreamEventRow", "state": "EventsStreamCurrentStateRow", "state-all": "EventsStreamAllStateRow"}
+    assert len(parsed) == len(rows)
+    for (token, row), (ptoken, ptype, pclass, fields) in zip(rows, parsed):
+        assert (ptoken, ptype, pclass) == (token, row[0], kinds[row[0]])
+        assert fields == row[1]
+    assert parsed[-1][3][4] == "$3-!s:hs" and parsed[-1][3][7] is True  # redacts, rejected
+    assert parsed[2 * 2][3][5] == "$1-!s:hs"  # relates_to of the message
