@@ -215,6 +215,10 @@ class EventStore:
         self._rooms_for_user: dict[str, tuple[int, dict[str, tuple[str | None, int]]]] = {}
         self._listeners: list[Callable[[list[PersistedEvent]], Any]] = []
         self._own_gens: list[Any] = []
+        # Writer-owned rooms: committed extremities and visibility cursors, so a
+        # persist need not read them back (dropped wholesale on any rollback).
+        self._ext_cache: dict[str, frozenset[str]] = {}
+        self._cursor_cache: dict[tuple[str, str], Any] = {}
         #: Writer: a ``CacheInvalidator`` told about current-state changes (``cs_cache_fake``).
         self.cache_invalidator: Any = None
         #: Reader: returns the events stream position this process has been told about.
@@ -312,6 +316,7 @@ class EventStore:
                         sid = next(back) if item.backfilled else next(fwd)
                         results.append(await self._persist_one(txn, batch, item, f, sid, effects))
                     await self._flush(txn, batch)
+                    txn.call_after_commit(self._remember_batch, batch)
                     txn.call_after_commit(self._apply_effects, effects)
                 # Unused reservations (duplicates) complete empty, like a rolled-back fact.
         finally:
@@ -325,6 +330,17 @@ class EventStore:
 
     def _forget_uncommitted(self) -> None:
         self.groups.forget()
+        self._ext_cache.clear()
+        self._cursor_cache.clear()
+
+    def _remember_batch(self, batch: _Batch) -> None:
+        if len(self._ext_cache) > 100_000:
+            self._ext_cache.clear()
+            self._cursor_cache.clear()
+        for room, ext in batch.extremities.items():
+            self._ext_cache[room] = frozenset(ext)
+        for key in batch.cursors_dirty:
+            self._cursor_cache[key] = batch.cursors[key]
 
     def _apply_effects(self, effects: _TxnEffects) -> Any:
         if self.cache_invalidator is not None and effects.state_changed:
@@ -344,22 +360,23 @@ class EventStore:
     async def _prefetch(self, txn: Any, parsed: Sequence[EventFields]) -> _Batch:
         batch = _Batch()
         wanted = sorted({f.event_id for f in parsed} | {p for f in parsed for p in f.prev_events})
-        for i in range(0, len(wanted), 500):
-            chunk = wanted[i : i + 500]
-            marks = ",".join("?" * len(chunk))
+        own = {f.event_id for f in parsed}
+        for i in range(0, len(wanted), 400):
+            chunk = wanted[i : i + 400]
+            mine = [e for e in chunk if e in own] or [""]
+            # One round trip: the rows of known events and redactions aimed at this batch.
             rows = await txn.fetchall(
-                "SELECT event_id, topological_ordering, state_group, outlier, rejected, stream_ordering,"
-                f" state_group_before, room_id FROM events WHERE event_id IN ({marks})",
-                chunk,
+                "SELECT 'e', event_id, topological_ordering, state_group, outlier, rejected, stream_ordering,"
+                f" state_group_before, room_id FROM events WHERE event_id IN ({','.join('?' * len(chunk))})"
+                " UNION ALL SELECT 'r', redacts, NULL, NULL, NULL, NULL, NULL, NULL, room_id FROM redactions"
+                f" WHERE redacts IN ({','.join('?' * len(mine))})",
+                (*chunk, *mine),
             )
-            batch.known.update((r[0], tuple(r)) for r in rows)
-        ids = sorted({f.event_id for f in parsed})
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            rows = await txn.fetchall(
-                f"SELECT redacts, room_id FROM redactions WHERE redacts IN ({','.join('?' * len(chunk))})", chunk
-            )
-            batch.redaction_targets.update((r[0], r[1]) for r in rows)
+            for r in rows:
+                if r[0] == "e":
+                    batch.known[r[1]] = tuple(r[1:])
+                else:
+                    batch.redaction_targets.add((r[1], r[8]))
         return batch
 
     async def _flush(self, txn: Any, batch: _Batch) -> None:
@@ -539,8 +556,12 @@ class EventStore:
     ) -> None:
         old_x = batch.extremities.get(room)
         if old_x is None:
-            rows = await txn.fetchall("SELECT event_id FROM forward_extremities WHERE room_id = ?", (room,))
-            old_x = {r[0] for r in rows}
+            cached = self._ext_cache.get(room)
+            if cached is not None:
+                old_x = set(cached)
+            else:
+                rows = await txn.fetchall("SELECT event_id FROM forward_extremities WHERE room_id = ?", (room,))
+                old_x = {r[0] for r in rows}
             batch.ext_orig[room] = set(old_x)
         new_x = (old_x - set(f.prev_events)) | {f.event_id}
         batch.extremities[room] = new_x
@@ -634,6 +655,8 @@ class EventStore:
         direction = "f" if sid > 0 else "b"
         ckey = (room, direction)
         cur = batch.cursors.get(ckey, _MISSING)
+        if cur is _MISSING:
+            cur = self._cursor_cache.get(ckey, _MISSING)
         if cur is _MISSING:
             row = await txn.fetchone(
                 "SELECT event_id, group_before, group_after, target FROM room_cursors"
