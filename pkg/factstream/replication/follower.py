@@ -113,9 +113,13 @@ class Follower:
         """Stop calling ``handler``."""
         self._handlers = [(s, h) for s, h in self._handlers if h is not handler]
 
-    async def updates(self, maxsize: int = 0) -> AsyncIterator[Update]:
-        """Iterate facts as they are delivered (from now on), in order per (stream, writer)."""
-        queue: asyncio.Queue[Update] = asyncio.Queue(maxsize)
+    async def updates(self) -> AsyncIterator[Update]:
+        """Iterate facts as they are delivered (from now on), in order per (stream, writer).
+
+        The queue behind each iterator is unbounded (nothing is ever dropped):
+        consume promptly, or use a handler.
+        """
+        queue: asyncio.Queue[Update] = asyncio.Queue()
         self._queues.append(queue)
         try:
             while True:

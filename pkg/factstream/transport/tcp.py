@@ -165,10 +165,15 @@ class TcpConnection(asyncio.Protocol, Connection):
             error = err
         if cmds:
             _count(_IN, metrics.COMMANDS_IN, cmds)
-            for cmd in cmds:
-                if self._closing:
-                    return
-                self._handle(cmd)
+            try:
+                for cmd in cmds:
+                    if self._closing:
+                        return
+                    self._handle(cmd)
+            except Exception:  # a bug behind the sink must not take the process down
+                log.exception("%s: handling a received command failed; closing the connection", self.description)
+                self._abort_with("error", "internal error while handling a command")
+                return
         if error is not None and not self._closing:
             log.warning("%s: bad line, closing: %s", self.description, error)
             self._abort_with("protocol", f"invalid line: {error}")
