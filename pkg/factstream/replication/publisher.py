@@ -91,8 +91,11 @@ class Publisher:
         if st is None or instance_name != self.instance_name or new <= st.target:
             return
         st.target = new
-        if st.sync_get is not None:
-            self._publish_now(st)
+        sync_get = st.sync_get
+        if sync_get is not None:
+            while st.sent < st.target:
+                updates, upto, _limited = sync_get(self.instance_name, st.sent, st.target, self.page_limit)
+                self._emit(st, updates, upto)
             return
         self._dirty.add(stream_name)
         if self._task is None or self._task.done():
