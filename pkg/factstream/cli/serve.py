@@ -3,7 +3,8 @@
 It opens the database (embedded SQLite by default), creates the stream tables
 (``factstream.replication.tables.DEMO_TABLES``), recovers positions, and
 publishes every completed fact to readers over TCP (127.0.0.1 unless told
-otherwise). With ``--produce`` it also writes synthetic facts as fast as it
+otherwise), or over Redis pub/sub with ``--redis URL`` (channel: the server
+name, Synapse's layout). With ``--produce`` it also writes synthetic facts as fast as it
 can (or at ``--rate``), rolling back a share of transactions to leave holes:
 the writer of ``factstream demo``.
 """
@@ -18,7 +19,7 @@ import random
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import transport
 from ..replication import Publisher, ReplicationHub
@@ -36,7 +37,8 @@ def register(subparsers: Any) -> None:
         help="run a writer with a replication listener",
         description=(
             "Run a writer process: publish the facts of its streams to readers over TCP "
-            "(Synapse's replication protocol). With --produce, write synthetic facts too."
+            "(Synapse's replication protocol), or over Redis pub/sub with --redis URL (channel: "
+            "--server-name; readers use the same URL and server name). With --produce, write synthetic facts too."
         ),
     )
     add_common(p)
@@ -52,16 +54,72 @@ def register(subparsers: Any) -> None:
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=DEFAULT_DB, help=f"database URL (default {DEFAULT_DB})")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument(
+        "--redis", metavar="URL",
+        help="replicate over Redis pub/sub instead of TCP (redis://[:password@]host[:port][/db], rediss://, "
+             "unix://); publishes on the channel named --server-name; --host, --port and --tls-* do not apply",
+    )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT}; 0 picks one)")
-    p.add_argument("--server-name", default="factstream", help="name sent in SERVER (readers may check it)")
+    p.add_argument("--server-name", default="factstream",
+                   help="name sent in SERVER (readers may check it); with --redis, the channel name")
     p.add_argument("--instance-name", default="master", help="this writer's instance name")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port")
     p.add_argument("--tls-cert", help="PEM certificate: enables TLS on the listener")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument("--ping-interval", type=float, default=5.0, help="seconds between keepalives (default 5)")
-    p.add_argument("--timeout", type=float, default=15.0, help="close a peer silent this long after its PING (default 15)")
-    p.add_argument("--max-buffered", type=int, default=10_000, help="commands buffered per slow reader before it is dropped")
+    p.add_argument("--timeout", type=float, default=15.0,
+                   help="close a peer silent this long after its PING (default 15); with --redis, the PING timeout")
+    p.add_argument("--max-buffered", type=int, default=10_000,
+                   help="commands buffered per slow reader before it is dropped; with --redis, the outbound queue bound")
     p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")
+
+
+def cli_error(prog: str, message: str, status: int) -> NoReturn:
+    """Print ``prog: message`` on stderr and exit with ``status`` (2: usage, 1: environment)."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.0) -> None:
+    """Exit with a message saying what to do when ``url`` is malformed or Redis does not answer.
+
+    The carrier itself reconnects forever (right for a running process riding
+    out a Redis restart); a command started against a wrong URL or a Redis
+    that is not running should say so at once instead.
+    """
+    from redis.exceptions import AuthenticationError, RedisError
+
+    from ..transport.redis import RedisChannels, connection_kwargs_from_url, redacted_url
+
+    shown = redacted_url(url)
+    try:
+        RedisChannels.for_server(server_name)
+    except ValueError as err:
+        cli_error(prog, f"--server-name: {err} (it names the Redis channel)", 2)
+    try:
+        cls, kwargs = connection_kwargs_from_url(url)
+        conn = cls(**{"protocol": 2, "socket_connect_timeout": timeout, "retry": None, "retry_on_error": [], **kwargs})
+    except (ValueError, TypeError) as err:
+        what = str(err) if isinstance(err, ValueError) else f"unsupported option in Redis URL {shown!r}: {err}"
+        cli_error(prog, f"{what} (expected redis://[[user]:password@]host[:port][/db], rediss://... or "
+                        "unix:///path/to/redis.sock; percent-encode special characters in the password)", 2)
+    try:
+        async with asyncio.timeout(timeout):
+            await conn.connect()
+            await conn.send_command("PING")
+            await conn.read_response()
+    except AuthenticationError as err:
+        cli_error(prog, f"Redis at {shown} refused the credentials ({err}); put the right password in the URL "
+                        "(redis://:PASSWORD@host:port)", 1)
+    except (RedisError, OSError, TimeoutError) as err:
+        why = "timed out" if isinstance(err, TimeoutError) else (str(err) or type(err).__name__)
+        cli_error(prog, f"cannot reach Redis at {shown} ({why}); start Redis there "
+                        "(e.g. redis-server --port 6379) or pass the right --redis URL", 1)
+    finally:
+        try:
+            await conn.disconnect()
+        except Exception:  # noqa: BLE001 - closing a socket that never opened may fail any way
+            pass
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -86,7 +144,7 @@ def synthetic_row(stream: str, token: int, j: int) -> list[Any]:
 
 
 class Writer:
-    """The writer process: database, id generators, publisher, hub and TCP listener."""
+    """The writer process: database, id generators, publisher, hub and carrier (TCP listener or Redis)."""
 
     def __init__(self, args: argparse.Namespace, tables: tuple[StreamTable, ...] = DEMO_TABLES) -> None:
         self.args = args
@@ -100,8 +158,6 @@ class Writer:
 
     async def start(self) -> None:
         from ..store.database import connect
-        from ..transport.tcp import TcpServer, server_ssl_context
-
         a = self.args
         self.db = await connect(a.db)
         await create_tables(self.db, self.tables)
@@ -112,11 +168,23 @@ class Writer:
             pub.add_stream(t.stream, t.source(self.db), gen.current_token_for_writer(a.instance_name))
             gen.add_listener(pub.notify)
         self.hub = ReplicationHub(a.instance_name, publisher=pub)
-        ssl = server_ssl_context(a.tls_cert, a.tls_key) if a.tls_cert else None
-        self.server = await TcpServer(
-            self.hub, a.server_name, host=a.host, port=a.port, ssl=ssl,
-            ping_interval=a.ping_interval, timeout=a.timeout, max_buffered=a.max_buffered,
-        ).start()
+        if getattr(a, "redis", None):
+            from ..transport.redis import RedisReplication
+
+            self.server = await RedisReplication(
+                self.hub, a.redis, a.server_name,
+                ping_interval=a.ping_interval, ping_timeout=a.timeout, max_pending=a.max_buffered,
+            ).start()
+            # Subscribed means the positions are announced: readers started now catch up from them.
+            await self.server.wait_connected(30)
+        else:
+            from ..transport.tcp import TcpServer, server_ssl_context
+
+            ssl = server_ssl_context(a.tls_cert, a.tls_key) if a.tls_cert else None
+            self.server = await TcpServer(
+                self.hub, a.server_name, host=a.host, port=a.port, ssl=ssl,
+                ping_interval=a.ping_interval, timeout=a.timeout, max_buffered=a.max_buffered,
+            ).start()
         if a.metrics_port:
             from ..metrics import start_http_server
 
@@ -171,6 +239,11 @@ class Writer:
 
 
 async def serve(args: argparse.Namespace) -> int:
+    if args.redis:
+        if args.tls_cert:
+            cli_error("factstream serve", "--tls-cert applies to the TCP listener; for Redis over TLS use a "
+                                          "rediss:// URL (e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)", 2)
+        await check_redis(args.redis, args.server_name, "factstream serve")
     writer = Writer(args)
     await writer.start()
     stop = asyncio.Event()
@@ -178,17 +251,31 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = writer.server
-    log.info("serving %s on %s:%d", args.server_name, args.host, server.port)
-    if args.status:
-        emit({"event": "listening", "port": server.port, "positions": writer.positions(), "loop": transport.loop_name()})
+    if args.redis:
+        from ..transport.redis import redacted_url
+
+        where = f"Redis {redacted_url(args.redis)} channel {args.server_name}"
+        listening: dict[str, Any] = {"port": None, "redis": redacted_url(args.redis), "channel": args.server_name}
     else:
-        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {args.host}:{server.port}, db {args.db}", file=sys.stderr)
+        where = f"{args.host}:{server.port}"
+        listening = {"port": server.port}
+    log.info("serving %s on %s", args.server_name, where)
+    if args.status:
+        emit({"event": "listening", **listening, "positions": writer.positions(), "loop": transport.loop_name()})
+    else:
+        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {where}, db {args.db}", file=sys.stderr)
+
+    def links() -> dict[str, Any]:
+        # Over TCP each reader is a connection; on a Redis bus readers are invisible, the subscription is not.
+        if args.redis:
+            return {"subscribed": bool(server.connections), "pending": server.carrier.pending}
+        return {"readers": len(server.connections)}
 
     async def report() -> None:
         while True:
             await asyncio.sleep(0.2)
             if args.status:
-                emit({"event": "status", **writer.stats, "positions": writer.positions(), "readers": len(server.connections)})
+                emit({"event": "status", **writer.stats, "positions": writer.positions(), **links()})
 
     reporter = asyncio.create_task(report())
     started = time.monotonic()
