@@ -8,7 +8,8 @@ SIGKILL and restarted: it resumes from its log and catches up from the
 database. Each process gets a progress bar. At the end the demo checks that
 every reader received every committed fact exactly once and in order (holes
 from rollbacks skipped) and prints throughput and lag; the exit status is 1
-if the check fails.
+if the check fails. With ``--redis URL`` the writer and readers replicate
+over Redis pub/sub instead of TCP (on a channel unique to the run).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--redis", metavar="URL", help="replicate over Redis pub/sub at URL instead of TCP (e.g. redis://127.0.0.1:6379)")
+    p.add_argument("--server-name", default="",
+                   help="server name (with --redis: the channel; default demo.hs over TCP, a fresh name per run over Redis)")
     # Internal: the reader processes run this same command.
     p.add_argument("--role", choices=("orchestrator", "reader"), default="orchestrator", help=argparse.SUPPRESS)
     p.add_argument("--name", default="reader1", help=argparse.SUPPRESS)
@@ -98,8 +102,6 @@ async def reader_main(args: argparse.Namespace) -> int:
     from ..replication import Follower, ReplicationHub
     from ..replication.tables import DEMO_TABLES
     from ..store.database import connect
-    from ..transport.tcp import TcpClient
-
     positions, rows = recover_log(args.log)
     fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     db = await connect(args.db)
@@ -127,14 +129,24 @@ async def reader_main(args: argparse.Namespace) -> int:
 
     fol.add_handler(on_rows)
     hub = ReplicationHub(args.name, follower=fol)
-    client = await TcpClient(
-        hub, "127.0.0.1", args.port, client_name=args.name, expected_server_name="demo.hs",
-        backoff_initial=0.05, backoff_max=0.5,
-    ).start()
+    client: Any
+    if args.redis:
+        from ..transport.redis import RedisReplication
+
+        client = await RedisReplication(hub, args.redis, args.server_name, backoff_initial=0.05, backoff_max=0.5).start()
+        connected = lambda: client.connection is not None  # noqa: E731
+    else:
+        from ..transport.tcp import TcpClient
+
+        client = await TcpClient(
+            hub, "127.0.0.1", args.port, client_name=args.name, expected_server_name=args.server_name or "demo.hs",
+            backoff_initial=0.05, backoff_max=0.5,
+        ).start()
+        connected = lambda: client.connected  # noqa: E731
     emit({"event": "started", "recovered_rows": rows, "positions": {s: p for (s, _), p in positions.items()}})
     while True:
         await asyncio.sleep(0.2)
-        emit({"event": "status", "rows": state["rows"], "connected": client.connected})
+        emit({"event": "status", "rows": state["rows"], "connected": connected()})
         if args.final and os.path.exists(args.final):
             with open(args.final) as fh:
                 final = json.load(fh)
@@ -154,7 +166,7 @@ async def reader_main(args: argparse.Namespace) -> int:
         "rows_per_s": state["here"] / span if span > 0 else None,
         "lag_p50_ms": None if not lags else 1000 * percentile(lags, 0.5),  # type: ignore[operator]
         "lag_p99_ms": None if not lags else 1000 * percentile(lags, 0.99),  # type: ignore[operator]
-        "connects": client.connects,
+        "connects": client.stats.subscriber_connects if args.redis else client.connects,
         "catchup_rows": fol.stats["catchup_rows"],
         "catchup_fetches": fol.stats["catchup_fetches"],
         "stale_rows": fol.stats["stale_rows"],
@@ -297,6 +309,10 @@ def verify_log(path: str, truth: dict[str, dict[int, list[Any]]]) -> dict[str, A
 async def orchestrate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    if args.redis:
+        from .serve import check_redis
+
+        await check_redis(args.redis, args.server_name or "demo.hs", "factstream demo")
     workdir = args.workdir or tempfile.mkdtemp(prefix="factstream-demo-")
     os.makedirs(workdir, exist_ok=True)
     db_path = os.path.join(workdir, "demo.db")
@@ -314,9 +330,19 @@ async def orchestrate(args: argparse.Namespace) -> int:
             return None
         return tqdm(desc=desc.ljust(18), position=pos, unit=unit, unit_scale=True, leave=True, dynamic_ncols=True, file=sys.stderr)
 
-    say(f"factstream demo: writer + {args.readers} readers over TCP on 127.0.0.1, SQLite at {db_path}")
-    writer = Child("writer", [*py, "serve", "--db", db_url, "--port", "0", "--produce", "--duration", str(args.duration),
-                              "--status", "--seed", str(args.seed), "--server-name", "demo.hs",
+    server_name = args.server_name or "demo.hs"
+    carrier = ["--port", "0"]
+    where = "TCP on 127.0.0.1"
+    if args.redis:
+        from ..transport.redis import redacted_url
+
+        # Channels are global to a Redis server: a fresh name keeps concurrent demos apart.
+        server_name = args.server_name or f"factstream-demo-{os.urandom(4).hex()}"
+        carrier = ["--redis", args.redis]
+        where = f"Redis {redacted_url(args.redis)} (channel {server_name})"
+    say(f"factstream demo: writer + {args.readers} readers over {where}, SQLite at {db_path}")
+    writer = Child("writer", [*py, "serve", "--db", db_url, *carrier, "--produce", "--duration", str(args.duration),
+                              "--status", "--seed", str(args.seed), "--server-name", server_name,
                               "--rollback-rate", str(args.rollback_rate)], workdir, bar(0, "writer (rows)", "row"))
     readers: list[Child] = []
     started = time.monotonic()
@@ -324,12 +350,16 @@ async def orchestrate(args: argparse.Namespace) -> int:
     try:
         await writer.start()
         port = (await writer.wait("listening", 30))["port"]
+        if args.redis:
+            carrier = ["--redis", args.redis, "--server-name", server_name]
+        else:
+            carrier = ["--port", str(port), "--server-name", server_name]
         for i in range(args.readers):
             name = f"reader{i + 1}"
             log_path = os.path.join(workdir, f"{name}.log")
             if os.path.exists(log_path):
                 os.remove(log_path)
-            child = Child(name, [*py, "demo", "--role", "reader", "--name", name, "--port", str(port), "--db", db_url,
+            child = Child(name, [*py, "demo", "--role", "reader", "--name", name, *carrier, "--db", db_url,
                                  "--log", log_path, "--final", final_path], workdir, bar(i + 1, f"{name} (rows)", "row"))
             await child.start()
             await child.wait("started", 30)
