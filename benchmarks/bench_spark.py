@@ -2,9 +2,9 @@
 
 Every variant reads the same archive (benchmarks/gen_archive.py, fixed seed;
 plain and gzip, 8 files) and materialises every output column with the
-``noop`` sink, so nothing is pruned. One round each (a run takes seconds to
-minutes); rows/s and the ratios go to ``extra_info`` and to
-build/bench-spark.json.
+``noop`` sink, so nothing is pruned. Each benchmark is one round (a run takes
+seconds to minutes); the whole set runs twice, interleaved, and the best
+rows/s of each variant and the ratios go to build/bench-spark.json.
 
     PYTHONPATH=pkg .venv/bin/python -m pytest benchmarks/bench_spark.py -p no:cacheprovider \
         --benchmark-group-by=group --benchmark-columns=min,rounds -q
@@ -116,7 +116,7 @@ def _run(benchmark: Any, name: str, make_df: Callable[[], Any]) -> None:
 
     seconds = benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
     rate = LINES / seconds
-    RESULTS[name] = round(rate)
+    RESULTS[name] = max(RESULTS.get(name, 0), round(rate))  # best of the interleaved rounds
     benchmark.extra_info["rows_per_s"] = round(rate)
 
 
@@ -242,7 +242,7 @@ def factstream_pandas_udf(spark: Any, path: str, typed: bool) -> Any:
         batches = list(parse_block(lines, source="", typed=typed, batch_rows=len(lines) + 1))
         table = pa.Table.from_batches(batches, ARROW_SCHEMA)
         assert table.num_rows == len(lines), "blank lines would break the 1:1 contract"
-        return table.to_pandas(types_mapper=pd.ArrowDtype)
+        return table.to_pandas()
 
     # this module uses postponed annotations; Spark reads the hints to pick the UDF kind
     parse.__annotations__ = {"values": pd.Series, "return": pd.DataFrame}
@@ -270,9 +270,12 @@ VARIANTS: dict[str, Callable[[Any, str], Any]] = {
 }
 
 
+# Two rounds, interleaved (every variant once, then every variant again), best
+# of the two kept: the machine is shared, and load drifts over a run.
+@pytest.mark.parametrize("rnd", [1, 2])
 @pytest.mark.parametrize("kind", ["plain", "gzip"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_parse(benchmark: Any, spark: Any, archive: dict[str, str], kind: str, variant: str) -> None:
+def test_parse(benchmark: Any, spark: Any, archive: dict[str, str], kind: str, variant: str, rnd: int) -> None:
     benchmark.group = f"spark-{kind}"
-    benchmark.name = variant
+    benchmark.name = f"{variant} (round {rnd})"
     _run(benchmark, f"{kind}/{variant}", lambda: VARIANTS[variant](spark, archive[kind]))
