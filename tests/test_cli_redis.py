@@ -244,6 +244,8 @@ def test_tail_needs_a_target_or_redis_and_a_server_name(redis_url: str) -> None:
     assert out.returncode == 2 and "not both" in out.stderr
     out = _cli("tail", "127.0.0.1:9092", "--replicate")
     assert out.returncode == 2 and "need --redis" in out.stderr
+    out = _cli("tail", "--redis", redis_url, "--server-name", "x", "--from-start")
+    assert out.returncode == 2 and "--from-start needs --db" in out.stderr
 
 
 @pytest.mark.parametrize("cmd", [["tail", "--server-name", "x"], ["serve", "--db", "sqlite:///:memory:"], ["demo"]])

@@ -134,7 +134,6 @@ async def reader_main(args: argparse.Namespace) -> int:
         from ..transport.redis import RedisReplication
 
         client = await RedisReplication(hub, args.redis, args.server_name, backoff_initial=0.05, backoff_max=0.5).start()
-        connected = lambda: client.connection is not None  # noqa: E731
     else:
         from ..transport.tcp import TcpClient
 
@@ -142,7 +141,10 @@ async def reader_main(args: argparse.Namespace) -> int:
             hub, "127.0.0.1", args.port, client_name=args.name, expected_server_name=args.server_name or "demo.hs",
             backoff_initial=0.05, backoff_max=0.5,
         ).start()
-        connected = lambda: client.connected  # noqa: E731
+
+    def connected() -> bool:
+        return client.connection is not None if args.redis else bool(client.connected)
+
     emit({"event": "started", "recovered_rows": rows, "positions": {s: p for (s, _), p in positions.items()}})
     while True:
         await asyncio.sleep(0.2)

@@ -88,6 +88,8 @@ def check_target(args: argparse.Namespace) -> None:
         if args.tls or args.cafile or args.insecure:
             cli_error(prog, "--tls/--cafile/--insecure apply to TCP; for Redis over TLS use a rediss:// URL "
                             "(e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)", 2)
+        if args.from_start and not args.db:
+            cli_error(prog, "--from-start needs --db: the facts are replayed from the stream tables", 2)
         if args.db and (args.user_ip or args.replicate):
             cli_error(prog, "--user-ip and --replicate show raw traffic; they do not combine with --db "
                             "(which follows as a reader and already publishes REPLICATE)", 2)
