@@ -272,9 +272,9 @@ VARIANTS: dict[str, Callable[[Any, str], Any]] = {
 
 # Two rounds, interleaved (every variant once, then every variant again), best
 # of the two kept: the machine is shared, and load drifts over a run.
-@pytest.mark.parametrize("rnd", [1, 2])
 @pytest.mark.parametrize("kind", ["plain", "gzip"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("rnd", [1, 2])
 def test_parse(benchmark: Any, spark: Any, archive: dict[str, str], kind: str, variant: str, rnd: int) -> None:
     benchmark.group = f"spark-{kind}"
     benchmark.name = f"{variant} (round {rnd})"
