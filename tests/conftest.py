@@ -137,3 +137,20 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     if getattr(module, "BOTH_EVENT_LOOPS", False):
         return {"asyncio": asyncio.new_event_loop, "uvloop": _new_uvloop}
     return {"asyncio": asyncio.new_event_loop}
+
+
+# ------------------------------------------------------------------ Synapse oracle
+
+SYNAPSE_PYTHON = os.environ.get("FACTSTREAM_SYNAPSE_PYTHON") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-synapse", "bin", "python"
+)
+
+
+def synapse_python() -> str:
+    """The Python of the test-only Synapse install (``make oracle``); skips, or fails under CI, without it."""
+    if os.path.exists(SYNAPSE_PYTHON):
+        return SYNAPSE_PYTHON
+    msg = f"Synapse oracle not installed at {SYNAPSE_PYTHON}: run 'make oracle' (a venv with matrix-synapse)"
+    if IN_CI:
+        pytest.fail(msg)
+    pytest.skip(msg)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 
 import pytest
@@ -25,7 +24,8 @@ from factstream.streams import (
 )
 from factstream.streams.rows import Row
 
-SYNAPSE_PY = "/tmp/syn/bin/python"
+from conftest import synapse_python
+
 
 ORACLE = r"""
 import json, attr
@@ -43,9 +43,8 @@ def _fields(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-@pytest.mark.skipif(not os.path.exists(SYNAPSE_PY), reason="Synapse oracle not installed at /tmp/syn")
 def test_every_synapse_stream_is_registered_with_its_fields_in_wire_order() -> None:
-    oracle = json.loads(subprocess.run([SYNAPSE_PY, "-c", ORACLE], check=True, capture_output=True, text=True).stdout)
+    oracle = json.loads(subprocess.run([synapse_python(), "-c", ORACLE], check=True, capture_output=True, text=True).stdout)
     reg = default_registry()
     assert set(oracle) == set(reg.names())
     for name, fields in oracle.items():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 
 import pytest
@@ -29,7 +28,8 @@ from factstream.streams import (
 )
 from factstream.transport.tcp import TcpServer
 
-SYNAPSE_PY = "/tmp/syn/bin/python"
+from conftest import synapse_python
+
 
 ORACLE = r"""
 import json, sys
@@ -51,7 +51,6 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not os.path.exists(SYNAPSE_PY), reason="Synapse oracle not installed at /tmp/syn")
 async def test_synapse_parses_every_line_and_row_we_send() -> None:
     pub = Publisher("master")
     streams = {}
@@ -83,7 +82,7 @@ async def test_synapse_parses_every_line_and_row_we_send() -> None:
         data += chunk
     await server.stop()
 
-    proc = subprocess.run([SYNAPSE_PY, "-c", ORACLE], input=data.decode(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([synapse_python(), "-c", ORACLE], input=data.decode(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     seen = json.loads(proc.stdout)
     assert seen["commands"]["SERVER"] == 1 and seen["commands"]["POSITION"] >= 6

@@ -11,7 +11,6 @@ we. For every generated command our encoding equals Synapse's.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import IN_CI
+from conftest import synapse_python
 from factstream.commands import Command, RdataCommand
 from factstream.errors import ProtocolError
 from wire_strategies import commands, lines
@@ -38,11 +37,6 @@ STRICT_REASONS = (
     "must be a JSON array",      # USER_IP / LOCK_RELEASED bodies that only unpack by accident
     "nested deeper than",        # fixed JSON depth limit
 )
-
-
-def _oracle_python() -> str | None:
-    path = os.environ.get("FACTSTREAM_SYNAPSE_PYTHON") or str(ROOT / ".venv-synapse" / "bin" / "python")
-    return path if os.path.exists(path) else None
 
 
 class Oracle:
@@ -72,13 +66,7 @@ class Oracle:
 
 @pytest.fixture(scope="module")
 def oracle() -> Iterator[Oracle]:
-    python = _oracle_python()
-    if python is None:
-        msg = "Synapse oracle not installed: run 'make oracle' (creates .venv-synapse with matrix-synapse)"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
-    o = Oracle(python)
+    o = Oracle(synapse_python())
     yield o
     o.close()
 
