@@ -29,6 +29,7 @@ install: wheel
 
 demo: install
 	$(BIN)/factstream demo
+	$(BIN)/factstream events-demo
 
 test: install oracle
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 # Subcommand modules, in the order --help lists them.
-SUBCOMMANDS: tuple[str, ...] = ("decode", "demo", "serve", "tail", "positions", "logs")
+SUBCOMMANDS: tuple[str, ...] = ("decode", "demo", "events-demo", "serve", "tail", "positions", "logs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,9 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
-            module = importlib.import_module(f"{__name__}.{name}")
+            module = importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
         except ModuleNotFoundError as err:
-            if err.name == f"{__name__}.{name}":
+            if err.name == f"{__name__}.{name.replace('-', '_')}":
                 continue  # subcommand not part of this build
             raise
         module.register(subparsers)

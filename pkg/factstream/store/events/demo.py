@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_writer", "run_reader", "main"]
+__all__ = ["run_writer", "run_reader", "main", "add_arguments", "run"]
 
 SERVER_NAME = "demo.factstream"
 BIG = 10**9
@@ -214,20 +214,22 @@ async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -
             "log": log}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line entry (``--reader`` for the reader processes the writer starts)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The demo's options (shared by ``python -m`` and ``factstream events-demo``)."""
     p.add_argument("--db", default=None, help="database URL (default: a SQLite file in a temp directory)")
-    p.add_argument("--readers", type=int, default=2)
-    p.add_argument("--rooms", type=int, default=10)
-    p.add_argument("--events", type=int, default=2000)
-    p.add_argument("--users", type=int, default=20)
+    p.add_argument("--readers", type=int, default=2, help="reader processes (default 2)")
+    p.add_argument("--rooms", type=int, default=10, help="rooms (default 10)")
+    p.add_argument("--events", type=int, default=2000, help="events to persist (default 2000)")
+    p.add_argument("--users", type=int, default=20, help="users (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--reader", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--name", default="reader", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo (or, with ``--reader``, one reader process); exit status 1 on a mismatch."""
     if args.reader:
         report = asyncio.run(run_reader(args.db, args.port, args.name, args.users, args.seed))
         print(json.dumps(report), flush=True)
@@ -240,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
           f"event store demo: {summary['events']} events, {len(summary['readers'])} readers, "
           f"{'all answers verified' if summary['ok'] else 'MISMATCH'}")
     return 0 if summary["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry (``--reader`` for the reader processes the writer starts)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":
