@@ -14,6 +14,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -154,3 +155,35 @@ def synapse_python() -> str:
     if IN_CI:
         pytest.fail(msg)
     pytest.skip(msg)
+
+
+class SynapseBridge:
+    """A long-lived bridge script under the Synapse oracle's Python: one JSON line in, one out."""
+
+    def __init__(self, script: str) -> None:
+        import subprocess
+
+        self.script = script
+        self.proc = subprocess.Popen(
+            [synapse_python(), script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
+            encoding="utf-8", errors="surrogatepass",
+        )
+
+    def ask(self, request: dict[str, object]) -> dict[str, Any]:
+        import json
+
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"the Synapse bridge exited; run {self.script} under {SYNAPSE_PYTHON} to see why")
+        result: dict[str, Any] = json.loads(reply)
+        return result
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+        if self.proc.stdout:
+            self.proc.stdout.close()

@@ -32,6 +32,7 @@ from test_redis_carrier import (  # noqa: E402  (helpers and fixtures shared wit
     raw_client,
     run,
 )
+from chaos_proxy import ChaosProxy  # noqa: E402
 
 __all__ = ["private_redis", "run"]  # fixtures re-exported for pytest
 
@@ -241,62 +242,6 @@ def test_other_commands_reach_hub_handlers(run: Any, redis_url: str, channel_pre
     run(scenario())
 
 
-class CuttingProxy:
-    """A TCP proxy in front of Redis: forwards in random slices, and cuts every link on demand."""
-
-    def __init__(self, upstream_port: int, rng: random.Random) -> None:
-        self.upstream_port = upstream_port
-        self.rng = rng
-        self.links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self.cuts = 0
-        self.server: asyncio.Server | None = None
-        self.port = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def _accept(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            ur, uw = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        except OSError:
-            cw.transport.abort()
-            return
-        self.links.append((cw, uw))
-        pipes = {asyncio.create_task(self._pipe(cr, uw)), asyncio.create_task(self._pipe(ur, cw))}
-        self._tasks |= pipes
-        await asyncio.gather(*pipes, return_exceptions=True)
-        self._tasks -= pipes
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(self.rng.choice([1, 5, 64, 4096, 65536])):
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            w.transport.abort()
-
-    def cut(self) -> None:
-        for a, b in self.links:
-            a.transport.abort()
-            b.transport.abort()
-        if self.links:
-            self.cuts += 1
-        self.links.clear()
-
-    async def stop(self) -> None:
-        self.cut()
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
-
-
 @pytest.mark.slow
 def test_chaos_zero_lost_duplicated_or_reordered(run: Any, private_redis: RedisServer, channel_prefix: str) -> None:
     """Two writers x two streams, three readers; for ~6 s random CLIENT KILLs of any connection,
@@ -309,7 +254,7 @@ def test_chaos_zero_lost_duplicated_or_reordered(run: Any, private_redis: RedisS
 
     async def scenario() -> None:
         rng = random.Random(1234)
-        proxy = CuttingProxy(private_redis.port, rng)
+        proxy = ChaosProxy(private_redis.port, rng)
         await proxy.start()
         url = f"redis://127.0.0.1:{proxy.port}/0"
         sources = {s: MemoryUpdateSource(capacity=1_000_000) for s in streams}

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -26,13 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import IN_CI
+from conftest import SynapseBridge
 from factstream.commands import RdataCommand
 from factstream.streams import EVENT_ROW_KINDS, EventsRow, default_registry
 from factstream.streams.rows import Row
 from wire_strategies import any_text, int64, json_values, word
 
-ROOT = Path(__file__).resolve().parent.parent
 BRIDGE = Path(__file__).resolve().parent / "synapse_rows_oracle.py"
 REGISTRY = default_registry()
 
@@ -74,19 +71,11 @@ PARAMS = [
 # ------------------------------------------------------------------- the oracle
 
 
-def _oracle_python() -> str | None:
-    path = os.environ.get("FACTSTREAM_SYNAPSE_PYTHON") or str(ROOT / ".venv-synapse" / "bin" / "python")
-    return path if os.path.exists(path) else None
+class RowsOracle(SynapseBridge):
+    """The rows bridge; ``schema()`` is asked once."""
 
-
-class RowsOracle:
-    """One bridge process; ``ask`` sends one JSON request and returns its one-line reply."""
-
-    def __init__(self, python: str) -> None:
-        self.proc = subprocess.Popen(
-            [python, str(BRIDGE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
-            encoding="utf-8", errors="surrogatepass",
-        )
+    def __init__(self) -> None:
+        super().__init__(str(BRIDGE))
         self._schema: dict[str, Any] | None = None
 
     def schema(self) -> dict[str, Any]:
@@ -95,35 +84,10 @@ class RowsOracle:
             self._schema = self.ask({"schema": True})["schema"]
         return self._schema
 
-    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline()
-        if not reply:
-            raise RuntimeError(
-                f"the Synapse rows oracle exited; run {BRIDGE} under .venv-synapse/bin/python to see why"
-            )
-        result: dict[str, Any] = json.loads(reply)
-        return result
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=10)
-        if self.proc.stdout:
-            self.proc.stdout.close()
-
 
 @pytest.fixture(scope="module")
 def oracle() -> Iterator[RowsOracle]:
-    python = _oracle_python()
-    if python is None:
-        msg = "Synapse oracle not installed: run 'make oracle' (creates .venv-synapse with matrix-synapse)"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
-    o = RowsOracle(python)
+    o = RowsOracle()
     yield o
     o.close()
 

@@ -15,63 +15,9 @@ import pytest
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
 from factstream.transport.tcp import TcpClient, TcpServer
 
+from chaos_proxy import ChaosProxy
+
 BOTH_EVENT_LOOPS = True
-
-
-class ChaosProxy:
-    """TCP proxy that forwards in random slices and aborts every link at random moments."""
-
-    def __init__(self, upstream_port: int, rng: random.Random) -> None:
-        self.upstream_port = upstream_port
-        self.rng = rng
-        self.links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self.cuts = 0
-        self.server: asyncio.Server | None = None
-        self.port = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def _accept(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            ur, uw = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        except OSError:
-            cw.close()
-            return
-        self.links.append((cw, uw))
-        t1 = asyncio.create_task(self._pipe(cr, uw))
-        t2 = asyncio.create_task(self._pipe(ur, cw))
-        self._tasks |= {t1, t2}
-        await asyncio.gather(t1, t2, return_exceptions=True)
-        self._tasks -= {t1, t2}
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(self.rng.choice([1, 7, 100, 4096, 65536])):
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            w.transport.abort()
-
-    def cut(self) -> None:
-        for a, b in self.links:
-            a.transport.abort()
-            b.transport.abort()
-        if self.links:
-            self.cuts += 1
-        self.links.clear()
-
-    async def stop(self) -> None:
-        self.cut()
-        for t in list(self._tasks):
-            t.cancel()
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
 
 
 @pytest.mark.slow

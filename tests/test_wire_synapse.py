@@ -11,7 +11,6 @@ we. For every generated command our encoding equals Synapse's.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import synapse_python
+from conftest import SynapseBridge
 from factstream.commands import Command, RdataCommand
 from factstream.errors import ProtocolError
 from wire_strategies import commands, lines
@@ -39,34 +38,19 @@ STRICT_REASONS = (
 )
 
 
-class Oracle:
-    def __init__(self, python: str) -> None:
-        self.proc = subprocess.Popen(
-            [python, str(ORACLE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
-            encoding="utf-8", errors="surrogatepass",
-        )
+class Oracle(SynapseBridge):
+    """The command bridge (``synapse_oracle.py``)."""
 
-    def ask(self, parse: list[str] = (), encode: list[Any] = ()) -> dict[str, Any]:  # type: ignore[assignment]
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(json.dumps({"parse": list(parse), "encode": list(encode)}) + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline()
-        if not reply:
-            raise RuntimeError("the Synapse oracle exited; run it by hand to see why")
-        result: dict[str, Any] = json.loads(reply)
-        return result
+    def __init__(self) -> None:
+        super().__init__(str(ORACLE))
 
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=10)
-        if self.proc.stdout:
-            self.proc.stdout.close()
+    def query(self, parse: list[str] = (), encode: list[Any] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+        return self.ask({"parse": list(parse), "encode": list(encode)})
 
 
 @pytest.fixture(scope="module")
 def oracle() -> Iterator[Oracle]:
-    o = Oracle(synapse_python())
+    o = Oracle()  # skips, or fails under CI, without the oracle
     yield o
     o.close()
 
@@ -80,7 +64,7 @@ def _ours(cmd: Command) -> dict[str, Any]:
 
 
 def check_lines(wire: ModuleType, oracle: Oracle, texts: list[str]) -> None:
-    answers = oracle.ask(parse=texts)["parse"]
+    answers = oracle.query(parse=texts)["parse"]
     for text, theirs in zip(texts, answers, strict=True):
         try:
             ours: Command | ProtocolError = wire.parse_line(text.encode("utf-8"))
@@ -136,7 +120,7 @@ def _args(cmd: Command) -> list[Any]:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(commands, min_size=20, max_size=40))
 def test_generated_commands_encode_like_synapse(wire_impl: ModuleType, oracle: Oracle, batch: list[Command]) -> None:
-    answers = oracle.ask(encode=[[c.NAME, _args(c)] for c in batch])["encode"]
+    answers = oracle.query(encode=[[c.NAME, _args(c)] for c in batch])["encode"]
     for cmd, theirs in zip(batch, answers, strict=True):
         assert theirs["ok"], theirs
         assert wire_impl.encode(cmd) == theirs["line"].encode("utf-8", "surrogatepass"), cmd
