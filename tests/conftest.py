@@ -187,3 +187,12 @@ class SynapseBridge:
         self.proc.wait(timeout=10)
         if self.proc.stdout:
             self.proc.stdout.close()
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for a child Python that must import the same factstream as this test process."""
+    import factstream
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(factstream.__file__)))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([here, *rest]), **extra}

@@ -17,6 +17,8 @@ import time
 from typing import Any
 
 import pytest
+
+from conftest import subprocess_env
 import redis
 
 from factstream import wire
@@ -28,8 +30,7 @@ from factstream.transport.redis import RedisCarrier, RedisReplication, command_t
 
 pytestmark = pytest.mark.redis
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "pkg") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+ENV = subprocess_env()
 CLI = [sys.executable, "-m", "factstream.cli"]
 
 # What a test writer publishes; USER_IP goes to <server_name>/USER_IP.

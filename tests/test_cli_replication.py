@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "pkg") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+from conftest import subprocess_env
+
+ENV = subprocess_env()
 CLI = [sys.executable, "-m", "factstream.cli"]
 
 

@@ -9,14 +9,15 @@ import sys
 
 import pytest
 
+from conftest import subprocess_env
+
 from factstream.cli.demo import recover_log, verify_log
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
 def test_demo_runs_and_verifies(tmp_path: os.PathLike[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "pkg") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = subprocess_env()
     proc = subprocess.run(
         [sys.executable, "-m", "factstream.cli", "demo", "--duration", "4", "--json", "--workdir", str(tmp_path)],
         capture_output=True, text=True, timeout=120, env=env,

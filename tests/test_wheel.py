@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -19,10 +20,15 @@ def _newest(pattern: str) -> Path | None:
     return wheels[-1] if wheels else None
 
 
+def _clean_env() -> dict[str, str]:
+    # Nothing from this process may leak into the fresh venv's imports.
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "FACTSTREAM_NO_EXTENSIONS")}
+
+
 def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
     python = tmp_path / "venv" / "bin" / "python"
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True)
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True, env=_clean_env())
     return python
 
 
@@ -44,13 +50,13 @@ def test_compiled_wheel_imports_the_compiled_codec(tmp_path: Path) -> None:
         "print(factstream.IMPL, w.parse_line.__module__, c.__file__.endswith('.so'));"
         "print(w.encode(w.parse_line(b'RDATA events master 5 [\"a\"]')).decode())"
     )
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path, env=_clean_env()).stdout
     assert out.splitlines() == ["c factstream._wire_c True", 'RDATA events master 5 ["a"]']
     # The sample log and the type marker ship too.
     files = subprocess.run([python, "-c", "import factstream, os; d = factstream.__path__[0]; "
                             "print(os.path.exists(os.path.join(d, 'data', 'sample.log')), "
                             "os.path.exists(os.path.join(d, 'py.typed')))"],
-                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout.split()
+                           capture_output=True, text=True, check=True, cwd=tmp_path, env=_clean_env()).stdout.split()
     assert files == ["True", "True"]
 
 
@@ -59,6 +65,6 @@ def test_pure_wheel_runs_the_twins(tmp_path: Path) -> None:
     wheel = _need(_newest("wheels/pure/factstream-*-py3-none-any.whl"))
     python = _fresh_venv(tmp_path, wheel)
     out = subprocess.run([python, "-c", "import factstream; print(factstream.IMPL)"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+                         capture_output=True, text=True, check=True, cwd=tmp_path, env=_clean_env()).stdout.strip()
     assert out == "python"
     assert sys.version_info >= (3, 11)
