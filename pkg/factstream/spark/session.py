@@ -7,11 +7,12 @@ codec. We pin them to ``sys.executable`` and hand them our ``sys.path``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -55,6 +56,20 @@ def executor_pythonpath() -> str:
     return os.pathsep.join(seen)
 
 
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
 def make_session(
     master: str = "local[*]",
     app_name: str = "factstream-logs",
@@ -76,10 +91,6 @@ def make_session(
 
     python = sys.executable
     pythonpath = executor_pythonpath()
-    os.environ.setdefault("PYSPARK_PYTHON", python)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", python)
-    # Local executors inherit the driver's environment; cluster ones get executorEnv.
-    os.environ["PYTHONPATH"] = pythonpath
     settings: dict[str, Any] = {
         "spark.pyspark.python": python,
         "spark.pyspark.driver.python": python,
@@ -96,6 +107,10 @@ def make_session(
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # Local executors inherit the environment the JVM starts with; set it only
+    # for that start, so the caller's process environment is left as it was.
+    with _environ(PYTHONPATH=pythonpath, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", python),
+                  PYSPARK_DRIVER_PYTHON=os.environ.get("PYSPARK_DRIVER_PYTHON", python)):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
