@@ -3,7 +3,7 @@
 The driver lists the files and cuts them into chunks (see :mod:`.sources`);
 one Spark task per chunk reads its lines and parses them with
 :func:`.lines.parse_block` inside ``mapInArrow`` (why ``mapInArrow`` and not an
-Arrow pandas UDF: docs/bench-spark.md). Columns are described in docs/spark.md.
+Arrow pandas UDF: BENCHMARKS.md). Columns are described in docs/spark.md.
 """
 
 from __future__ import annotations
