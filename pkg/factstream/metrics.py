@@ -82,7 +82,7 @@ class _StreamCollector:
         yield pos
 
 
-REGISTRY.register(_StreamCollector())  # type: ignore[arg-type]
+REGISTRY.register(_StreamCollector())
 PENDING_OUT = Gauge("factstream_pending_outbound", "Commands buffered for sending (all connections and the outbox)")
 RECONNECTS = Counter("factstream_reconnects", "Client reconnection attempts", ["target"])
 CATCHUP_FETCHES = Counter("factstream_catchup_fetches", "Out-of-band catch-up pages fetched", ["stream"])

@@ -227,7 +227,7 @@ class Child:
         """Wait for a status event, failing early if the process dies."""
         fut = self.event(event)
         assert self.proc is not None
-        died = asyncio.create_task(self.proc.wait())
+        died: asyncio.Task[Any] = asyncio.create_task(self.proc.wait())
         done, _ = await asyncio.wait({fut, died}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         died.cancel()
         if fut.done():

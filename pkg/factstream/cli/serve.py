@@ -105,7 +105,7 @@ async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.
                         "unix:///path/to/redis.sock; percent-encode special characters in the password)", 2)
     try:
         async with asyncio.timeout(timeout):
-            await conn.connect()
+            await conn.connect()  # type: ignore[no-untyped-call]  # redis-py: AbstractConnection.connect() is unannotated
             await conn.send_command("PING")
             await conn.read_response()
     except AuthenticationError as err:
@@ -209,7 +209,7 @@ class Writer:
             try:
                 async with self.db.transaction() as txn:
                     ids = await gen.get_next_mult_txn(txn, n)
-                    params = []
+                    params: list[tuple[Any, ...]] = []
                     for tok in ids:
                         k = rng.choices((0, 1, 2, 4), (4, 80, 12, 4))[0]  # 0 rows: a hole; several: a batch
                         params.extend(t.insert_params(tok, inst, synthetic_row(t.stream, tok, j)) for j in range(k))

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .. import metrics
 from ..commands import Command, PositionCommand, RdataCommand
@@ -103,7 +103,7 @@ class Publisher:
 
     def _publish_now(self, st: _Published) -> None:
         while st.sent < st.target:
-            updates, upto, _limited = st.sync_get(self.instance_name, st.sent, st.target, self.page_limit)
+            updates, upto, _limited = cast(Callable[..., Any], st.sync_get)(self.instance_name, st.sent, st.target, self.page_limit)
             self._emit(st, updates, upto)
 
     async def _drain(self) -> None:

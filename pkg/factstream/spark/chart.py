@@ -28,7 +28,10 @@ def render_chart(report: dict[str, Any], path: str, *, title: str = "Replication
         for stream in sorted(per_stream):
             points = sorted(per_stream[stream].items())
             xs = [dt.datetime.fromisoformat(w.replace("Z", "+00:00")) for w, _ in points]
-            ax.plot(xs, [r for _, r in points], label=stream, linewidth=1.2, marker="." if len(xs) < 50 else None)
+            ax.plot(
+                xs,  # type: ignore[arg-type]  # matplotlib's stubs omit datetime x values, which it plots natively
+                [r for _, r in points], label=stream, linewidth=1.2, marker="." if len(xs) < 50 else None,
+            )
         ax.set_title(title)
         ax.set_xlabel(f"time (UTC, {report['bucket_seconds']} s buckets)")
         ax.set_ylabel("RDATA rows per second")

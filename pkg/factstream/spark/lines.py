@@ -407,6 +407,7 @@ def _payloads(lines: Iterable[bytes], first_line: int, fmt: str) -> Iterator[tup
                 yield number, line, None, None, None, None
                 continue
             m = match(line)
+            assert m is not None  # every group of _PREFIX is optional: it always matches
             ts = m.group(1)
             d = m.group(2)
             body = line[m.end():] if m.end() else line
@@ -426,6 +427,7 @@ def _payloads(lines: Iterable[bytes], first_line: int, fmt: str) -> Iterator[tup
             if not fields:
                 yield number, line, None, None, None, "not a redis-cli MONITOR line"
                 continue
+            assert m is not None  # fields is None when m is None
             verb = fields[0].upper()
             if verb not in (b"PUBLISH", b"SPUBLISH"):
                 continue  # other Redis traffic: not replication data
@@ -509,6 +511,7 @@ def parse_block(
                 payload = line
             else:
                 m = match(line)
+                assert m is not None  # every group of _PREFIX is optional: it always matches
                 ts, d = m.group(1), m.group(2)
                 payload = line[m.end():] if m.end() else line
                 if not payload.strip():

@@ -63,6 +63,7 @@ def build_report(df: DataFrame, bucket_seconds: int = 60) -> dict[str, Any]:
             F.min("ts").alias("first_ts"),
             F.max("ts").alias("last_ts"),
         ).first()
+        assert totals is not None  # an aggregate without groupBy always has exactly one row
         commands = {r["command"]: r["n"] for r in df.where("command IS NOT NULL").groupBy("command").agg(F.count(F.lit(1)).alias("n")).collect()}
         bad_files = {
             r["source_file"]: r["n"]

@@ -16,6 +16,7 @@ import gzip
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import pyarrow.fs as pafs
 
@@ -44,7 +45,7 @@ class Chunk:
 
 def _fs(path: str) -> tuple[pafs.FileSystem, str]:
     if "://" in path and not path.startswith("file://"):
-        return pafs.FileSystem.from_uri(path)
+        return cast("tuple[pafs.FileSystem, str]", pafs.FileSystem.from_uri(path))
     if path.startswith("file://"):
         path = path[len("file://"):]
     return pafs.LocalFileSystem(), os.path.abspath(path)
@@ -187,7 +188,7 @@ class _RangeReader:
         if cur >= self.end:
             if cur >= self.size or self.last.endswith(b"\n"):
                 return b""
-            data = self.fh.read_at(min(n, self.size - cur), cur)
+            data: bytes = self.fh.read_at(min(n, self.size - cur), cur)
             k = data.find(b"\n")
             if k >= 0:
                 data = data[: k + 1]

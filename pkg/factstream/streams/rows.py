@@ -10,7 +10,8 @@ the same bytes. The ``events`` stream wraps one of three kinds (``ev``,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 from ..errors import ProtocolError
 
@@ -65,8 +66,9 @@ class Row:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]  # type: ignore[arg-type]
 
 
-def _row(stream: str) -> Any:
-    def wrap(cls: type[Row]) -> type[Row]:
+@dataclass_transform(frozen_default=True)
+def _row(stream: str) -> Callable[[type[R]], type[R]]:
+    def wrap(cls: type[R]) -> type[R]:
         cls.STREAM = stream
         return dataclasses.dataclass(frozen=True, slots=True)(cls)
 
@@ -274,7 +276,7 @@ class AllStateRow(Row):
 
 
 #: Events-stream kind -> its row type.
-EVENT_ROW_KINDS: dict[str, type[Row]] = {cls.KIND: cls for cls in (EventRow, CurrentStateRow, AllStateRow)}  # type: ignore[attr-defined]
+EVENT_ROW_KINDS: dict[str, type[Row]] = {cls.KIND: cls for cls in (EventRow, CurrentStateRow, AllStateRow)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -488,7 +488,7 @@ class RedisCarrier:
     # ------------------------------------------------------------------ connections
 
     def _new_connection(self, role: str) -> AbstractConnection:
-        options = dict(
+        options: dict[str, Any] = dict(
             protocol=2,  # pub/sub messages as plain arrays, identical on every Redis version
             socket_connect_timeout=self.connect_timeout,
             socket_timeout=None,
@@ -509,7 +509,7 @@ class RedisCarrier:
         conn = self._new_connection(role)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                await conn.connect()
+                await conn.connect()  # type: ignore[no-untyped-call]  # redis-py: AbstractConnection.connect() is unannotated
                 await conn.send_command("CLIENT", "ID", check_health=False)
                 client_id = int(await conn.read_response())
         except BaseException:
@@ -600,6 +600,7 @@ class RedisCarrier:
     async def _subscribe_on(self, conn: AbstractConnection) -> str:
         """Subscribe and read messages until the connection dies; returns why it stopped."""
         self._rx = 0
+        kick: asyncio.Future[str]
         kick = self._kick = asyncio.get_running_loop().create_future()
         reader = asyncio.create_task(self._read_subscribed(conn))
         watcher = asyncio.create_task(self._watch_subscriber(conn))
@@ -718,7 +719,7 @@ class RedisCarrier:
         self._hook_tasks.add(fut)  # type: ignore[arg-type]
 
         def done(f: asyncio.Future[Any]) -> None:
-            self._hook_tasks.discard(f)  # type: ignore[arg-type]
+            self._hook_tasks.discard(f)
             if not f.cancelled() and f.exception() is not None:
                 if what.startswith("handler"):
                     self.stats.handler_errors += 1

@@ -140,7 +140,7 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     # ------------------------------------------------------------ asyncio.Protocol
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
         peer = transport.get_extra_info("peername")
         side = "from" if self.is_server else "to"
@@ -161,7 +161,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         try:
             cmds = self._decoder.feed(data)
         except ProtocolError as err:
-            cmds = err.commands  # type: ignore[assignment]
+            cmds = err.commands
             error = err
         if cmds:
             _count(_IN, metrics.COMMANDS_IN, cmds)
@@ -392,7 +392,7 @@ class TcpServer:
 
     def _protocol(self) -> TcpConnection:
         conn = TcpConnection(
-            self.sink, is_server=True, local_name=self.server_name, on_close=self.connections.discard, **self.opts  # type: ignore[arg-type]
+            self.sink, is_server=True, local_name=self.server_name, on_close=self.connections.discard, **self.opts
         )
         self.connections.add(conn)
         return conn
@@ -491,7 +491,7 @@ class TcpClient:
 
     def next_delay(self, attempt: int) -> float:
         """Backoff before retry ``attempt`` (1-based): exponential, capped, with jitter."""
-        base = min(self.backoff_max, self.backoff_initial * (2 ** min(attempt - 1, 30)))
+        base: float = min(self.backoff_max, self.backoff_initial * (2 ** min(attempt - 1, 30)))
         return base * random.uniform(0.5, 1.0)
 
     async def _run(self) -> None:
@@ -504,7 +504,7 @@ class TcpClient:
                 is_server=False,
                 local_name=self.client_name,
                 expected_server_name=self.expected_server_name,
-                **self.opts,  # type: ignore[arg-type]
+                **self.opts,
             )
             self.attempts += 1
             try:

@@ -30,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import FactstreamError
 from ...ids import StreamChangeCache, create_id_generator
@@ -44,6 +44,9 @@ from .resolver import DepthResolver, StateKey, StateMap, StateResolver, conflict
 from .state_groups import StateGroupStore
 from .tokens import RoomsToken, TopologicalToken
 from .visibility import HISTORY_VISIBILITY, MEMBER, effective_visibility, membership_at, normalise_visibility
+
+if TYPE_CHECKING:
+    from ...ids import IdGenerator
 
 __all__ = [
     "EventStore",
@@ -426,6 +429,7 @@ class EventStore:
         self, txn: Any, batch: _Batch, item: NewEvent, f: EventFields, sid: int, effects: _TxnEffects
     ) -> PersistedEvent:
         known = batch.known
+        r: tuple[Any, ...] | None
         if f.event_id in known:
             r = known[f.event_id]
             return PersistedEvent(f.event_id, r[7], int(r[5]), int(r[1]), r[6], r[2], duplicate=True)
@@ -1011,7 +1015,7 @@ def _row_parts(row: Any) -> tuple[str, Sequence[Any]]:
 
 
 async def _default_id_gen(db: Any, instance_name: str, *, backwards: bool) -> Any:
-    gen = create_id_generator(
+    gen: IdGenerator | Coroutine[Any, Any, IdGenerator] = create_id_generator(
         db,
         stream_name="backfill" if backwards else "events",
         instance_name=instance_name,
