@@ -235,10 +235,34 @@ cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) nogil:
     return _fail(s, p, ERR_STRING)
 
 
+cdef inline const unsigned char* _number_tail(const unsigned char* p, const unsigned char* end,
+                                             bint* is_float) nogil:
+    # p is just past the integer part's digits: an optional fraction and an
+    # optional exponent follow (an exponent without digits is not part of the
+    # number, as in CPython's scanner). Returns the end of the number.
+    cdef const unsigned char* e_start
+    if p + 1 < end and p[0] == 46 and 48 <= p[1] <= 57:  # fraction
+        is_float[0] = True
+        p += 2
+        while p < end and 48 <= p[0] <= 57:
+            p += 1
+    if p < end and (p[0] == 101 or p[0] == 69):  # exponent, backtracked if empty
+        e_start = p
+        p += 1
+        if p < end and (p[0] == 43 or p[0] == 45):
+            p += 1
+        if p < end and 48 <= p[0] <= 57:
+            is_float[0] = True
+            while p < end and 48 <= p[0] <= 57:
+                p += 1
+        else:
+            p = e_start
+    return p
+
+
 cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) nogil:
     cdef const unsigned char* end = s.end
     cdef const unsigned char* digits
-    cdef const unsigned char* e_start
     cdef bint is_float = False
     if p[0] == 45:  # -
         p += 1
@@ -252,22 +276,7 @@ cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) nogil:
     else:
         while p < end and 48 <= p[0] <= 57:
             p += 1
-    if p + 1 < end and p[0] == 46 and 48 <= p[1] <= 57:  # fraction
-        is_float = True
-        p += 2
-        while p < end and 48 <= p[0] <= 57:
-            p += 1
-    if p < end and (p[0] == 101 or p[0] == 69):  # exponent, backtracked if empty
-        e_start = p
-        p += 1
-        if p < end and (p[0] == 43 or p[0] == 45):
-            p += 1
-        if p < end and 48 <= p[0] <= 57:
-            is_float = True
-            while p < end and 48 <= p[0] <= 57:
-                p += 1
-        else:
-            p = e_start
+    p = _number_tail(p, end, &is_float)
     if is_float:
         s.canonical = False  # decided by float repr; re-encode to be safe
     else:
@@ -499,7 +508,6 @@ cdef class _Builder:
         cdef const unsigned char* p = pp[0]
         cdef const unsigned char* start = p
         cdef const unsigned char* end = self.end
-        cdef const unsigned char* e_start
         cdef bint is_float = False
         cdef long long v = 0
         cdef bint neg = False
@@ -514,22 +522,7 @@ cdef class _Builder:
             while p < end and 48 <= p[0] <= 57:
                 p += 1
         ndigits = p - start - neg
-        if p + 1 < end and p[0] == 46 and 48 <= p[1] <= 57:
-            is_float = True
-            p += 2
-            while p < end and 48 <= p[0] <= 57:
-                p += 1
-        if p < end and (p[0] == 101 or p[0] == 69):
-            e_start = p
-            p += 1
-            if p < end and (p[0] == 43 or p[0] == 45):
-                p += 1
-            if p < end and 48 <= p[0] <= 57:
-                is_float = True
-                while p < end and 48 <= p[0] <= 57:
-                    p += 1
-            else:
-                p = e_start
+        p = _number_tail(p, end, &is_float)
         pp[0] = p
         if not is_float and ndigits <= 18:
             p = start + neg
