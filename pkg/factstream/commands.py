@@ -201,6 +201,9 @@ class RdataCommand(Command):
     command from the received bytes when they are already canonical.
     """
 
+    # The compiled codec fills these slots directly for a parsed line: _row is
+    # unset, _raw holds the validated row JSON, _canonical says whether those
+    # bytes are exactly Synapse's encoding, _loads builds the row from them.
     __slots__ = ("stream_name", "instance_name", "token", "_row", "_raw", "_canonical", "_loads")
     NAME = "RDATA"
     _FIELDS = ("stream_name", "instance_name", "token", "row")
@@ -213,31 +216,6 @@ class RdataCommand(Command):
         self._raw: bytes | None = None
         self._canonical = False
         self._loads: Callable[[bytes], Any] | None = None
-
-    @classmethod
-    def _lazy(
-        cls,
-        stream_name: str,
-        instance_name: str,
-        token: int | None,
-        raw: bytes,
-        canonical: bool,
-        loads: Callable[[bytes], Any],
-    ) -> RdataCommand:
-        """A command whose row is decoded from the validated JSON ``raw`` on first access.
-
-        ``canonical`` says whether ``raw`` is byte-identical to Synapse's
-        encoding of the decoded row, so it can be re-sent without a round trip.
-        """
-        self = cls.__new__(cls)
-        self.stream_name = stream_name
-        self.instance_name = instance_name
-        self.token = token
-        self._row = _UNSET
-        self._raw = raw
-        self._canonical = canonical
-        self._loads = loads
-        return self
 
     @property
     def row(self) -> Any:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from .. import metrics
 from ..commands import Command, PositionCommand, RdataCommand
@@ -100,11 +100,6 @@ class Publisher:
         self._dirty.add(stream_name)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._drain(), name="factstream-publisher")
-
-    def _publish_now(self, st: _Published) -> None:
-        while st.sent < st.target:
-            updates, upto, _limited = cast(Callable[..., Any], st.sync_get)(self.instance_name, st.sent, st.target, self.page_limit)
-            self._emit(st, updates, upto)
 
     async def _drain(self) -> None:
         delay = 0.1
