@@ -24,6 +24,7 @@ class ChaosProxy:
         self.server: asyncio.Server | None = None
         self.port = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -34,6 +35,10 @@ class ChaosProxy:
             ur, uw = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
             cw.transport.abort()
+            return
+        if self._stopping:  # connected upstream while stopping: drop it
+            cw.transport.abort()
+            uw.transport.abort()
             return
         self.links.append((cw, uw))
         pipes = {asyncio.create_task(self._pipe(cr, uw)), asyncio.create_task(self._pipe(ur, cw))}
@@ -61,6 +66,7 @@ class ChaosProxy:
         self.links.clear()
 
     async def stop(self) -> None:
+        self._stopping = True
         self.cut()
         for t in list(self._tasks):
             t.cancel()

@@ -518,3 +518,27 @@ async def test_shared_commands_are_relayed_to_other_readers_and_server_ends_neve
     for c in clients:
         await c.stop()
     await server.stop()
+
+
+async def test_connection_closed_before_it_is_set_up_is_dropped_not_served() -> None:
+    # A server stopping while a peer is connecting closes a connection whose
+    # transport has not arrived yet; when it arrives it must be dropped at once,
+    # or it would be served after the stop and keep the listener from closing.
+    hub = ReplicationHub("master")
+    server = await TcpServer(hub, "early.hs").start()
+    conn = server._protocol()  # what the listener creates for an incoming peer
+    assert conn in server.connections
+    conn.close("server stopping")
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # EOF: the early-closed connection drops the link at once
+        writer.close()
+
+    sink = await asyncio.start_server(peer, "127.0.0.1", 0)
+    port = sink.sockets[0].getsockname()[1]
+    await asyncio.get_running_loop().create_connection(lambda: conn, "127.0.0.1", port)
+    reason = await asyncio.wait_for(asyncio.shield(conn.closed), 2)
+    assert reason and not conn.connected
+    assert conn not in server.connections and not hub.connections
+    await asyncio.wait_for(server.stop(), 5)
+    sink.close()
+    await asyncio.sleep(0.05)  # let the peer handler see EOF and close its side

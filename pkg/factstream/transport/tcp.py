@@ -142,6 +142,11 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
+        if self._closing:
+            # Closed before the transport arrived (a server stopping while a peer
+            # was connecting): never set it up, or it would outlive the server.
+            transport.abort()  # type: ignore[attr-defined]
+            return
         peer = transport.get_extra_info("peername")
         side = "from" if self.is_server else "to"
         self.description = f"tcp {side} {peer[0]}:{peer[1]}" if peer else "tcp"
@@ -417,7 +422,10 @@ class TcpServer:
             except TimeoutError:
                 pass
         if self._server is not None:
-            await self._server.wait_closed()
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), _ABORT_GRACE + 1)
+            except TimeoutError:
+                log.warning("replication server stopped with connections still closing")
             self._server = None
 
     async def __aenter__(self) -> TcpServer:
