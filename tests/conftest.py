@@ -196,3 +196,19 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     here = os.path.dirname(os.path.dirname(os.path.abspath(factstream.__file__)))
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
     return {**os.environ, "PYTHONPATH": os.pathsep.join([here, *rest]), **extra}
+
+
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=ENGINES)
+async def engine_db(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """An empty database of each engine: a SQLite file in tmp_path, or a throw-away PostgreSQL database."""
+    from factstream.store.database import connect
+
+    url = f"sqlite:///{tmp_path / 'test.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_dsn")
+    database = await connect(url)
+    try:
+        yield database
+    finally:
+        await database.close()

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from factstream.store.database import connect
 from factstream.store.events import (
     EventNotFound,
     EventsStreamSource,
@@ -29,17 +27,10 @@ from factstream.store.events.tokens import RoomsToken as _RT  # noqa: F401  (pub
 ROOM = "!room:hs"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/events.db"
-    else:
-        url = request.getfixturevalue("postgres_dsn")
-    database = await connect(url)
-    try:
-        yield database
-    finally:
-        await database.close()
+@pytest.fixture
+def db(engine_db: Any) -> Any:
+    """An empty database of each engine (conftest's engine_db)."""
+    return engine_db
 
 
 @pytest.fixture

@@ -19,22 +19,16 @@ from factstream.ids import (
 )
 from factstream.store.database import Database, connect
 
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 TABLES = [("facts", "instance_name", "stream_id")]
 
 #: writers run on uvloop in production: every test here runs on both loops
 BOTH_EVENT_LOOPS = True
 
 
-@pytest.fixture(params=ENGINES)
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
-    url = f"sqlite:///{tmp_path / 'ids.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_dsn")
-    conn = await connect(url)
-    await conn.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
-    try:
-        yield conn
-    finally:
-        await conn.close()
+@pytest.fixture
+async def db(engine_db: Database) -> Database:
+    await engine_db.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
+    return engine_db
 
 
 async def make(db: Database, **kw: object) -> IdGenerator:

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
+
+from typing import Any
 
 import pytest
 
 from factstream.store import migrations
-from factstream.store.database import Database, Transaction, connect
-
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+from factstream.store.database import Database, Transaction
 
 
-@pytest.fixture(params=ENGINES)
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
-    url = f"sqlite:///{tmp_path / 'm.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_dsn")
-    conn = await connect(url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+
+@pytest.fixture
+def db(engine_db: Any) -> Any:
+    """An empty database of each engine (conftest's engine_db)."""
+    return engine_db
 
 
 @pytest.fixture(autouse=True)

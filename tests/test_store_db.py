@@ -3,31 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
+
+from typing import Any
 
 import pytest
 
 from factstream.store import database
 from factstream.store.database import Database, DatabaseError, connect, to_pyformat
 
-ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 #: writers and readers run on uvloop in production: every test here runs on both loops
 BOTH_EVENT_LOOPS = True
 
 
-@pytest.fixture(params=ENGINES)
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'test.db'}"
-    else:
-        url = request.getfixturevalue("postgres_dsn")
-    conn = await connect(url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+@pytest.fixture
+def db(engine_db: Any) -> Any:
+    """An empty database of each engine (conftest's engine_db)."""
+    return engine_db
 
 
 def test_to_pyformat_rewrites_placeholders_and_escapes_percent() -> None:
