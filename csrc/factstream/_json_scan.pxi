@@ -1,0 +1,324 @@
+# Shared by the compiled modules that read JSON (``include``d, so each module
+# gets its own inlined copy): a validating scanner that allocates nothing and
+# never reads past ``end``, plus the protocol's integer grammar.
+#
+# The including module must cimport memchr/memcmp from libc.string and
+# define ``cdef int MAX_DEPTH`` and ``import sys`` before the include.
+
+# ------------------------------------------------------------------ JSON scan
+#
+# The scanner mirrors CPython's json decoder (the C scanner Synapse runs on):
+# same grammar, same whitespace set, NaN/Infinity refused (Synapse's
+# parse_constant), \uXXXX surrogate pairs joined, control characters refused
+# in strings. It also tracks whether re-encoding the decoded value with
+# Synapse's encoder would give back exactly these bytes ("canonical").
+
+cdef enum:
+    ERR_NONE = 0
+    ERR_VALUE = 1        # expecting a value
+    ERR_STRING = 2       # unterminated string
+    ERR_CONTROL = 3      # control character in string
+    ERR_ESCAPE = 4       # bad escape
+    ERR_DELIM = 5        # expecting , or closing bracket
+    ERR_KEY = 6          # expecting property name
+    ERR_COLON = 7        # expecting :
+    ERR_EXTRA = 8        # extra data after the value
+    ERR_CONSTANT = 9     # NaN / Infinity
+    ERR_DEPTH = 10       # nested too deep
+    ERR_BIGINT = 11      # integer with too many digits
+
+cdef const char* _ERRORS[12]
+_ERRORS[0] = b"ok"
+_ERRORS[1] = b"expecting value"
+_ERRORS[2] = b"unterminated string"
+_ERRORS[3] = b"invalid control character in string"
+_ERRORS[4] = b"invalid escape"
+_ERRORS[5] = b"expecting ',' or closing bracket"
+_ERRORS[6] = b"expecting property name enclosed in double quotes"
+_ERRORS[7] = b"expecting ':' delimiter"
+_ERRORS[8] = b"extra data"
+_ERRORS[9] = b"NaN and Infinity are not valid JSON"
+_ERRORS[10] = b"nested too deep"
+_ERRORS[11] = b"integer has too many digits"
+
+cdef struct Scan:
+    const unsigned char* start
+    const unsigned char* end
+    int err
+    Py_ssize_t err_at
+    bint canonical
+    Py_ssize_t int_limit
+
+
+cdef inline bint _is_ws(unsigned char c) nogil:
+    return c == 32 or c == 9 or c == 10 or c == 13
+
+
+cdef inline int _hexval(unsigned char c) nogil:
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1
+
+
+cdef inline const unsigned char* _fail(Scan* s, const unsigned char* p, int err) nogil:
+    s.err = err
+    s.err_at = p - s.start
+    return NULL
+
+
+cdef inline const unsigned char* _skip_ws(Scan* s, const unsigned char* p) nogil:
+    cdef const unsigned char* q = p
+    while q < s.end and _is_ws(q[0]):
+        q += 1
+    if q != p:
+        s.canonical = False
+    return q
+
+
+cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) nogil:
+    # p points just after the opening quote; returns the pointer after the closing quote.
+    cdef const unsigned char* end = s.end
+    cdef unsigned char c
+    cdef int i, h
+    cdef unsigned int cp
+    while p < end:
+        c = p[0]
+        if c == 34:  # "
+            return p + 1
+        if c == 92:  # backslash
+            if p + 1 >= end:
+                return _fail(s, p, ERR_STRING)
+            c = p[1]
+            if c == 117:  # u
+                if p + 6 > end:
+                    return _fail(s, p, ERR_ESCAPE)
+                cp = 0
+                for i in range(2, 6):
+                    h = _hexval(p[i])
+                    if h < 0:
+                        return _fail(s, p, ERR_ESCAPE)
+                    if p[i] >= 65 and p[i] <= 70:
+                        s.canonical = False  # the encoder writes lowercase hex
+                    cp = (cp << 4) | h
+                # The encoder escapes exactly: controls without a short form and
+                # everything from DEL up (surrogates included).
+                if cp < 0x20:
+                    if cp == 8 or cp == 9 or cp == 10 or cp == 12 or cp == 13:
+                        s.canonical = False
+                elif cp < 0x7f:
+                    s.canonical = False
+                p += 6
+            elif c == 34 or c == 92 or c == 98 or c == 102 or c == 110 or c == 114 or c == 116:
+                p += 2
+            elif c == 47:  # \/ decodes to '/', which the encoder writes bare
+                s.canonical = False
+                p += 2
+            else:
+                return _fail(s, p, ERR_ESCAPE)
+        elif c < 0x20:
+            return _fail(s, p, ERR_CONTROL)
+        else:
+            if c >= 0x7f:  # raw DEL or UTF-8: the encoder would write \\u escapes
+                s.canonical = False
+            p += 1
+    return _fail(s, p, ERR_STRING)
+
+
+cdef inline const unsigned char* _number_tail(const unsigned char* p, const unsigned char* end,
+                                             bint* is_float) nogil:
+    # p is just past the integer part's digits: an optional fraction and an
+    # optional exponent follow (an exponent without digits is not part of the
+    # number, as in CPython's scanner). Returns the end of the number.
+    cdef const unsigned char* e_start
+    if p + 1 < end and p[0] == 46 and 48 <= p[1] <= 57:  # fraction
+        is_float[0] = True
+        p += 2
+        while p < end and 48 <= p[0] <= 57:
+            p += 1
+    if p < end and (p[0] == 101 or p[0] == 69):  # exponent, backtracked if empty
+        e_start = p
+        p += 1
+        if p < end and (p[0] == 43 or p[0] == 45):
+            p += 1
+        if p < end and 48 <= p[0] <= 57:
+            is_float[0] = True
+            while p < end and 48 <= p[0] <= 57:
+                p += 1
+        else:
+            p = e_start
+    return p
+
+
+cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) nogil:
+    cdef const unsigned char* end = s.end
+    cdef const unsigned char* digits
+    cdef bint is_float = False
+    if p[0] == 45:  # -
+        p += 1
+        if p < end and p[0] == 73:  # -Infinity
+            return _fail(s, p, ERR_CONSTANT)
+    if p >= end or not (48 <= p[0] <= 57):
+        return _fail(s, p, ERR_VALUE)
+    digits = p
+    if p[0] == 48:
+        p += 1
+    else:
+        while p < end and 48 <= p[0] <= 57:
+            p += 1
+    p = _number_tail(p, end, &is_float)
+    if is_float:
+        s.canonical = False  # decided by float repr; re-encode to be safe
+    else:
+        if p - digits > s.int_limit:
+            return _fail(s, digits, ERR_BIGINT)
+        if digits != s.start and (digits - 1)[0] == 45 and p - digits == 1 and digits[0] == 48:
+            s.canonical = False  # -0 re-encodes as 0
+    return p
+
+
+cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth) nogil:
+    cdef const unsigned char* end = s.end
+    cdef unsigned char c
+    cdef const unsigned char* keys[16]
+    cdef Py_ssize_t key_lens[16]
+    cdef int nkeys, k
+    cdef const unsigned char* key_start
+    if p >= end:
+        return _fail(s, p, ERR_VALUE)
+    c = p[0]
+    if c == 34:
+        return _scan_string(s, p + 1)
+    if c == 123:  # {
+        if depth >= MAX_DEPTH:
+            return _fail(s, p, ERR_DEPTH)
+        p = _skip_ws(s, p + 1)
+        if p < end and p[0] == 125:
+            return p + 1
+        nkeys = 0
+        while True:
+            if p >= end or p[0] != 34:
+                return _fail(s, p, ERR_KEY)
+            key_start = p
+            p = _scan_string(s, p + 1)
+            if p == NULL:
+                return NULL
+            if s.canonical:
+                # A repeated key collapses when decoded; in canonical text equal
+                # keys are equal bytes, so comparing bytes is enough.
+                if nkeys == 16:
+                    s.canonical = False
+                else:
+                    for k in range(nkeys):
+                        if key_lens[k] == p - key_start and memcmp(keys[k], key_start, p - key_start) == 0:
+                            s.canonical = False
+                            break
+                    keys[nkeys] = key_start
+                    key_lens[nkeys] = p - key_start
+                    nkeys += 1
+            p = _skip_ws(s, p)
+            if p >= end or p[0] != 58:
+                return _fail(s, p, ERR_COLON)
+            p = _skip_ws(s, p + 1)
+            p = _scan_value(s, p, depth + 1)
+            if p == NULL:
+                return NULL
+            p = _skip_ws(s, p)
+            if p < end and p[0] == 44:
+                p = _skip_ws(s, p + 1)
+                continue
+            if p < end and p[0] == 125:
+                return p + 1
+            return _fail(s, p, ERR_DELIM)
+    if c == 91:  # [
+        if depth >= MAX_DEPTH:
+            return _fail(s, p, ERR_DEPTH)
+        p = _skip_ws(s, p + 1)
+        if p < end and p[0] == 93:
+            return p + 1
+        while True:
+            p = _scan_value(s, p, depth + 1)
+            if p == NULL:
+                return NULL
+            p = _skip_ws(s, p)
+            if p < end and p[0] == 44:
+                p = _skip_ws(s, p + 1)
+                continue
+            if p < end and p[0] == 93:
+                return p + 1
+            return _fail(s, p, ERR_DELIM)
+    if c == 110:  # null
+        if end - p >= 4 and memcmp(p, b"null", 4) == 0:
+            return p + 4
+        return _fail(s, p, ERR_VALUE)
+    if c == 116:  # true
+        if end - p >= 4 and memcmp(p, b"true", 4) == 0:
+            return p + 4
+        return _fail(s, p, ERR_VALUE)
+    if c == 102:  # false
+        if end - p >= 5 and memcmp(p, b"false", 5) == 0:
+            return p + 5
+        return _fail(s, p, ERR_VALUE)
+    if c == 78:  # NaN
+        if end - p >= 3 and memcmp(p, b"NaN", 3) == 0:
+            return _fail(s, p, ERR_CONSTANT)
+        return _fail(s, p, ERR_VALUE)
+    if c == 73:  # Infinity
+        if end - p >= 8 and memcmp(p, b"Infinity", 8) == 0:
+            return _fail(s, p, ERR_CONSTANT)
+        return _fail(s, p, ERR_VALUE)
+    if c == 45 or 48 <= c <= 57:
+        return _scan_number(s, p)
+    return _fail(s, p, ERR_VALUE)
+
+
+cdef Py_ssize_t _int_limit():
+    # The interpreter's int(str) digit limit (CPython's decoder obeys it too).
+    try:
+        limit = sys.get_int_max_str_digits()
+    except AttributeError:
+        return <Py_ssize_t>1 << 60
+    return limit if limit > 0 else (<Py_ssize_t>1 << 60)
+
+cdef enum:
+    INT_OK = 0
+    INT_NOT_INTEGER = 1
+    INT_OVERFLOW = 2
+
+
+cdef int _parse_i64(const unsigned char* p, Py_ssize_t n, long long* out) nogil:
+    """The protocol's integer grammar: ASCII digits with an optional leading '-', fitting 64 bits.
+
+    Returns INT_OK, INT_NOT_INTEGER (a non-digit anywhere wins over
+    overflow, so the error names the real problem) or INT_OVERFLOW.
+    """
+    cdef const unsigned char* q = p
+    cdef const unsigned char* end = p + n
+    cdef bint neg = False
+    cdef bint over = False
+    cdef uint64_t v = 0
+    cdef uint64_t limit
+    cdef unsigned int d
+    if q < end and q[0] == 45:
+        neg = True
+        q += 1
+    if q == end:
+        return INT_NOT_INTEGER
+    limit = (<uint64_t>1 << 63) if neg else ((<uint64_t>1 << 63) - 1)
+    while q < end:
+        d = q[0] - 48
+        if d > 9:
+            return INT_NOT_INTEGER
+        if not over:
+            if v > (limit - d) // 10:
+                over = True
+            else:
+                v = v * 10 + d
+        q += 1
+    if over:
+        return INT_OVERFLOW
+    out[0] = <long long>(0 - v) if neg else <long long>v
+    return INT_OK
