@@ -2,7 +2,8 @@
 # gets its own inlined copy): a validating scanner that allocates nothing and
 # never reads past ``end``, plus the protocol's integer grammar.
 #
-# The including module must cimport memchr/memcmp from libc.string and
+# The including module must cimport memchr/memcmp/memcpy from libc.string,
+# uint64_t from libc.stdint, and
 # define ``cdef int MAX_DEPTH`` and ``import sys`` before the include.
 
 # ------------------------------------------------------------------ JSON scan
@@ -322,3 +323,35 @@ cdef int _parse_i64(const unsigned char* p, Py_ssize_t n, long long* out) nogil:
         return INT_OVERFLOW
     out[0] = <long long>(0 - v) if neg else <long long>v
     return INT_OK
+
+
+cdef inline bint _all_ascii(const unsigned char* p, Py_ssize_t n) nogil:
+    cdef Py_ssize_t i = 0
+    cdef uint64_t acc = 0
+    cdef uint64_t w
+    while i + 8 <= n:
+        memcpy(&w, p + i, 8)
+        acc |= w
+        i += 8
+    while i < n:
+        acc |= p[i]
+        i += 1
+    return (acc & <uint64_t>0x8080808080808080ULL) == 0
+
+
+cdef bint _json_valid(const unsigned char* p, Py_ssize_t n, Py_ssize_t int_limit) nogil:
+    """Whether ``p[:n]`` is one JSON document the codec accepts (no message: callers that need one re-parse)."""
+    cdef Scan s
+    cdef const unsigned char* q
+    s.start = p
+    s.end = p + n
+    s.err = ERR_NONE
+    s.err_at = 0
+    s.canonical = True
+    s.int_limit = int_limit
+    q = _skip_ws(&s, p)
+    q = _scan_value(&s, q, 0)
+    if q == NULL:
+        return False
+    q = _skip_ws(&s, q)
+    return q == s.end

@@ -355,20 +355,6 @@ cdef object _loads_checked(const unsigned char* p, Py_ssize_t n, str what, objec
 
 # -------------------------------------------------------------- line parsing
 
-cdef inline bint _all_ascii(const unsigned char* p, Py_ssize_t n) nogil:
-    cdef Py_ssize_t i = 0
-    cdef uint64_t acc = 0
-    cdef uint64_t w
-    while i + 8 <= n:
-        memcpy(&w, p + i, 8)
-        acc |= w
-        i += 8
-    while i < n:
-        acc |= p[i]
-        i += 1
-    return (acc & <uint64_t>0x8080808080808080ULL) == 0
-
-
 cdef inline str _text(const unsigned char* p, Py_ssize_t n):
     return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
 

@@ -16,6 +16,7 @@ __all__ = ["IMPL", "NO_EXTENSIONS", "COMPILED_MODULES", "load"]
 COMPILED_MODULES: dict[str, str] = {
     "_wire_c": "_wire_py",
     "_heap_c": "_heap_py",
+    "_archive_c": "_archive_py",
 }
 
 NO_EXTENSIONS: bool = os.environ.get("FACTSTREAM_NO_EXTENSIONS", "") not in ("", "0")

@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import wire
+from .._compat import load
 from ..commands import FederationAckCommand, PositionCommand, RdataCommand
 from ..errors import ProtocolError
 from .formats import FORMATS
@@ -51,7 +52,10 @@ __all__ = [
     "HEADER_DDL",
     "TYPED_COLUMNS",
     "detect_format",
+    "line_values",
+    "command_values",
     "parse_block",
+    "parse_blocks",
     "redis_unquote",
 ]
 
@@ -191,142 +195,36 @@ def detect_format(head: list[bytes]) -> str:
     return "lines"
 
 
-# ------------------------------------------------------------------ columns
+# --------------------------------------------------------------- row values
+#
+# ``line_values`` is the specification of what one archive line becomes; the
+# column builders (factstream._archive_py / _archive_c) only collect its rows,
+# and the compiled one computes the common lines' rows itself, identically.
 
 
-class _Columns:
-    """Columns of one record batch: dense lists for what most lines have, sparse for the rest."""
-
-    __slots__ = (
-        "typed", "line_number", "command", "stream", "instance", "token", "row",
-        "ts_text", "direction", "channel", "prev_token", "data", "error", "raw", "ev", "cache",
-    )
-
-    def __init__(self, typed: bool) -> None:
-        self.typed = typed
-        self.line_number: list[int] = []
-        self.command: list[str | None] = []
-        self.stream: list[str | None] = []
-        self.instance: list[str | None] = []
-        self.token: list[int | None] = []
-        self.row: list[bytes | None] = []
-        # sparse: index -> value
-        self.ts_text: dict[int, bytes] = {}
-        self.direction: dict[int, bytes] = {}
-        self.channel: dict[int, bytes] = {}
-        self.prev_token: dict[int, int] = {}
-        self.data: dict[int, bytes | None] = {}
-        self.error: dict[int, str] = {}
-        self.raw: dict[int, str] = {}
-        # typed rows: (index, decoded row) of the events and caches streams
-        self.ev: list[tuple[int, Any]] = []
-        self.cache: list[tuple[int, Any]] = []
-
-    def add_bad(self, number: int, problem: str, payload: bytes) -> None:
-        i = len(self.line_number)
-        self.line_number.append(number)
-        self.command.append(None)
-        self.stream.append(None)
-        self.instance.append(None)
-        self.token.append(None)
-        self.row.append(None)
-        self.error[i] = problem
-        self.raw[i] = payload.decode("utf-8", "replace")
-
-    def add_cmd(self, number: int, cmd: Any, payload: bytes) -> None:
-        i = len(self.line_number)
-        self.line_number.append(number)
-        cls = type(cmd)
-        self.command.append(cls.NAME)
-        if cls is RdataCommand:
-            stream = cmd.stream_name
-            self.stream.append(stream)
-            self.instance.append(cmd.instance_name)
-            self.token.append(cmd.token)
-            self.row.append(_row_text(cmd, payload))
-            if self.typed:
-                if stream == "events":
-                    self.ev.append((i, cmd.row))
-                elif stream == "caches":
-                    self.cache.append((i, cmd.row))
-            return
-        self.row.append(None)
-        if cls is PositionCommand:
-            self.stream.append(cmd.stream_name)
-            self.instance.append(cmd.instance_name)
-            self.token.append(cmd.new_token)
-            self.prev_token[i] = cmd.prev_token
-        elif cls is FederationAckCommand:
-            self.stream.append(None)
-            self.instance.append(cmd.instance_name)
-            self.token.append(cmd.token)
-        else:
-            self.stream.append(None)
-            self.instance.append(None)
-            self.token.append(None)
-            body = payload.split(b" ", 1)
-            if len(body) == 2:
-                self.data[i] = body[1]
-
-    def __len__(self) -> int:
-        return len(self.line_number)
-
-    def batch(self, source: str) -> pa.RecordBatch:
-        schema = ARROW_SCHEMA if self.typed else HEADER_SCHEMA
-        n = len(self.line_number)
-        cols: dict[str, pa.Array] = {
-            "source_file": pa.repeat(pa.scalar(source, pa.string()), n),
-            "line_number": pa.array(self.line_number, pa.int64()),
-            "command": pa.array(self.command, pa.string()),
-            "stream": _array(self.stream, pa.string()),
-            "instance": _array(self.instance, pa.string()),
-            "token": pa.array(self.token, pa.int64()),
-            "row": _array(self.row, pa.string()),
-        }
-        for name in ("ts_text", "direction", "channel", "prev_token", "data", "error", "raw"):
-            typ = schema.field(name).type
-            sparse = getattr(self, name)
-            if not sparse:
-                cols[name] = pa.nulls(n, typ)
-            else:
-                dense: list[Any] = [None] * n
-                for i, v in sparse.items():
-                    dense[i] = v
-                cols[name] = _array(dense, typ)
-        if self.typed:
-            _typed_columns(cols, n, self.ev, self.cache)
-        return pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema)
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "replace")
 
 
-def _array(values: list[Any], typ: pa.DataType) -> pa.Array:
-    try:
-        return pa.array(values, typ)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        return pa.array([_coerce(v, typ) for v in values], typ)
+def _str_or_none(value: Any) -> str | None:
+    return value if type(value) is str else None
 
 
-def _coerce(value: Any, typ: pa.DataType) -> Any:
-    """Make a decoded JSON value fit a column, or null (rows of unexpected shape)."""
-    if value is None:
-        return None
-    if typ == pa.string():
-        if isinstance(value, bytes):
-            return value.decode("utf-8", "replace")
-        return value if type(value) is str else None
-    if typ == pa.bool_():
-        return value if type(value) is bool else None
-    if typ == pa.int64():
-        return value if type(value) is int and -(2**63) <= value < 2**63 else None
-    if isinstance(value, list):  # cache keys
-        return value
-    return None
+def _bool_or_none(value: Any) -> bool | None:
+    return value if type(value) is bool else None
+
+
+def _i64_or_none(value: Any) -> int | None:
+    return value if type(value) is int and -(2**63) <= value < 2**63 else None
 
 
 def _key_text(key: Any) -> str:
     return key if type(key) is str else json.dumps(key, separators=(",", ":"))
 
 
-_EV_NONE = (None,) * 10
+_EV_NONE: tuple[Any, ...] = (None,) * 10
+_CACHE_NONE: tuple[Any, ...] = (None,) * 3
+_TYPED_NONE = _EV_NONE + _CACHE_NONE
 
 
 def _ev_fields(row: Any) -> tuple[Any, ...]:
@@ -334,13 +232,16 @@ def _ev_fields(row: Any) -> tuple[Any, ...]:
     if type(row) is list and len(row) == 2:
         kind, data = row
         if type(data) is list:
+            if type(kind) is not str:
+                return _EV_NONE
             if kind == "ev" and len(data) == 9:
-                return (kind, *data)
+                return (kind, *map(_str_or_none, data[:7]), _bool_or_none(data[7]), _bool_or_none(data[8]))
             if kind == "state" and len(data) == 4:
-                return (kind, data[3], data[0], data[1], data[2], None, None, None, None, None)
+                room, typ, key, event = map(_str_or_none, data)
+                return (kind, event, room, typ, key, None, None, None, None, None)
             if kind == "state-all" and len(data) == 1:
-                return (kind, None, data[0], None, None, None, None, None, None, None)
-            return (kind if type(kind) is str else None,) + _EV_NONE[1:]
+                return (kind, None, _str_or_none(data[0]), None, None, None, None, None, None, None)
+            return (kind,) + _EV_NONE[1:]
     return _EV_NONE
 
 
@@ -348,46 +249,73 @@ def _cache_fields(row: Any) -> tuple[Any, Any, Any]:
     """(cache_func, keys as strings or None, invalidation_ts)."""
     if type(row) is list and len(row) == 3:
         keys = row[1]
-        if type(keys) is list:
-            keys = [_key_text(k) for k in keys]
-        elif keys is not None:
-            keys = None
-        return (row[0], keys, row[2])
-    return (None, None, None)
+        return (
+            _str_or_none(row[0]),
+            [_key_text(k) for k in keys] if type(keys) is list else None,
+            _i64_or_none(row[2]),
+        )
+    return _CACHE_NONE
 
 
-_EV_COLUMNS = ("ev_kind", "ev_event_id", "ev_room_id", "ev_type", "ev_state_key", "ev_redacts",
-               "ev_relates_to", "ev_membership", "ev_rejected", "ev_outlier")
-_CACHE_COLUMNS = ("cache_func", "cache_keys", "cache_invalidation_ts")
+def command_values(
+    number: int,
+    payload: bytes,
+    typed: bool,
+    ts: bytes | None = None,
+    direction: bytes | None = None,
+    channel: bytes | None = None,
+    problem: str | None = None,
+) -> tuple[Any, ...]:
+    """The column values (builder order) of one protocol line, parsed by the codec.
+
+    ``problem`` marks a line refused before the codec saw it (a bad prefix or
+    capture record); a line the codec refuses gets the codec's message.
+    """
+    where = (number, _text(ts), _text(direction), _text(channel))
+    cmd: Any = None
+    if problem is None:
+        try:
+            cmd = wire.parse_line(payload)
+        except ProtocolError as err:
+            problem = str(err)
+    if cmd is None:
+        head = (None, None, None, None, None, None, None, problem, payload.decode("utf-8", "replace"))
+        return where + head + _TYPED_NONE if typed else where + head
+    cls = type(cmd)
+    typed_values = _TYPED_NONE
+    if cls is RdataCommand:
+        stream = cmd.stream_name
+        raw = cmd.raw_row
+        row_text = raw.decode() if raw is not None else payload.split(b" ", 4)[4].decode()
+        head = ("RDATA", stream, cmd.instance_name, cmd.token, None, row_text, None, None, None)
+        if typed:
+            if stream == "events":
+                typed_values = _ev_fields(cmd.row) + _CACHE_NONE
+            elif stream == "caches":
+                typed_values = _EV_NONE + _cache_fields(cmd.row)
+    elif cls is PositionCommand:
+        head = ("POSITION", cmd.stream_name, cmd.instance_name, cmd.new_token, cmd.prev_token, None, None, None, None)
+    elif cls is FederationAckCommand:
+        head = (cls.NAME, None, cmd.instance_name, cmd.token, None, None, None, None, None)
+    else:
+        body = payload.split(b" ", 1)
+        head = (cls.NAME, None, None, None, None, None, body[1].decode() if len(body) == 2 else None, None, None)
+    return where + head + typed_values if typed else where + head
 
 
-def _scatter_index(n: int, positions: list[int]) -> pa.Array:
-    """Length-n indices: k where positions[k] is, null elsewhere (for ``take``)."""
-    ix: list[int | None] = [None] * n
-    for k, i in enumerate(positions):
-        ix[i] = k
-    return pa.array(ix, pa.int32())
-
-
-def _typed_columns(cols: dict[str, pa.Array], n: int, ev: list[tuple[int, Any]], cache: list[tuple[int, Any]]) -> None:
-    """Decode events/caches rows into their columns: transpose with zip, scatter with Arrow ``take``."""
-    for items, fields, names in ((ev, _ev_fields, _EV_COLUMNS), (cache, _cache_fields, _CACHE_COLUMNS)):
-        if not items:
-            for name in names:
-                cols[name] = pa.nulls(n, ARROW_SCHEMA.field(name).type)
-            continue
-        positions = [i for i, _ in items]
-        columns = list(zip(*[fields(r) for _, r in items]))
-        index = _scatter_index(n, positions)
-        for name, values in zip(names, columns):
-            cols[name] = _array(list(values), ARROW_SCHEMA.field(name).type).take(index)
-
-
-def _row_text(cmd: RdataCommand, line: bytes) -> bytes:
-    raw = cmd.raw_row
-    if raw is not None:
-        return raw
-    return line.split(b" ", 4)[4]
+def line_values(number: int, line: bytes, typed: bool) -> tuple[Any, ...] | None:
+    """The column values of one line of a ``lines`` archive (None for a blank line)."""
+    if line and 65 <= line[0] <= 90:  # starts with a command name: no prefix
+        return command_values(number, line, typed)
+    m = _PREFIX.match(line)
+    assert m is not None  # every group of _PREFIX is optional: it always matches
+    ts, direction = m.group(1), m.group(2)
+    payload = line[m.end():] if m.end() else line
+    if not payload.strip():
+        if ts is None and direction is None:
+            return None  # blank line
+        return command_values(number, payload, typed, ts, direction, problem="prefix without a replication line")
+    return command_values(number, payload, typed, ts, direction)
 
 
 # ------------------------------------------------------------------ parsing
@@ -482,6 +410,48 @@ def _payloads(lines: Iterable[bytes], first_line: int, fmt: str) -> Iterator[tup
         raise ValueError(f"cannot parse format {fmt!r} here; detect it first")
 
 
+def _batch(columns: Any, source: str, typed: bool) -> pa.RecordBatch:
+    arrays = columns.take()
+    schema = ARROW_SCHEMA if typed else HEADER_SCHEMA
+    n = len(arrays[0])
+    return pa.RecordBatch.from_arrays([pa.repeat(pa.scalar(source, pa.string()), n), *arrays], schema=schema)
+
+
+def _builder(typed: bool, impl: str | None) -> Any:
+    return load("_archive", impl).ArchiveColumns(typed)
+
+
+def parse_blocks(
+    blocks: Iterable[tuple[int, bytes]],
+    *,
+    source: str,
+    typed: bool = True,
+    batch_rows: int = 65536,
+    impl: str | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Parse a ``lines`` archive given as blocks of whole lines: (number of the block's first line, bytes).
+
+    The fast path: the column builder walks the bytes itself (the compiled
+    twin computes common lines' columns without Python objects) and calls
+    :func:`line_values` for the rest. Yields batches of at most ``batch_rows`` rows.
+    """
+    columns = _builder(typed, impl)
+
+    def row_function(number: int, line: bytes) -> tuple[Any, ...] | None:
+        return line_values(number, line, typed)
+
+    for first, data in blocks:
+        pos, number = 0, first - 1
+        while True:
+            pos, number = columns.feed(data, pos, number, batch_rows, row_function)
+            if len(columns) >= batch_rows:
+                yield _batch(columns, source, typed)
+            if pos >= len(data):
+                break
+    if len(columns):
+        yield _batch(columns, source, typed)
+
+
 def parse_block(
     lines: Iterable[bytes],
     *,
@@ -490,73 +460,37 @@ def parse_block(
     fmt: str = "lines",
     typed: bool = True,
     batch_rows: int = 65536,
+    impl: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Parse archive ``lines`` (without newlines) numbered from ``first_line``.
 
     Yields record batches of ``ARROW_SCHEMA`` (``HEADER_SCHEMA`` when not
-    ``typed``) with at most ``batch_rows`` rows. The codec runs once per line;
-    columns most lines lack are kept sparse, and typed columns are built per
-    column (transposed with ``zip``, placed with Arrow ``take``).
+    ``typed``) with at most ``batch_rows`` rows. ``impl`` picks the column
+    builder twin ("c" or "python"; default: the active one).
     """
-    parse = wire.parse_line
-    cols = _Columns(typed)
     if fmt == "lines":
-        # The common case inline: a line that starts with a command name has no prefix.
-        match = _PREFIX.match
-        number = first_line - 1
-        add_cmd = cols.add_cmd
-        for line in lines:
-            number += 1
-            if line and 65 <= line[0] <= 90:
-                payload = line
-            else:
-                m = match(line)
-                assert m is not None  # every group of _PREFIX is optional: it always matches
-                ts, d = m.group(1), m.group(2)
-                payload = line[m.end():] if m.end() else line
-                if not payload.strip():
-                    if ts is None and d is None:
-                        continue  # blank line
-                    i = len(cols)
-                    cols.add_bad(number, "prefix without a replication line", payload)
-                    _mark(cols, i, ts, d)
-                    if len(cols) >= batch_rows:
-                        yield cols.batch(source)
-                        cols = _Columns(typed)
-                        add_cmd = cols.add_cmd
-                    continue
-                if ts is not None or d is not None:
-                    _mark(cols, len(cols), ts, d)
-            try:
-                add_cmd(number, parse(payload), payload)
-            except ProtocolError as err:
-                cols.add_bad(number, str(err), payload)
-            if len(cols) >= batch_rows:
-                yield cols.batch(source)
-                cols = _Columns(typed)
-                add_cmd = cols.add_cmd
+        if not isinstance(lines, list):
+            lines = list(lines)
+        data = b"\n".join(lines)
+        if data.count(b"\n") == len(lines) - 1:  # no line holds a newline: parse the bytes in one go
+            if lines:
+                yield from parse_blocks([(first_line, data)], source=source, typed=typed, batch_rows=batch_rows, impl=impl)
+            return
+        payloads: Iterator[tuple[Any, ...]] = (
+            (n, line, None, None, None, None) for n, line in enumerate(lines, first_line)
+        )
     else:
-        for number, payload, ts, direction, channel, problem in _payloads(lines, first_line, fmt):
-            i = len(cols)
-            if problem is None:
-                try:
-                    cols.add_cmd(number, parse(payload), payload)
-                except ProtocolError as err:
-                    cols.add_bad(number, str(err), payload)
-            else:
-                cols.add_bad(number, problem, payload)
-            _mark(cols, i, ts, direction)
-            if channel is not None:
-                cols.channel[i] = channel
-            if len(cols) >= batch_rows:
-                yield cols.batch(source)
-                cols = _Columns(typed)
-    if len(cols):
-        yield cols.batch(source)
-
-
-def _mark(cols: _Columns, i: int, ts: bytes | None, direction: bytes | None) -> None:
-    if ts is not None:
-        cols.ts_text[i] = ts
-    if direction is not None:
-        cols.direction[i] = direction
+        payloads = _payloads(lines, first_line, fmt)
+    columns = _builder(typed, impl)
+    for number, payload, ts, direction, channel, problem in payloads:
+        if fmt == "lines":
+            values = line_values(number, payload, typed)
+            if values is None:
+                continue
+        else:
+            values = command_values(number, payload, typed, ts, direction, channel, problem)
+        columns.append(values)
+        if len(columns) >= batch_rows:
+            yield _batch(columns, source, typed)
+    if len(columns):
+        yield _batch(columns, source, typed)

@@ -14,8 +14,17 @@ from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from .lines import HEADER_DDL, SPARK_DDL, TYPED_COLUMNS, ParseOptions, detect_format, parse_block
-from .sources import DEFAULT_CHUNK_BYTES, Chunk, count_newlines, list_files, plan_chunks, read_chunk_lines, read_head
+from .lines import HEADER_DDL, SPARK_DDL, TYPED_COLUMNS, ParseOptions, detect_format, parse_block, parse_blocks
+from .sources import (
+    DEFAULT_CHUNK_BYTES,
+    Chunk,
+    count_newlines,
+    list_files,
+    plan_chunks,
+    read_chunk_blocks,
+    read_chunk_lines,
+    read_head,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -80,11 +89,15 @@ def _parse_tasks(typed: bool, batch_rows: int):  # type: ignore[no-untyped-def]
         for batch in batches:
             for task in batch.to_pylist():
                 chunk = Chunk(task["path"], task["start"], task["end"], task["size"])
-                blocks = read_chunk_lines(chunk, task["newlines_before"])
-                first = next(blocks, None)
+                if task["format"] == "lines":  # the common case: the builder walks the bytes itself
+                    blocks = read_chunk_blocks(chunk, task["newlines_before"])
+                    yield from parse_blocks(blocks, source=chunk.path, typed=typed, batch_rows=batch_rows)
+                    continue
+                numbered = read_chunk_lines(chunk, task["newlines_before"])
+                first = next(numbered, None)
                 if first is None:
                     continue
-                lines = itertools.chain(first[1], itertools.chain.from_iterable(b for _, b in blocks))
+                lines = itertools.chain(first[1], itertools.chain.from_iterable(b for _, b in numbered))
                 yield from parse_block(
                     lines, source=chunk.path, first_line=first[0], fmt=task["format"], typed=typed, batch_rows=batch_rows
                 )

@@ -20,7 +20,7 @@ from typing import cast
 
 import pyarrow.fs as pafs
 
-__all__ = ["Chunk", "list_files", "plan_chunks", "read_chunk_lines", "count_newlines", "read_head"]
+__all__ = ["Chunk", "list_files", "plan_chunks", "read_chunk_blocks", "read_chunk_lines", "count_newlines", "read_head"]
 
 #: Default plain-file chunk size: small enough to spread work over cores,
 #: large enough that per-task overhead stays small.
@@ -146,15 +146,17 @@ def read_head(path: str, nbytes: int = 65536) -> list[bytes]:
     return lines[:-1] if len(lines) > 1 else lines
 
 
-def read_chunk_lines(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> Iterator[tuple[int, list[bytes]]]:
-    """The lines starting inside ``chunk``, without newlines, as (first line number, lines) blocks.
+def read_chunk_blocks(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> Iterator[tuple[int, bytes]]:
+    """The lines starting inside ``chunk`` as (number of the first line, bytes of whole lines) blocks.
 
-    ``newlines_before`` is the number of newlines in the file before ``chunk.start``.
+    Each block ends just after a newline, except the last one of a file
+    without a final newline. ``newlines_before`` is the number of newlines in
+    the file before ``chunk.start``.
     """
     fs, path = _fs(chunk.path)
     if chunk.gzip:
         with fs.open_input_stream(path, compression=None) as raw, gzip.GzipFile(fileobj=raw) as fh:
-            yield from _numbered(_split_stream(fh.read, block_bytes), 1)
+            yield from _numbered(_line_blocks(fh.read, block_bytes), 1)
         return
     with fs.open_input_file(path) as fh:
         if chunk.start == 0:
@@ -173,7 +175,16 @@ def read_chunk_lines(chunk: Chunk, newlines_before: int = 0, block_bytes: int = 
                 return  # no line starts in this chunk
         first = 1 + newlines_before + (1 if pos > chunk.start else 0)
         reader = _RangeReader(fh, pos, chunk.end, chunk.size)
-        yield from _numbered(_split_stream(reader.read, block_bytes), first)
+        yield from _numbered(_line_blocks(reader.read, block_bytes), first)
+
+
+def read_chunk_lines(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> Iterator[tuple[int, list[bytes]]]:
+    """The lines starting inside ``chunk``, without newlines, as (first line number, lines) blocks."""
+    for first, data in read_chunk_blocks(chunk, newlines_before, block_bytes):
+        lines = data.split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
+        yield first, lines
 
 
 class _RangeReader:
@@ -200,22 +211,25 @@ class _RangeReader:
         return data
 
 
-def _numbered(blocks: Iterator[list[bytes]], first: int) -> Iterator[tuple[int, list[bytes]]]:
-    for lines in blocks:
-        yield first, lines
-        first += len(lines)
+def _numbered(blocks: Iterator[bytes], first: int) -> Iterator[tuple[int, bytes]]:
+    for data in blocks:
+        yield first, data
+        first += data.count(b"\n")
 
 
-def _split_stream(read: Callable[[int], bytes], block_bytes: int) -> Iterator[list[bytes]]:
+def _line_blocks(read: Callable[[int], bytes], block_bytes: int) -> Iterator[bytes]:
+    """Cut a byte stream into blocks that end at a newline (the last one: at the end of the stream)."""
     rest = b""
     while True:
         data = read(block_bytes)
         if not data:
             break
         data = rest + data if rest else data
-        lines = data.split(b"\n")
-        rest = lines.pop()
-        if lines:
-            yield lines
+        cut = data.rfind(b"\n") + 1
+        if cut:
+            rest = data[cut:]
+            yield data[:cut] if rest else data
+        else:
+            rest = data
     if rest:
-        yield [rest]
+        yield rest

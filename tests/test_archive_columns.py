@@ -1,0 +1,261 @@
+"""The archive column builder twins (factstream._archive_c / _archive_py).
+
+The row function (``spark.lines.line_values``) is the specification; the pure
+builder only collects its rows. The compiled builder computes most lines'
+columns itself, so every test here runs on both twins, and the differential
+tests demand that both give equal Arrow columns for the same bytes, fuzzed
+with hypothesis.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pa = pytest.importorskip("pyarrow", reason="pyarrow is in the spark extra: pip install 'factstream[spark]'")
+
+from conftest import twin  # noqa: E402
+from factstream.spark import lines as L  # noqa: E402
+import wire_strategies as ws  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import spark_archives  # noqa: E402
+
+
+@pytest.fixture
+def archive_impl(impl: str) -> ModuleType:
+    """The archive column builder twin under test (``ArchiveColumns``)."""
+    return twin("_archive", impl)
+
+
+def _table(mod: ModuleType, data: bytes, typed: bool, batch_rows: int = 1000) -> Any:
+    """Everything the builder makes of ``data``, fed the way the pipeline feeds it."""
+    cols = mod.ArchiveColumns(typed)
+    names = [name for name, _ in mod.COLUMNS][: len(mod.COLUMNS) if typed else mod.HEADER_COLUMNS]
+    batches = []
+
+    def row_function(number: int, line: bytes) -> tuple[Any, ...] | None:
+        return L.line_values(number, line, typed)
+
+    pos, number = 0, 0
+    while True:
+        pos, number = cols.feed(data, pos, number, batch_rows, row_function)
+        assert len(cols) <= batch_rows
+        if len(cols) >= batch_rows or pos >= len(data):
+            batches.append(pa.RecordBatch.from_arrays(cols.take(), names=names))
+            assert len(cols) == 0
+        if pos >= len(data):
+            break
+    return pa.Table.from_batches(batches)
+
+
+def _expected(data: bytes, typed: bool) -> list[tuple[Any, ...]]:
+    """The row function applied line by line: what every builder must hold."""
+    out = []
+    for number, line in enumerate(data.split(b"\n"), 1):
+        if line:
+            values = L.line_values(number, line, typed)
+            if values is not None:
+                out.append(values)
+    return out
+
+
+def _rows(table: Any) -> list[tuple[Any, ...]]:
+    columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    return list(zip(*columns))
+
+
+def _normalise(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    # Arrow stores text as UTF-8: lone surrogates come back replaced
+    return tuple(_fix(v) for v in values)
+
+
+def _fix(v: Any) -> Any:
+    if isinstance(v, str):
+        return v.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(v, list):
+        return [_fix(x) for x in v]
+    return v
+
+
+EDGE_LINES = [
+    b"",
+    b"   ",
+    b"2026-11-22T01:02:03Z > PING 5",
+    b"> ",
+    b"PING",
+    b"PING ",
+    b"REPLICATE x y",
+    b"USER_SYNC a b None start 5",
+    b"USER_SYNC a b c end -5",
+    b"USER_SYNC a  c end 5",
+    b"USER_SYNC a b c middle 5",
+    b"USER_SYNC a b c end 5 6",
+    b"USER_SYNC a b c end",
+    b"USER_SYNC",
+    b'RDATA caches m 5 ["f",[1,"a"],1.5]',
+    b'RDATA caches m 5 ["f",["a","b"],123456789012345678901]',
+    b'RDATA caches m 5 ["f",["a","b"],9223372036854775807]',
+    b'RDATA caches m 5 ["f",["a","b"],-9223372036854775808]',
+    b'RDATA caches m 5 ["f",["a\\"b"],1e3]',
+    b'RDATA caches m 2 ["x",null,-0]',
+    b'RDATA caches m 2 ["x",[],true]',
+    b'RDATA caches m 2 ["x",{},"5"]',
+    b'RDATA caches m 2 [1,["k"],2,3]',
+    b'RDATA events m 1 ["ev",["\\u0041",1,2,3,4,5,6,true,1]]',
+    b'RDATA events m 1 ["ev",["$e","!r","t",null,null,null,null,false,true]]',
+    b'RDATA events m batch [ "state" , [ "r" , "t" , "" , "e" ] ]',
+    b'RDATA events m 7 ["state-all",["!r"]]',
+    b'RDATA events m 7 ["state-all",[5]]',
+    b'RDATA events m 7 ["other",[1,2]]',
+    b'RDATA events m 7 [5,[1,2]]',
+    b'RDATA events m 7 ["ev",{}]',
+    b'RDATA events m 7 ["ev",[1,2],3]',
+    b'RDATA events m 7 {"a":1}',
+    b'RDATA events m 7 ["\\u0065v",["$e","!r","t",null,null,null,null,false,true]]',
+    'RDATA events m 1 ["ev",["\u00e9"]]'.encode(),
+    b"RDATA events m 9223372036854775808 []",
+    b"RDATA events m -9223372036854775808 []",
+    b"RDATA events  1 []",
+    b"RDATA events m 1 [",
+    b"RDATA events m 1 [NaN]",
+    b"RDATA events m 1",
+    b"POSITION events m 1 2",
+    b"POSITION events m 1 2 3",
+    b"POSITION events m x 2",
+    b"POSITION  m 1 2",
+    b"FEDERATION_ACK fed 5",
+    b"HELLO world",
+    b"RDATAX a b 1 []",
+    b"\xff\xfe",
+    b"RDATA typing m 1 [\"caf\xc3\xa9\"]",
+    b"PING 1\r",
+]
+
+
+def _corpus() -> bytes:
+    lines = spark_archives.protocol_lines(3, 2000) + EDGE_LINES
+    return b"\n".join(lines) + b"\n"
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_builder_holds_what_the_row_function_says(archive_impl: ModuleType, typed: bool) -> None:
+    data = _corpus()
+    table = _table(archive_impl, data, typed, batch_rows=333)
+    assert _rows(table) == [_normalise(v) for v in _expected(data, typed)]
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_twins_give_equal_arrow_columns(typed: bool) -> None:
+    data = _corpus()
+    c = _table(twin("_archive", "c"), data, typed)
+    py = _table(twin("_archive", "py"), data, typed)
+    assert c.schema == py.schema
+    for name in c.column_names:
+        assert c.column(name).equals(py.column(name)), name
+
+
+def test_feed_numbers_lines_and_stops_at_max_rows(archive_impl: ModuleType) -> None:
+    cols = archive_impl.ArchiveColumns(False)
+    data = b"PING 1\n\nPING 2\nPING 3\nPING 4"
+
+    def row_function(number: int, line: bytes) -> tuple[Any, ...] | None:
+        return L.line_values(number, line, False)
+
+    pos, number = cols.feed(data, 0, 10, 2, row_function)
+    assert (data[pos:], number, len(cols)) == (b"PING 3\nPING 4", 13, 2)
+    pos, number = cols.feed(data, pos, number, 10, row_function)
+    assert (pos, number, len(cols)) == (len(data), 15, 4)
+    assert cols.take()[0].to_pylist() == [11, 13, 14, 15]  # the blank line 12 is skipped, still counted
+    assert len(cols) == 0
+
+
+def test_row_function_sees_exactly_the_lines_the_builder_cannot_do_alone(archive_impl: ModuleType) -> None:
+    cols = archive_impl.ArchiveColumns(True)
+    asked: list[tuple[int, bytes]] = []
+
+    def row_function(number: int, line: bytes) -> tuple[Any, ...] | None:
+        asked.append((number, line))
+        return L.line_values(number, line, True)
+
+    data = b'RDATA events m 1 ["ev",["$e","!r","t",null,null,null,null,false,true]]\nHELLO\n> \n  \n'
+    cols.feed(data, 0, 0, 100, row_function)
+    if archive_impl.__name__.endswith("_c"):
+        assert asked == [(2, b"HELLO"), (3, b"> "), (4, b"  ")]
+    else:
+        assert [n for n, _ in asked] == [1, 2, 3, 4]
+    assert len(cols) == 3  # the whitespace-only line is blank
+
+
+def test_append_checks_width_and_types_and_loses_nothing_on_a_bad_row(archive_impl: ModuleType) -> None:
+    cols = archive_impl.ArchiveColumns(False)
+    good = L.line_values(1, b"POSITION events m 1 2", False)
+    assert good is not None
+    cols.append(good)
+    with pytest.raises(ValueError, match="13 column values"):
+        cols.append(good[:5])
+    bad = (2, None, None, None, "PING", None, None, "not-an-int", None, None, None, None, None)
+    with pytest.raises(TypeError, match="column token"):
+        cols.append(bad)
+    cols.append(good)  # the refused row left nothing behind
+    assert [a.to_pylist() for a in cols.take()][:8] == [[1, 1]] + [[None] * 2] * 3 + [["POSITION"] * 2] + [
+        ["events"] * 2, ["m"] * 2, [2, 2]]
+
+
+def test_lone_surrogates_are_replaced_not_fatal(archive_impl: ModuleType) -> None:
+    cols = archive_impl.ArchiveColumns(True)
+    data = b'RDATA events m 1 ["ev",["\\ud800x","!r","t",null,null,null,null,false,true]]'
+    cols.feed(data, 0, 0, 10, lambda n, line: L.line_values(n, line, True))
+    arrays = cols.take()
+    event_id = arrays[[name for name, _ in archive_impl.COLUMNS].index("ev_event_id")]
+    assert event_id.to_pylist() == ["?x"]
+
+
+def test_empty_take_gives_empty_columns(archive_impl: ModuleType) -> None:
+    arrays = archive_impl.ArchiveColumns(True).take()
+    assert len(arrays) == len(archive_impl.COLUMNS) and all(len(a) == 0 for a in arrays)
+
+
+# ---------------------------------------------------------------- fuzzing
+
+ascii_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=8)
+field = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
+                  ascii_text, ws.any_text, st.lists(ascii_text, max_size=2))
+events_rows = st.one_of(
+    st.tuples(st.sampled_from(["ev", "state", "state-all", "other", "ev\u00e9"]), st.lists(field, max_size=10)).map(list),
+    st.lists(field, max_size=3),
+    field,
+)
+caches_rows = st.one_of(
+    st.tuples(field, st.one_of(st.none(), st.lists(st.one_of(ascii_text, ws.any_text, st.integers(), st.none()), max_size=4), field), field).map(list),
+    st.lists(field, max_size=4),
+)
+
+
+def _rdata(stream: str, token: str, row: Any, spaced: bool) -> bytes:
+    text = json.dumps(row, separators=(", ", " : ") if spaced else (",", ":"))
+    return f"RDATA {stream} w {token} {text}".encode()
+
+
+typed_lines = st.one_of(
+    st.builds(_rdata, st.just("events"), st.sampled_from(["1", "batch", "-3"]), events_rows, st.booleans()),
+    st.builds(_rdata, st.just("caches"), st.sampled_from(["1", "batch"]), caches_rows, st.booleans()),
+)
+archive_lines = st.lists(st.one_of(typed_lines, ws.lines, ws.commands.map(lambda c: c.NAME.encode() + b" " + c.to_line().encode("utf-8", "surrogatepass"))), max_size=30)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(archive_lines, st.booleans(), st.integers(1, 7))
+def test_fuzz_twins_agree_on_any_bytes(lines: list[bytes], typed: bool, batch_rows: int) -> None:
+    data = b"\n".join(lines)
+    c = _table(twin("_archive", "c"), data, typed, batch_rows)
+    py = _table(twin("_archive", "py"), data, typed, batch_rows)
+    assert _rows(c) == _rows(py)
+    assert _rows(py) == [_normalise(v) for v in _expected(data, typed)]
