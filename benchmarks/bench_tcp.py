@@ -6,11 +6,13 @@ readers (TcpClient -> hub -> Follower -> handler) in one process on
 reader's handler has seen the last row; ``items`` counts rows delivered over
 all readers. Each group has two rows measured in the same run:
 
-* ``uvloop-c``: uvloop with the compiled (Cython) codec;
-* ``asyncio-py``: the stdlib loop with the pure-Python codec twin (baseline).
+* ``uvloop-c``: uvloop with the compiled (Cython) codec and relay;
+* ``asyncio-py``: the stdlib loop with the pure-Python codec and relay twins
+  (baseline: what a pure-Python build runs).
 
-The publisher, hub and follower are the same Python code in both rows; only
-the loop and the codec differ. Rows are events-stream ``ev`` rows; the
+The publisher, hub and follower are the same Python code in both rows; the
+loop, the codec and the relay (the per-row loops of the publisher and the
+follower, ``factstream._relay``) differ. Rows are events-stream ``ev`` rows; the
 follower runs untyped (``typed=False``) so the handler gets the decoded JSON.
 
 Latency rows write one fact per millisecond and record, per fact, the time
@@ -50,17 +52,21 @@ def _loop(kind: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-async def _setup(codec: Any, readers: int, capacity: int) -> tuple[LocalStream, Any, list[Follower], list[TcpClient]]:
-    ls = LocalStream("events", "master", source=MemoryUpdateSource(capacity=capacity))
-    pub = Publisher("master")
+async def _setup(
+    codec: Any, relay: Any, readers: int, capacity: int
+) -> tuple[LocalStream, Any, list[Follower], list[TcpClient]]:
+    ls = LocalStream("events", "master", source=MemoryUpdateSource(capacity=capacity, relay=relay))
+    pub = Publisher("master", relay=relay)
     pub.add_stream("events", ls.source, 0)
     ls.add_listener(pub.notify)
     hub = ReplicationHub("master", publisher=pub)
-    server = await TcpServer(hub, "bench", codec=codec, max_buffered=10_000_000).start()
+    server = await TcpServer(hub, "bench", codec=codec, relay=relay, max_buffered=10_000_000).start()
     fols, clients = [], []
     for i in range(readers):
-        fol = Follower(typed=False, positions={("events", "master"): 0})
-        client = await TcpClient(ReplicationHub(f"r{i}", follower=fol), "127.0.0.1", server.port, codec=codec).start()
+        fol = Follower(typed=False, positions={("events", "master"): 0}, relay=relay)
+        client = await TcpClient(
+            ReplicationHub(f"r{i}", follower=fol), "127.0.0.1", server.port, codec=codec, relay=relay
+        ).start()
         fols.append(fol)
         clients.append(client)
     while len(hub._replicating) < readers:  # every reader connected and asked REPLICATE
@@ -76,11 +82,11 @@ async def _teardown(server: Any, clients: list[TcpClient]) -> None:
 
 def _throughput(cfg: tuple[str, str], readers: int) -> float:
     loop_kind, impl = cfg
-    codec = twin("_wire", impl)
+    codec, relay = twin("_wire", impl), twin("_relay", impl)
     n = N_ROWS[readers]
 
     async def main() -> float:
-        ls, server, fols, clients = await _setup(codec, readers, n * 2)
+        ls, server, fols, clients = await _setup(codec, relay, readers, n * 2)
         delivered = [0]
 
         def count(stream: str, writer: str, token: int, rows: list[Any]) -> None:
@@ -119,10 +125,10 @@ def test_rdata_rows_per_second(benchmark: Any, cfg: tuple[str, str], readers: in
 
 def _latency(cfg: tuple[str, str], readers: int, n: int = 2000) -> tuple[float, float]:
     loop_kind, impl = cfg
-    codec = twin("_wire", impl)
+    codec, relay = twin("_wire", impl), twin("_relay", impl)
 
     async def main() -> tuple[float, float]:
-        ls, server, fols, clients = await _setup(codec, readers, n * 2)
+        ls, server, fols, clients = await _setup(codec, relay, readers, n * 2)
         completed: dict[int, float] = {}
         lat: list[float] = []
 

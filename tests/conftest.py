@@ -116,6 +116,12 @@ def heap_impl(impl: str) -> ModuleType:
     return twin("_heap", impl)
 
 
+@pytest.fixture(scope="session")
+def relay_impl(impl: str) -> ModuleType:
+    """The replication relay twin under test (``RowWindow``, ``StreamEmitter``, ``gather``, ``tally``)."""
+    return twin("_relay", impl)
+
+
 # --------------------------------------------------------------- event loops
 
 

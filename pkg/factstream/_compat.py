@@ -17,6 +17,7 @@ COMPILED_MODULES: dict[str, str] = {
     "_wire_c": "_wire_py",
     "_heap_c": "_heap_py",
     "_archive_c": "_archive_py",
+    "_relay_c": "_relay_py",
 }
 
 NO_EXTENSIONS: bool = os.environ.get("FACTSTREAM_NO_EXTENSIONS", "") not in ("", "0")

@@ -12,7 +12,9 @@ positions. It talks to the core through two small types:
   own handshake), ``command_received(conn, cmd)`` for every command that is
   not transport business (SERVER, NAME and PING stay in the transport; so do
   ERROR replies to bad lines), and ``connection_lost(conn, reason)`` exactly
-  once per ``connection_made``.
+  once per ``connection_made``. A transport may hand a run of consecutive
+  RDATA to ``rdata_received(conn, cmds)`` instead, when the sink has it (the
+  hub does): the same as ``command_received`` for each, in one call.
 
 ``Connection.broadcast`` is False for point-to-point links (TCP: the writer
 streams RDATA to a connection only after it asked REPLICATE) and True for

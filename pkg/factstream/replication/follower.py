@@ -15,6 +15,12 @@ transport) and delivers rows to the application strictly in token order per
   (e.g. 0 to replay everything the source holds) or, when that is None, at
   the first POSITION's ``new`` token (live only).
 
+A transport may hand over a whole run of RDATA at once
+(:meth:`Follower.on_rdata_many`, e.g. everything one socket read decoded);
+the result is the same as one :meth:`Follower.on_rdata` per command, and the
+per-row loop (decode, batches, stale check) is the relay's
+(:func:`factstream._relay.gather`, compiled in a compiled build).
+
 Delivery: ``add_handler(fn, stream=None)`` with ``fn(stream, writer, token,
 rows)`` (synchronous, called in order), or ``async for update in
 follower.updates()``. ``await wait_for_position(stream, writer, token,
@@ -26,11 +32,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, NamedTuple
 
-from .. import metrics
+from .. import _relay, metrics
 from ..commands import PositionCommand, RdataCommand
 from ..errors import FactstreamError, ProtocolError
 from ..streams.registry import StreamRegistry, default_registry
@@ -83,6 +91,7 @@ class Follower:
         page_limit: int = 1000,
         typed: bool = True,
         streams: set[str] | None = None,
+        relay: ModuleType | None = None,
     ) -> None:
         self.registry = registry if registry is not None else default_registry()
         self.sources: dict[str, UpdateSource] = dict(sources or {})
@@ -91,6 +100,8 @@ class Follower:
         self.typed = typed
         #: Only these streams are followed (None: all).
         self.streams = streams
+        #: The relay twin running the per-row loop (default: the active implementation).
+        self.relay = relay or _relay
         self._keys: dict[tuple[str, str], _Key] = {}
         for (s, w), pos in (positions or {}).items():
             self._key(s, w).position = pos
@@ -107,7 +118,8 @@ class Follower:
 
     def add_handler(self, handler: RowsHandler, stream: str | None = None) -> None:
         """Call ``handler(stream, writer, token, rows)`` for each fact (of ``stream``, or all)."""
-        self._handlers.append((stream, handler))
+        # A new list, never an append: a delivery in progress notices the change by identity.
+        self._handlers = [*self._handlers, (stream, handler)]
 
     def remove_handler(self, handler: RowsHandler) -> None:
         """Stop calling ``handler``."""
@@ -184,14 +196,34 @@ class Follower:
             key.batch = []
         else:
             rows = [row]
-        token = cmd.token
-        if key.fetching:
-            key.queue.append(("rows", token, rows))
-        elif key.position is not None and token > key.position:
-            self._deliver(key, token, rows)
-            self._advance(key, token)
-        else:
-            self._apply_rows(key, token, rows)
+        self._consume(key, cmd.token, rows)
+
+    def on_rdata_many(self, cmds: Sequence[RdataCommand], conn: object = None) -> None:
+        """Consume consecutive RDATA commands: the same as :meth:`on_rdata` for each, in order."""
+        gather = self.relay.gather
+        streams = self.streams
+        i, n = 0, len(cmds)
+        while i < n:
+            first = cmds[i]
+            stream = first.stream_name
+            if streams is not None and stream not in streams:
+                i += 1
+                continue
+            key = self._keys.get((stream, first.instance_name)) or self._key(stream, first.instance_name)
+            parse = partial(self._parse, stream) if self.typed else None
+            if key.fetching or key.position is None:
+                i, facts, key.batch, _ = gather(cmds, i, None, key.batch, parse)
+                for token, rows in facts:
+                    self._consume(key, token, rows)
+            else:
+                i, facts, key.batch, stale = gather(cmds, i, key.position, key.batch, parse)
+                if stale:
+                    self.stats["stale_rows"] += stale
+                    self._drop(key.stream, "stale", stale)
+                if facts:
+                    self._deliver_facts(key, facts)
+            if key.batch:
+                key.batch_conn = conn
 
     def on_position(self, cmd: PositionCommand, conn: object = None) -> None:
         """Consume one POSITION: advance, or fetch what was missed."""
@@ -254,6 +286,16 @@ class Follower:
         if m is None:
             m = self._drop_metric[(stream, why)] = metrics.DROPPED_ROWS.labels(stream, why)
         m.inc(n)
+
+    def _consume(self, key: _Key, token: int, rows: list[Any]) -> None:
+        """The rows of one fact arrived live: wait behind a fetch, deliver, or check them."""
+        if key.fetching:
+            key.queue.append(("rows", token, rows))
+        elif key.position is not None and token > key.position:
+            self._deliver(key, token, rows)
+            self._advance(key, token)
+        else:
+            self._apply_rows(key, token, rows)
 
     def _apply_rows(self, key: _Key, token: int, rows: list[Any]) -> None:
         pos = key.position
@@ -370,6 +412,32 @@ class Follower:
             for q in self._queues:
                 q.put_nowait(update)
         key.rows += len(rows)
+
+    def _deliver_facts(self, key: _Key, facts: list[tuple[int, list[Any]]]) -> None:
+        """Deliver facts above the position, in order (``_deliver`` + ``_advance`` for each, one loop)."""
+        stream, writer = key.stream, key.writer
+        source = self._handlers
+        handlers = [h for only, h in source if only is None or only == stream]
+        token = 0
+        for token, rows in facts:
+            if self._handlers is not source:  # a handler added or removed handlers
+                source = self._handlers
+                handlers = [h for only, h in source if only is None or only == stream]
+            for handler in handlers:
+                try:
+                    handler(stream, writer, token, rows)
+                except Exception:
+                    log.exception("handler %r failed on %s/%s token %d", handler, stream, writer, token)
+            if self._queues:
+                update = Update(stream, writer, token, rows)
+                for q in self._queues:
+                    q.put_nowait(update)
+            key.rows += len(rows)
+            key.position = token
+        if key.waiters:
+            for entry in list(key.waiters):
+                if entry[0] <= token and not entry[1].done():
+                    entry[1].set_result(None)
 
     def _advance(self, key: _Key, token: int) -> None:
         if key.position is not None and token <= key.position:

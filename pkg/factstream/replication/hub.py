@@ -184,6 +184,11 @@ class ReplicationHub:
             for inst in syncs:
                 self._dispatch(ClearUserSyncsCommand(inst), None)
 
+    def rdata_received(self, conn: Connection, cmds: list[RdataCommand]) -> None:
+        """Route a run of RDATA (e.g. all one socket read held): the same as ``command_received`` for each."""
+        if self.follower is not None:
+            self.follower.on_rdata_many(cmds, conn)
+
     def command_received(self, conn: Connection, cmd: Command) -> None:
         """Route one command (see module doc)."""
         if type(cmd) is RdataCommand:

@@ -11,7 +11,9 @@ writer) or rows ending below ``new`` is closed by ``POSITION sent new``.
 
 Sources with a synchronous ``get_updates_now`` (the in-memory source) are
 published inside ``notify`` itself; others (database tables) are drained by
-one background task in pages of ``page_limit`` rows.
+one background task in pages of ``page_limit`` rows. The per-row work (rows
+to commands, the synchronous drain) is the relay's
+(:class:`factstream._relay.StreamEmitter`, compiled in a compiled build).
 """
 
 from __future__ import annotations
@@ -19,12 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
-from .. import metrics
-from ..commands import Command, PositionCommand, RdataCommand
-from ..streams.rows import Row
+from .. import _relay, metrics
+from .._relay import StreamEmitter
+from ..commands import Command, PositionCommand
 from ..streams.sources import UpdateSource
 
 __all__ = ["Publisher"]
@@ -32,27 +33,15 @@ __all__ = ["Publisher"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Published:
-    name: str
-    source: UpdateSource
-    sent: int
-    target: int
-    sync_get: Callable[..., Any] | None = None
-    rows: int = 0
-
-
-def _wire(row: Any) -> Any:
-    return row.to_wire() if isinstance(row, Row) else row
-
-
 class Publisher:
     """Publishes the facts of the streams one writer instance writes (see module doc)."""
 
-    def __init__(self, instance_name: str, *, page_limit: int = 1000) -> None:
+    def __init__(self, instance_name: str, *, page_limit: int = 1000, relay: ModuleType | None = None) -> None:
         self.instance_name = instance_name
-        self.page_limit = page_limit
-        self._streams: dict[str, _Published] = {}
+        self._page_limit = page_limit
+        #: The relay twin running the per-row loops (default: the active implementation).
+        self.relay = relay or _relay
+        self._streams: dict[str, StreamEmitter] = {}
         self._sinks: list[Callable[[list[Command]], None]] = []
         self._dirty: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -60,11 +49,25 @@ class Publisher:
 
     # ------------------------------------------------------------ setup
 
+    @property
+    def page_limit(self) -> int:
+        """Rows asked of a source at a time."""
+        return self._page_limit
+
+    @page_limit.setter
+    def page_limit(self, value: int) -> None:
+        self._page_limit = value
+        for st in self._streams.values():
+            st.page_limit = value
+
     def add_stream(self, name: str, source: UpdateSource, current_token: int) -> None:
         """Publish stream ``name`` from ``current_token`` on, reading rows from ``source``."""
         if name in self._streams:
             raise ValueError(f"stream {name!r} is already published by {self.instance_name}")
-        self._streams[name] = _Published(name, source, current_token, current_token, getattr(source, "get_updates_now", None))
+        self._streams[name] = self.relay.StreamEmitter(
+            name, self.instance_name, source, current_token, getattr(source, "get_updates_now", None),
+            self._sinks, self.page_limit,
+        )
 
     def add_sink(self, sink: Callable[[list[Command]], None]) -> None:
         """``sink(commands)`` receives every batch of outgoing commands (the hub's broadcast)."""
@@ -91,11 +94,8 @@ class Publisher:
         if st is None or instance_name != self.instance_name or new <= st.target:
             return
         st.target = new
-        sync_get = st.sync_get
-        if sync_get is not None:
-            while st.sent < st.target:
-                updates, upto, _limited = sync_get(self.instance_name, st.sent, st.target, self.page_limit)
-                self._emit(st, updates, upto)
+        if st.sync_get is not None:
+            st.publish_now()
             return
         self._dirty.add(stream_name)
         if self._task is None or self._task.done():
@@ -111,7 +111,10 @@ class Publisher:
                     updates, upto, _limited = await st.source.get_updates(
                         self.instance_name, st.sent, st.target, self.page_limit
                     )
-                    self._emit(st, updates, upto)
+                    cmds = st.commands(updates, upto)
+                    if cmds:
+                        for sink in self._sinks:
+                            sink(cmds)
                 delay = 0.1
             except asyncio.CancelledError:
                 raise
@@ -130,41 +133,6 @@ class Publisher:
     def metric_positions(self) -> list[tuple[str, str, str, int]]:
         """For Prometheus: published position per stream."""
         return [("writer", s.name, self.instance_name, s.sent) for s in self._streams.values()]
-
-    def _emit(self, st: _Published, updates: list[tuple[int, Any]], upto: int) -> None:
-        name, inst = st.name, self.instance_name
-        if len(updates) == 1 and upto == updates[0][0] > st.sent:
-            # The common case: one row completing one fact.
-            row = updates[0][1]
-            st.sent = upto
-            st.rows += 1
-            one: list[Command] = [RdataCommand(name, inst, upto, row.to_wire() if isinstance(row, Row) else row)]
-            for sink in self._sinks:
-                sink(one)
-            return
-        cmds: list[Command] = []
-        last = st.sent
-        n = len(updates)
-        i = 0
-        while i < n:
-            token = updates[i][0]
-            j = i
-            while j + 1 < n and updates[j + 1][0] == token:
-                j += 1
-            if token > last:
-                for k in range(i, j):
-                    cmds.append(RdataCommand(name, inst, None, _wire(updates[k][1])))
-                cmds.append(RdataCommand(name, inst, token, _wire(updates[j][1])))
-                last = token
-            i = j + 1
-        if upto > last:
-            cmds.append(PositionCommand(name, inst, last, upto))
-        if upto > st.sent:
-            st.sent = upto
-        st.rows += n
-        if cmds:
-            for sink in self._sinks:
-                sink(cmds)
 
     async def flush(self) -> None:
         """Wait until every notified position has been published."""

@@ -21,8 +21,8 @@ repair gaps (catch-up).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FactstreamError
@@ -66,64 +66,44 @@ def page(updates: Sequence[tuple[int, Any]], upto_token: int, limit: int) -> Upd
 class MemoryUpdateSource:
     """The recent facts of in-memory streams, kept by the writer (bounded per stream).
 
-    The writer calls :meth:`add` for each row *before* completing its token;
-    rows older than ``capacity`` are forgotten, and a request reaching below
-    the window raises :class:`UpdatesUnavailable` so a reader knows it lost
-    facts instead of silently skipping them. Holes (tokens without rows) need
-    no record.
+    The writer calls ``add(instance_name, token, row)`` for each row *before*
+    completing its token; rows older than ``capacity`` are forgotten, and a
+    request reaching below the window raises :class:`UpdatesUnavailable` so a
+    reader knows it lost facts instead of silently skipping them. Holes
+    (tokens without rows) need no record. ``get_updates_now`` is the
+    synchronous :meth:`get_updates` (the writer's hot path).
+
+    The rows live in a :class:`factstream._relay.RowWindow` (compiled in a
+    compiled build; ``relay`` picks the twin, default the active one), whose
+    ``add`` and ``get_updates_now`` are this source's, without a Python call
+    in between.
     """
 
-    def __init__(self, capacity: int = 100_000) -> None:
-        self.capacity = capacity
-        self._tokens: dict[str, list[int]] = {}
-        self._rows: dict[str, list[Any]] = {}
-        self._floor: dict[str, int] = {}
+    #: ``add(instance_name, token, row)``: record a row (tokens non-decreasing, except out-of-order completions).
+    add: Callable[[str, int, Any], None]
+    #: ``get_updates_now(instance_name, from_token, upto_token, limit)``: :meth:`get_updates`, synchronously.
+    get_updates_now: Callable[[str, int, int, int], Updates]
 
-    def add(self, instance_name: str, token: int, row: Any) -> None:
-        """Record ``row`` written by ``instance_name`` at ``token`` (tokens non-decreasing)."""
-        tokens = self._tokens.setdefault(instance_name, [])
-        rows = self._rows.setdefault(instance_name, [])
-        if tokens and token < tokens[-1]:
-            # Out-of-order reservation completing: keep the list sorted.
-            i = bisect.bisect_right(tokens, token)
-            tokens.insert(i, token)
-            rows.insert(i, row)
-        else:
-            tokens.append(token)
-            rows.append(row)
-        if len(tokens) > self.capacity * 2:
-            cut = len(tokens) - self.capacity
-            while cut < len(tokens) and tokens[cut] == tokens[cut - 1]:
-                cut += 1
-            self._floor[instance_name] = tokens[cut - 1]
-            del tokens[:cut]
-            del rows[:cut]
+    def __init__(self, capacity: int = 100_000, *, relay: ModuleType | None = None) -> None:
+        if relay is None:
+            from .. import _relay  # not at import time: the relay imports this module
+
+            relay = _relay
+        self.window = relay.RowWindow(capacity)
+        self.add = self.window.add
+        self.get_updates_now = self.window.get_updates_now
+
+    @property
+    def capacity(self) -> int:
+        """Rows kept per writer instance (up to twice as many before the oldest are dropped)."""
+        return int(self.window.capacity)
+
+    @capacity.setter
+    def capacity(self, value: int) -> None:
+        self.window.capacity = value
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
         return self.get_updates_now(instance_name, from_token, upto_token, limit)
-
-    def get_updates_now(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
-        """Synchronous :meth:`get_updates` (the writer's hot path)."""
-        floor = self._floor.get(instance_name)
-        if floor is not None and from_token < floor:
-            raise UpdatesUnavailable(
-                f"facts of {instance_name} after {from_token} are no longer in memory (kept from {floor}); "
-                "raise MemoryUpdateSource capacity or back the stream with a table"
-            )
-        tokens = self._tokens.get(instance_name)
-        if not tokens:
-            return [], upto_token, False
-        last = tokens[-1]
-        if last == upto_token and (len(tokens) == 1 or tokens[-2] <= from_token) and last > from_token:
-            # The writer's hot path: exactly the row just added.
-            return [(last, self._rows[instance_name][-1])], upto_token, False
-        lo = bisect.bisect_right(tokens, from_token)
-        hi = bisect.bisect_right(tokens, upto_token)
-        if hi - lo <= limit:
-            rows = self._rows[instance_name]
-            return [(tokens[i], rows[i]) for i in range(lo, hi)], upto_token, False
-        rows = self._rows[instance_name]
-        return page([(tokens[i], rows[i]) for i in range(lo, hi)], upto_token, limit)
 
 
 class TableUpdateSource:

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import _json, metrics, wire
+from .. import _json, _relay, metrics, wire
 from ..commands import (
     CLIENT_COMMANDS,
     SERVER_COMMANDS,
@@ -44,6 +44,7 @@ from ..commands import (
     ErrorCommand,
     NameCommand,
     PingCommand,
+    RdataCommand,
     ServerCommand,
 )
 from ..errors import FactstreamError, ProtocolError
@@ -76,12 +77,8 @@ _IN: dict[str, Any] = {}
 _OUT: dict[str, Any] = {}
 
 
-def _count(cache: dict[str, Any], counter: Any, cmds: Any) -> None:
-    """Count commands by name with one metric update per name (labels cached)."""
-    counts: dict[str, int] = {}
-    for c in cmds:
-        name = c.NAME
-        counts[name] = counts.get(name, 0) + 1
+def _count(cache: dict[str, Any], counter: Any, counts: dict[str, int]) -> None:
+    """One metric update per command name (labels cached); ``counts`` from the relay's ``tally``."""
     for name, n in counts.items():
         child = cache.get(name)
         if child is None:
@@ -109,6 +106,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
         on_close: Any = None,
         codec: Any = None,
+        relay: Any = None,
     ) -> None:
         self.sink = sink
         self.is_server = is_server
@@ -122,6 +120,9 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._codec = codec or wire
         self._decoder = self._codec.LineDecoder(max_line_length=max_line_length)
         self._encode_lines = self._codec.encode_lines
+        self._tally = (relay or _relay).tally
+        # Runs of RDATA go to the sink in one call when it takes them (the hub does).
+        self._rdata_sink = None if is_server else getattr(sink, "rdata_received", None)
         self._outq: list[Command] = []
         self._flush_scheduled = False
         self._transport: asyncio.Transport | None = None
@@ -169,12 +170,26 @@ class TcpConnection(asyncio.Protocol, Connection):
             cmds = err.commands
             error = err
         if cmds:
-            _count(_IN, metrics.COMMANDS_IN, cmds)
+            counts = self._tally(cmds)
+            _count(_IN, metrics.COMMANDS_IN, counts)
             try:
-                for cmd in cmds:
-                    if self._closing:
-                        return
-                    self._handle(cmd)
+                rdata_sink = self._rdata_sink
+                if rdata_sink is not None and counts.get("RDATA") == len(cmds):
+                    rdata_sink(self, cmds)  # the hot path: a read of nothing but RDATA
+                else:
+                    i, n = 0, len(cmds)
+                    while i < n:
+                        if self._closing:
+                            return
+                        if rdata_sink is not None and type(cmds[i]) is RdataCommand:
+                            j = i + 1
+                            while j < n and type(cmds[j]) is RdataCommand:
+                                j += 1
+                            rdata_sink(self, cmds[i:j])
+                            i = j
+                        else:
+                            self._handle(cmds[i])
+                            i += 1
             except Exception:  # a bug behind the sink must not take the process down
                 log.exception("%s: handling a received command failed; closing the connection", self.description)
                 self._abort_with("error", "internal error while handling a command")
@@ -288,7 +303,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             return
         self._transport.write(data)
         self._last_sent = time.monotonic()
-        _count(_OUT, metrics.COMMANDS_OUT, cmds)
+        _count(_OUT, metrics.COMMANDS_OUT, self._tally(cmds))
 
     def _handle(self, cmd: Command) -> None:
         name = cmd.NAME
@@ -382,6 +397,7 @@ class TcpServer:
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
         codec: Any = None,
+        relay: Any = None,
     ) -> None:
         self.sink = sink
         self.server_name = server_name
@@ -390,7 +406,7 @@ class TcpServer:
         self.ssl = ssl
         self.opts = dict(
             ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length,
-            codec=codec,
+            codec=codec, relay=relay,
         )
         self._server: asyncio.Server | None = None
         self.connections: set[TcpConnection] = set()
@@ -459,6 +475,7 @@ class TcpClient:
         backoff_max: float = 30.0,
         connect_timeout: float = 10.0,
         codec: Any = None,
+        relay: Any = None,
     ) -> None:
         self.sink = sink
         self.host = host
@@ -469,7 +486,7 @@ class TcpClient:
         self.server_hostname = server_hostname
         self.opts = dict(
             ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length,
-            codec=codec,
+            codec=codec, relay=relay,
         )
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max

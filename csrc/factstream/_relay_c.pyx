@@ -1,0 +1,335 @@
+# cython: language_level=3
+"""The replication relay's hot loops, compiled twin of ``factstream._relay_py``.
+
+Same names, behaviour and results; the pure twin is the specification. The
+gain is per row: building and reading the commands happens here without a
+Python frame, and RdataCommand objects are allocated and read through their
+slot offsets, as the compiled codec does.
+"""
+
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
+from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
+
+from bisect import bisect_right
+
+from factstream.commands import Command, PositionCommand, RdataCommand
+from factstream.commands import _UNSET as _UNSET_PY
+from factstream.streams.rows import Row
+from factstream.streams.sources import UpdatesUnavailable, page
+
+__all__ = ["RowWindow", "StreamEmitter", "gather", "tally"]
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    PyObject* PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n) except NULL
+
+cdef object _RDATA = RdataCommand
+cdef object _POSITION = PositionCommand
+cdef object _ROW = Row
+cdef object _UNSET = _UNSET_PY
+
+
+cdef Py_ssize_t _slot(object cls, str name) except -1:
+    descr = cls.__dict__[name]
+    if type(descr).__name__ != "member_descriptor":
+        raise TypeError(f"{cls.__name__}.{name} is not a slot")
+    return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
+
+
+cdef Py_ssize_t R_STREAM = _slot(RdataCommand, "stream_name")
+cdef Py_ssize_t R_INSTANCE = _slot(RdataCommand, "instance_name")
+cdef Py_ssize_t R_TOKEN = _slot(RdataCommand, "token")
+cdef Py_ssize_t R_ROW = _slot(RdataCommand, "_row")
+cdef Py_ssize_t R_RAW = _slot(RdataCommand, "_raw")
+cdef Py_ssize_t R_CANONICAL = _slot(RdataCommand, "_canonical")
+cdef Py_ssize_t R_LOADS = _slot(RdataCommand, "_loads")
+
+
+cdef inline PyObject* _get(object obj, Py_ssize_t offset) noexcept:
+    # Borrowed; NULL when the slot was never set.
+    return (<PyObject**>((<char*><PyObject*>obj) + offset))[0]
+
+
+cdef inline void _set(object obj, Py_ssize_t offset, object value) noexcept:
+    # Replaces the slot's value, which may be NULL (fresh allocation).
+    cdef PyObject** at = <PyObject**>((<char*><PyObject*>obj) + offset)
+    cdef PyObject* old = at[0]
+    Py_INCREF(value)
+    at[0] = <PyObject*>value
+    Py_XDECREF(old)
+
+
+cdef inline object _rdata(object stream, object instance, object token, object row):
+    # RdataCommand(stream, instance, token, row) without running __init__.
+    cdef PyObject* o = PyType_GenericAlloc(<PyTypeObject*>_RDATA, 0)
+    cdef object cmd = <object>o
+    Py_DECREF(cmd)  # <object> took a reference of its own
+    _set(cmd, R_STREAM, stream)
+    _set(cmd, R_INSTANCE, instance)
+    _set(cmd, R_TOKEN, token)
+    _set(cmd, R_ROW, row)
+    _set(cmd, R_RAW, None)
+    _set(cmd, R_CANONICAL, False)
+    _set(cmd, R_LOADS, None)
+    return cmd
+
+
+cdef inline object _wire(object row):
+    if isinstance(row, _ROW):
+        return row.to_wire()
+    return row
+
+
+cdef inline object _row_of(object cmd):
+    # RdataCommand.row: decode the held bytes on first access, then forget them.
+    cdef PyObject* row = _get(cmd, R_ROW)
+    cdef PyObject* raw
+    cdef PyObject* loads
+    if row == NULL:
+        return cmd.row  # not filled by a codec: let the property raise
+    if row == <PyObject*>_UNSET:
+        raw = _get(cmd, R_RAW)
+        loads = _get(cmd, R_LOADS)
+        if raw == NULL or loads == NULL or raw == <PyObject*>None or loads == <PyObject*>None:
+            return cmd.row
+        value = (<object>loads)(<object>raw)
+        _set(cmd, R_ROW, value)
+        _set(cmd, R_RAW, None)
+        return value
+    if _get(cmd, R_RAW) != <PyObject*>None:
+        _set(cmd, R_RAW, None)
+    return <object>row
+
+
+cdef class _Log:
+    # One instance's rows, sorted by token; floor is None until rows were forgotten.
+    cdef list tokens
+    cdef list rows
+    cdef object floor
+
+    def __cinit__(self):
+        self.tokens = []
+        self.rows = []
+        self.floor = None
+
+
+cdef class RowWindow:
+    """The recent rows of one in-memory stream, per writer instance (see ``_relay_py.RowWindow``)."""
+
+    cdef public object capacity
+    cdef dict _logs
+    # The instance asked last and its log: a writer asks for itself every time.
+    cdef object _last_name
+    cdef _Log _last
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self._logs = {}
+        self._last_name = None
+        self._last = None
+
+    cdef _Log _find(self, object name, bint create):
+        cdef _Log log
+        if self._last is not None and (name is self._last_name or name == self._last_name):
+            return self._last
+        log = self._logs.get(name)
+        if log is None:
+            if not create:
+                return None
+            log = _Log()
+            self._logs[name] = log
+        self._last_name = name
+        self._last = log
+        return log
+
+    def add(self, instance_name, token, row):
+        """Record ``row`` written by ``instance_name`` at ``token`` (before the token completes)."""
+        cdef _Log log = self._find(instance_name, True)
+        cdef list tokens = log.tokens
+        cdef list rows = log.rows
+        cdef Py_ssize_t n = PyList_GET_SIZE(tokens)
+        cdef Py_ssize_t i, cut
+        if n and token < <object>PyList_GET_ITEM(tokens, n - 1):
+            i = bisect_right(tokens, token)
+            tokens.insert(i, token)
+            rows.insert(i, row)
+        else:
+            tokens.append(token)
+            rows.append(row)
+        n = PyList_GET_SIZE(tokens)
+        if n > self.capacity * 2:
+            cut = n - self.capacity
+            while cut < n and tokens[cut] == tokens[cut - 1]:
+                cut += 1
+            log.floor = tokens[cut - 1]
+            del tokens[:cut]
+            del rows[:cut]
+
+    def get_updates_now(self, instance_name, from_token, upto_token, limit):
+        """Rows of ``instance_name`` in ``(from_token, upto_token]``, paged by ``limit``."""
+        cdef _Log log = self._find(instance_name, False)
+        cdef list tokens, rows
+        cdef Py_ssize_t n, lo, hi, i
+        if log is None:
+            return [], upto_token, False
+        floor = log.floor
+        if floor is not None and from_token < floor:
+            raise UpdatesUnavailable(
+                f"facts of {instance_name} after {from_token} are no longer in memory (kept from {floor}); "
+                "raise MemoryUpdateSource capacity or back the stream with a table"
+            )
+        tokens = log.tokens
+        n = PyList_GET_SIZE(tokens)
+        if n == 0:
+            return [], upto_token, False
+        last = <object>PyList_GET_ITEM(tokens, n - 1)
+        if last == upto_token and (n == 1 or <object>PyList_GET_ITEM(tokens, n - 2) <= from_token) and last > from_token:
+            return [(last, <object>PyList_GET_ITEM(log.rows, n - 1))], upto_token, False
+        lo = bisect_right(tokens, from_token)
+        hi = bisect_right(tokens, upto_token)
+        rows = log.rows
+        updates = [(<object>PyList_GET_ITEM(tokens, i), <object>PyList_GET_ITEM(rows, i)) for i in range(lo, hi)]
+        if hi - lo <= limit:
+            return updates, upto_token, False
+        return page(updates, upto_token, limit)
+
+
+cdef class StreamEmitter:
+    """What one writer has published of one stream (see ``_relay_py.StreamEmitter``)."""
+
+    cdef public object name
+    cdef public object instance
+    cdef public object source
+    cdef public object sent
+    cdef public object target
+    cdef public object rows
+    cdef public object sync_get
+    cdef public list sinks
+    cdef public object page_limit
+
+    def __init__(self, name, instance, source, sent, sync_get, list sinks not None, page_limit):
+        self.name = name
+        self.instance = instance
+        self.source = source
+        self.sent = sent
+        self.target = sent
+        self.rows = 0
+        self.sync_get = sync_get
+        self.sinks = sinks
+        self.page_limit = page_limit
+
+    cpdef list commands(self, updates, upto):
+        """The commands publishing ``updates`` up to ``upto`` (see the pure twin)."""
+        cdef list ups = updates if type(updates) is list else list(updates)
+        cdef Py_ssize_t n = PyList_GET_SIZE(ups)
+        cdef Py_ssize_t i, j, k
+        cdef list cmds
+        name, inst = self.name, self.instance
+        if n == 1:
+            u = ups[0]
+            token = u[0]
+            if upto == token and token > self.sent:
+                self.sent = upto
+                self.rows = self.rows + 1
+                return [_rdata(name, inst, upto, _wire(u[1]))]
+        cmds = []
+        last = self.sent
+        i = 0
+        while i < n:
+            token = ups[i][0]
+            j = i
+            while j + 1 < n and ups[j + 1][0] == token:
+                j += 1
+            if token > last:
+                for k in range(i, j):
+                    cmds.append(_rdata(name, inst, None, _wire(ups[k][1])))
+                cmds.append(_rdata(name, inst, token, _wire(ups[j][1])))
+                last = token
+            i = j + 1
+        if upto > last:
+            cmds.append(PositionCommand(name, inst, last, upto))
+        if upto > self.sent:
+            self.sent = upto
+        self.rows = self.rows + n
+        return cmds
+
+    def publish_now(self):
+        """Publish ``(sent, target]`` from the synchronous source into every sink, in pages."""
+        cdef list cmds
+        sync_get = self.sync_get
+        if sync_get is None:
+            raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
+        while self.sent < self.target:
+            updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
+            cmds = self.commands(updates, upto)
+            if cmds:
+                for sink in self.sinks:
+                    sink(cmds)
+
+
+def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
+    """Fold the run of RDATA for one (stream, writer) at ``cmds[start]`` into facts (see the pure twin)."""
+    cdef list seq = cmds if type(cmds) is list else list(cmds)
+    cdef Py_ssize_t n = PyList_GET_SIZE(seq)
+    cdef Py_ssize_t i = start
+    cdef list facts = []
+    cdef list rows
+    cdef Py_ssize_t stale = 0
+    cdef bint keep_all = position is None
+    cdef PyObject* s
+    cdef PyObject* w
+    cdef PyObject* t
+    if start < 0 or start >= n:
+        raise IndexError("gather: start is outside cmds")
+    first = <object>PyList_GET_ITEM(seq, start)
+    stream, writer = first.stream_name, first.instance_name
+    while i < n:
+        cmd = <object>PyList_GET_ITEM(seq, i)
+        if type(cmd) is not _RDATA:
+            break
+        s = _get(cmd, R_STREAM)
+        w = _get(cmd, R_INSTANCE)
+        if s == NULL or w == NULL:
+            break
+        if s != <PyObject*>stream and <object>s != stream:
+            break
+        if w != <PyObject*>writer and <object>w != writer:
+            break
+        row = _row_of(cmd)
+        if parse is not None:
+            row = parse(row)
+        batch.append(row)
+        t = _get(cmd, R_TOKEN)
+        token = <object>t if t != NULL else cmd.token
+        i += 1
+        if token is None:
+            continue
+        rows = batch
+        batch = []
+        if keep_all:
+            facts.append((token, rows))
+        elif token > position:
+            facts.append((token, rows))
+            position = token
+        else:
+            stale += PyList_GET_SIZE(rows)
+    return i, facts, batch, stale
+
+
+def tally(cmds):
+    """How many of ``cmds`` there are of each command name."""
+    cdef dict counts = {}
+    cdef Py_ssize_t rdata = 0
+    for cmd in cmds:
+        if type(cmd) is _RDATA:
+            rdata += 1
+            continue
+        name = cmd.NAME
+        counts[name] = counts.get(name, 0) + 1
+    if rdata:
+        counts["RDATA"] = counts.get("RDATA", 0) + rdata
+    return counts

@@ -1,0 +1,19 @@
+"""Selector: the active implementation of the replication relay's hot loops."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._compat import load
+
+if TYPE_CHECKING:
+    from ._relay_py import Fact, RowWindow, Sink, StreamEmitter, SyncGet, gather, tally
+else:
+    _impl = load("_relay")
+    RowWindow = _impl.RowWindow
+    StreamEmitter = _impl.StreamEmitter
+    gather = _impl.gather
+    tally = _impl.tally
+    from ._relay_py import Fact, Sink, SyncGet
+
+__all__ = ["RowWindow", "StreamEmitter", "gather", "tally", "Fact", "Sink", "SyncGet"]

@@ -1,0 +1,253 @@
+"""The replication relay's hot loops, pure-Python twin (the readable specification).
+
+Both ends of a replication link repeat the same small steps for every row:
+the writer turns the rows of a completed token range into RDATA (``batch``
+rows for all but the last row of a token) and closes a range ending without
+rows with POSITION; the reader folds a run of RDATA for one (stream, writer)
+into facts (all rows of one token), dropping the ones at or below its
+position. These loops are here, away from the publisher and the follower
+that own the state, so that a compiled build runs them as C
+(``factstream._relay_c``, same names and behaviour) and every row costs no
+Python call of its own.
+
+* :class:`RowWindow` holds the recent rows of an in-memory stream (the
+  storage of ``MemoryUpdateSource``): ``add`` as a writer completes,
+  ``get_updates_now`` as the publisher (or a catching-up reader) asks.
+* :class:`StreamEmitter` is one published stream's progress (``sent``,
+  ``target``, ``rows``); :meth:`StreamEmitter.commands` turns updates into
+  commands and :meth:`StreamEmitter.publish_now` drains a synchronous source
+  into the sinks.
+* :func:`gather` folds consecutive RDATA of one (stream, writer) into facts.
+* :func:`tally` counts commands by name (one metric update per name).
+
+Nothing here does I/O or touches the event loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .commands import Command, PositionCommand, RdataCommand
+from .streams.rows import Row
+from .streams.sources import Updates, UpdatesUnavailable, page
+
+__all__ = ["RowWindow", "StreamEmitter", "gather", "tally", "Fact", "Sink", "SyncGet"]
+
+#: ``(token, rows)``: every row a writer wrote at one token.
+Fact = tuple[int, list[Any]]
+#: Receives each batch of outgoing commands (the hub's broadcast).
+Sink = Callable[[list[Command]], None]
+#: ``get_updates_now(instance, from_token, upto_token, limit) -> (updates, upto, limited)``.
+SyncGet = Callable[[str, int, int, int], tuple[list[tuple[int, Any]], int, bool]]
+
+
+def _wire(row: Any) -> Any:
+    return row.to_wire() if isinstance(row, Row) else row
+
+
+class RowWindow:
+    """The recent rows of one in-memory stream, per writer instance, bounded.
+
+    Rows are kept in token order per instance; once an instance holds more
+    than ``2 * capacity`` rows the oldest are forgotten down to ``capacity``
+    (never splitting a token) and the last forgotten token becomes that
+    instance's floor: asking for rows after a token below the floor raises
+    :class:`~factstream.streams.sources.UpdatesUnavailable`, so a reader
+    knows it lost facts instead of silently skipping them.
+    """
+
+    __slots__ = ("capacity", "_tokens", "_rows", "_floor")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._tokens: dict[str, list[int]] = {}
+        self._rows: dict[str, list[Any]] = {}
+        self._floor: dict[str, int] = {}
+
+    def add(self, instance_name: str, token: int, row: Any) -> None:
+        """Record ``row`` written by ``instance_name`` at ``token`` (before the token completes)."""
+        tokens = self._tokens.setdefault(instance_name, [])
+        rows = self._rows.setdefault(instance_name, [])
+        if tokens and token < tokens[-1]:
+            # Out-of-order reservation completing: keep the list sorted.
+            i = bisect.bisect_right(tokens, token)
+            tokens.insert(i, token)
+            rows.insert(i, row)
+        else:
+            tokens.append(token)
+            rows.append(row)
+        if len(tokens) > self.capacity * 2:
+            cut = len(tokens) - self.capacity
+            while cut < len(tokens) and tokens[cut] == tokens[cut - 1]:
+                cut += 1
+            self._floor[instance_name] = tokens[cut - 1]
+            del tokens[:cut]
+            del rows[:cut]
+
+    def get_updates_now(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
+        """Rows of ``instance_name`` in ``(from_token, upto_token]``, paged by ``limit`` (see ``UpdateSource``)."""
+        floor = self._floor.get(instance_name)
+        if floor is not None and from_token < floor:
+            raise UpdatesUnavailable(
+                f"facts of {instance_name} after {from_token} are no longer in memory (kept from {floor}); "
+                "raise MemoryUpdateSource capacity or back the stream with a table"
+            )
+        tokens = self._tokens.get(instance_name)
+        if not tokens:
+            return [], upto_token, False
+        last = tokens[-1]
+        if last == upto_token and (len(tokens) == 1 or tokens[-2] <= from_token) and last > from_token:
+            # The writer's hot path: exactly the row just added.
+            return [(last, self._rows[instance_name][-1])], upto_token, False
+        lo = bisect.bisect_right(tokens, from_token)
+        hi = bisect.bisect_right(tokens, upto_token)
+        rows = self._rows[instance_name]
+        if hi - lo <= limit:
+            return [(tokens[i], rows[i]) for i in range(lo, hi)], upto_token, False
+        return page([(tokens[i], rows[i]) for i in range(lo, hi)], upto_token, limit)
+
+
+class StreamEmitter:
+    """What one writer has published of one stream, and the commands that publish more.
+
+    ``sent`` is the position published so far (the answer to REPLICATE),
+    ``target`` the position the writer reached (``sent <= target``), ``rows``
+    the number of rows published. ``sync_get`` is the source's synchronous
+    ``get_updates_now`` when it has one (the in-memory source), else None and
+    the publisher drains the source asynchronously, feeding pages to
+    :meth:`commands`. ``sinks`` is the publisher's list of sinks (shared, so
+    sinks added later are seen).
+    """
+
+    __slots__ = ("name", "instance", "source", "sent", "target", "rows", "sync_get", "sinks", "page_limit")
+
+    def __init__(
+        self,
+        name: str,
+        instance: str,
+        source: Any,
+        sent: int,
+        sync_get: SyncGet | None,
+        sinks: list[Sink],
+        page_limit: int,
+    ) -> None:
+        self.name = name
+        self.instance = instance
+        self.source = source
+        self.sent = sent
+        self.target = sent
+        self.rows = 0
+        self.sync_get = sync_get
+        self.sinks = sinks
+        self.page_limit = page_limit
+
+    def commands(self, updates: Sequence[tuple[int, Any]], upto: int) -> list[Command]:
+        """The commands publishing ``updates`` (``(token, row)`` in token order), up to ``upto``.
+
+        Rows at or below ``sent`` are skipped (already published); the rows of
+        one token become ``batch`` RDATA closed by an RDATA with the token; a
+        range that ends past the last row (holes, rollbacks) is closed with
+        ``POSITION last upto``. Moves ``sent`` to ``upto`` and counts the rows.
+        """
+        name, inst = self.name, self.instance
+        n = len(updates)
+        if n == 1 and upto == updates[0][0] > self.sent:
+            # The common case: one row completing one fact.
+            self.sent = upto
+            self.rows += 1
+            return [RdataCommand(name, inst, upto, _wire(updates[0][1]))]
+        cmds: list[Command] = []
+        last = self.sent
+        i = 0
+        while i < n:
+            token = updates[i][0]
+            j = i
+            while j + 1 < n and updates[j + 1][0] == token:
+                j += 1
+            if token > last:
+                for k in range(i, j):
+                    cmds.append(RdataCommand(name, inst, None, _wire(updates[k][1])))
+                cmds.append(RdataCommand(name, inst, token, _wire(updates[j][1])))
+                last = token
+            i = j + 1
+        if upto > last:
+            cmds.append(PositionCommand(name, inst, last, upto))
+        if upto > self.sent:
+            self.sent = upto
+        self.rows += n
+        return cmds
+
+    def publish_now(self) -> None:
+        """Publish ``(sent, target]`` from the synchronous source into every sink, in pages."""
+        sync_get = self.sync_get
+        if sync_get is None:
+            raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
+        while self.sent < self.target:
+            updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
+            cmds = self.commands(updates, upto)
+            if cmds:
+                for sink in self.sinks:
+                    sink(cmds)
+
+
+def gather(
+    cmds: Sequence[Command],
+    start: int,
+    position: int | None,
+    batch: list[Any],
+    parse: Callable[[Any], Any] | None = None,
+) -> tuple[int, list[Fact], list[Any], int]:
+    """Fold the run of RDATA for one (stream, writer) that begins at ``cmds[start]`` into facts.
+
+    The run is every following command that is an RDATA of the same stream
+    and writer as ``cmds[start]`` (which must be an RDATA). Each row is
+    decoded, passed through ``parse`` when given, and appended to ``batch``
+    (the rows already waiting for their token); an RDATA with a numeric
+    token closes the batch into the fact ``(token, rows)``. With a
+    ``position``, facts at or below it, or at or below an earlier fact of the
+    run, are dropped and their rows counted as stale; with None every fact is
+    kept (the caller decides).
+
+    Returns ``(end, facts, batch, stale)``: ``end`` is the index after the
+    run, ``facts`` the kept facts in order, ``batch`` the rows still waiting
+    for their token (a new list whenever a fact was closed) and ``stale`` the
+    number of dropped rows.
+    """
+    first = cmds[start]
+    stream, writer = first.stream_name, first.instance_name  # type: ignore[attr-defined]
+    facts: list[Fact] = []
+    stale = 0
+    n = len(cmds)
+    i = start
+    while i < n:
+        cmd = cmds[i]
+        if type(cmd) is not RdataCommand or cmd.stream_name != stream or cmd.instance_name != writer:
+            break
+        row = cmd.row
+        if parse is not None:
+            row = parse(row)
+        batch.append(row)
+        token = cmd.token
+        i += 1
+        if token is None:
+            continue
+        rows, batch = batch, []
+        if position is None:
+            facts.append((token, rows))
+        elif token > position:
+            facts.append((token, rows))
+            position = token
+        else:
+            stale += len(rows)
+    return i, facts, batch, stale
+
+
+def tally(cmds: Sequence[Command]) -> dict[str, int]:
+    """How many of ``cmds`` there are of each command name."""
+    counts: dict[str, int] = {}
+    for cmd in cmds:
+        name = cmd.NAME
+        counts[name] = counts.get(name, 0) + 1
+    return counts
