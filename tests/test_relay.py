@@ -122,6 +122,75 @@ def test_emitter_without_sync_source_refuses_to_publish_now(relay_impl: ModuleTy
         em.publish_now()
 
 
+# ---------------------------------------------------------------- Router
+
+
+def test_router_publishes_own_forward_moves_only(relay_impl: ModuleType) -> None:
+    win = relay_impl.RowWindow(100)
+    got: list[Command] = []
+    later: list[str] = []
+    streams = {"s": relay_impl.StreamEmitter("s", "m", win, 0, win.get_updates_now, [got.extend], 10)}
+    router = relay_impl.Router("m", streams, later.append)
+    win.add("m", 1, ["a"])
+    router.notify("s", "m", 0, 1)
+    router.notify("s", "m", 0, 1)  # not forward: nothing
+    router.notify("s", "other", 0, 5)  # another writer's position
+    router.notify("nope", "m", 0, 5)  # a stream this writer does not publish
+    assert _lines(got) == ['RDATA s m 1 ["a"]']
+    streams["t"] = relay_impl.StreamEmitter("t", "m", None, 0, None, [got.extend], 10)  # shared dict
+    router.notify("t", "m", 0, 3)  # no synchronous source: handed to the background drain
+    assert later == ["t"] and streams["t"].target == 3 and streams["t"].sent == 0
+    assert router.notify is not None and router.instance == "m"
+
+
+# ---------------------------------------------------------------- Fanout
+
+
+class Key:
+    def __init__(self, stream: str, writer: str, position: int) -> None:
+        self.stream, self.writer, self.position, self.rows = stream, writer, position, 0
+
+
+def test_fanout_delivers_in_order_and_moves_the_position(relay_impl: ModuleType) -> None:
+    errors: list[tuple[Any, ...]] = []
+
+    def on_error(handler: Any, stream: str, writer: str, token: int) -> None:
+        import sys
+
+        errors.append((handler, stream, writer, token, type(sys.exc_info()[1])))
+
+    fan = relay_impl.Fanout(lambda *a: a, on_error)
+    key = Key("s", "w", 1)
+    seen: list[tuple[Any, ...]] = []
+
+    def first(stream: str, writer: str, token: int, rows: list[Any]) -> None:
+        seen.append(("first", token, list(rows), key.position))
+        if token == 3:
+            fan.handlers = [*fan.handlers, (None, late)]  # from the next fact on
+
+    def late(stream: str, writer: str, token: int, rows: list[Any]) -> None:
+        seen.append(("late", token))
+
+    def broken(stream: str, writer: str, token: int, rows: list[Any]) -> None:
+        raise ValueError("boom")
+
+    class Q:
+        def __init__(self) -> None:
+            self.items: list[Any] = []
+
+        def put_nowait(self, item: Any) -> None:
+            self.items.append(item)
+
+    q = Q()
+    fan.handlers = [("s", first), ("other", late), (None, broken)]
+    fan.queues.append(q)
+    fan.deliver(key, [(2, ["a"]), (3, ["b", "c"]), (5, ["d"])])
+    assert seen == [("first", 2, ["a"], 1), ("first", 3, ["b", "c"], 2), ("first", 5, ["d"], 3), ("late", 5)]
+    assert errors == [(broken, "s", "w", t, ValueError) for t in (2, 3, 5)]
+    assert q.items == [("s", "w", 2, ["a"]), ("s", "w", 3, ["b", "c"]), ("s", "w", 5, ["d"])]
+    assert (key.position, key.rows) == (5, 4)
+
+
 # ---------------------------------------------------------------- gather
 
 

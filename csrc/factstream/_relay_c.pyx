@@ -18,7 +18,7 @@ from factstream.commands import _UNSET as _UNSET_PY
 from factstream.streams.rows import Row
 from factstream.streams.sources import UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "gather", "tally"]
+__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally"]
 
 cdef extern from "Python.h":
     ctypedef struct PyMemberDef:
@@ -257,7 +257,7 @@ cdef class StreamEmitter:
         self.rows = self.rows + n
         return cmds
 
-    def publish_now(self):
+    cpdef publish_now(self):
         """Publish ``(sent, target]`` from the synchronous source into every sink, in pages."""
         cdef list cmds
         sync_get = self.sync_get
@@ -269,6 +269,81 @@ cdef class StreamEmitter:
             if cmds:
                 for sink in self.sinks:
                     sink(cmds)
+
+
+cdef class Router:
+    """A writer's published streams by name (see ``_relay_py.Router``)."""
+
+    cdef public object instance
+    cdef public dict streams
+    cdef public object on_async
+
+    def __init__(self, instance, dict streams not None, on_async):
+        self.instance = instance
+        self.streams = streams
+        self.on_async = on_async
+
+    def notify(self, stream_name, instance_name, old, new):
+        """Id-generator listener: ``instance_name``'s position in ``stream_name`` moved to ``new``."""
+        cdef StreamEmitter st
+        em = self.streams.get(stream_name)
+        if em is None or instance_name != self.instance:
+            return
+        if type(em) is not StreamEmitter:
+            # Not ours (a test double): go through its Python attributes.
+            if new <= em.target:
+                return
+            em.target = new
+            if em.sync_get is not None:
+                em.publish_now()
+            else:
+                self.on_async(stream_name)
+            return
+        st = <StreamEmitter>em
+        if new <= st.target:
+            return
+        st.target = new
+        if st.sync_get is not None:
+            st.publish_now()
+        else:
+            self.on_async(stream_name)
+
+
+cdef class Fanout:
+    """A reader's handlers and update queues, and in-order delivery (see ``_relay_py.Fanout``)."""
+
+    cdef public list handlers
+    cdef public list queues
+    cdef public object make_update
+    cdef public object on_error
+
+    def __init__(self, make_update, on_error):
+        self.handlers = []
+        self.queues = []
+        self.make_update = make_update
+        self.on_error = on_error
+
+    def deliver(self, key, facts):
+        """Hand each fact of ``key`` to the handlers and queues, in order, moving ``key.position``."""
+        cdef list source = self.handlers
+        cdef list handlers
+        stream, writer = key.stream, key.writer
+        handlers = [h for only, h in source if only is None or only == stream]
+        for token, rows in facts:
+            if self.handlers is not source:
+                source = self.handlers
+                handlers = [h for only, h in source if only is None or only == stream]
+            for handler in handlers:
+                try:
+                    handler(stream, writer, token, rows)
+                except Exception:
+                    self.on_error(handler, stream, writer, token)
+            if self.queues:
+                update = self.make_update(stream, writer, token, rows)
+                for q in self.queues:
+                    q.put_nowait(update)
+            key.rows += len(rows)
+            key.position = token
 
 
 def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):

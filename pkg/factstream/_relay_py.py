@@ -17,7 +17,11 @@ Python call of its own.
   ``target``, ``rows``); :meth:`StreamEmitter.commands` turns updates into
   commands and :meth:`StreamEmitter.publish_now` drains a synchronous source
   into the sinks.
-* :func:`gather` folds consecutive RDATA of one (stream, writer) into facts.
+* :class:`Router` is a writer's published streams by name; its ``notify``
+  is the id generator's listener.
+* :func:`gather` folds consecutive RDATA of one (stream, writer) into facts;
+  :class:`Fanout` holds the reader's handlers and queues and delivers facts
+  to them in order.
 * :func:`tally` counts commands by name (one metric update per name).
 
 Nothing here does I/O or touches the event loop.
@@ -33,7 +37,7 @@ from .commands import Command, PositionCommand, RdataCommand
 from .streams.rows import Row
 from .streams.sources import Updates, UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "gather", "tally", "Fact", "Sink", "SyncGet"]
+__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally", "Fact", "Sink", "SyncGet"]
 
 #: ``(token, rows)``: every row a writer wrote at one token.
 Fact = tuple[int, list[Any]]
@@ -190,6 +194,82 @@ class StreamEmitter:
             if cmds:
                 for sink in self.sinks:
                     sink(cmds)
+
+
+class Router:
+    """A writer's published streams by name; :meth:`notify` publishes them as they advance.
+
+    ``streams`` is the publisher's dict (shared, so streams added later are
+    seen). A stream without a synchronous source is handed to ``on_async``
+    (the publisher's background drain) instead.
+    """
+
+    __slots__ = ("instance", "streams", "on_async")
+
+    def __init__(self, instance: str, streams: dict[str, StreamEmitter], on_async: Callable[[str], None]) -> None:
+        self.instance = instance
+        self.streams = streams
+        self.on_async = on_async
+
+    def notify(self, stream_name: str, instance_name: str, old: int, new: int) -> None:
+        """Id-generator listener: ``instance_name``'s position in ``stream_name`` moved to ``new``.
+
+        Only this writer's own streams count, and only forward moves.
+        """
+        st = self.streams.get(stream_name)
+        if st is None or instance_name != self.instance or new <= st.target:
+            return
+        st.target = new
+        if st.sync_get is not None:
+            st.publish_now()
+        else:
+            self.on_async(stream_name)
+
+
+class Fanout:
+    """A reader's handlers and update queues, and the in-order delivery of facts to them.
+
+    ``handlers`` holds ``(stream or None, handler)``; it is replaced, never
+    changed in place, so a delivery in progress notices a handler added or
+    removed by a handler and uses the new list from the next fact on.
+    ``queues`` receive ``make_update(stream, writer, token, rows)``. A
+    handler that raises is reported to ``on_error(handler, stream, writer,
+    token)`` from inside the ``except`` block (so it may log the traceback)
+    and delivery goes on.
+    """
+
+    __slots__ = ("handlers", "queues", "make_update", "on_error")
+
+    def __init__(self, make_update: Callable[[str, str, int, list[Any]], Any], on_error: Callable[[Any, str, str, int], None]) -> None:
+        self.handlers: list[tuple[str | None, Callable[[str, str, int, list[Any]], Any]]] = []
+        self.queues: list[Any] = []
+        self.make_update = make_update
+        self.on_error = on_error
+
+    def deliver(self, key: Any, facts: Sequence[Fact]) -> None:
+        """Hand each fact of ``key`` (its ``stream`` and ``writer``) to the handlers and queues, in order.
+
+        After each fact ``key.rows`` grows by its rows and ``key.position``
+        becomes its token, so a handler sees the position before its fact.
+        """
+        stream, writer = key.stream, key.writer
+        source = self.handlers
+        handlers = [h for only, h in source if only is None or only == stream]
+        for token, rows in facts:
+            if self.handlers is not source:
+                source = self.handlers
+                handlers = [h for only, h in source if only is None or only == stream]
+            for handler in handlers:
+                try:
+                    handler(stream, writer, token, rows)
+                except Exception:
+                    self.on_error(handler, stream, writer, token)
+            if self.queues:
+                update = self.make_update(stream, writer, token, rows)
+                for q in self.queues:
+                    q.put_nowait(update)
+            key.rows += len(rows)
+            key.position = token
 
 
 def gather(

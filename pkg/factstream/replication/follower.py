@@ -105,8 +105,8 @@ class Follower:
         self._keys: dict[tuple[str, str], _Key] = {}
         for (s, w), pos in (positions or {}).items():
             self._key(s, w).position = pos
-        self._handlers: list[tuple[str | None, RowsHandler]] = []
-        self._queues: list[asyncio.Queue[Update]] = []
+        #: The handlers, the updates() queues and the per-fact delivery loop.
+        self._fanout = self.relay.Fanout(Update, self._handler_failed)
         self._unknown_reported: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._drop_metric: dict[tuple[str, str], Any] = {}
@@ -119,11 +119,11 @@ class Follower:
     def add_handler(self, handler: RowsHandler, stream: str | None = None) -> None:
         """Call ``handler(stream, writer, token, rows)`` for each fact (of ``stream``, or all)."""
         # A new list, never an append: a delivery in progress notices the change by identity.
-        self._handlers = [*self._handlers, (stream, handler)]
+        self._fanout.handlers = [*self._fanout.handlers, (stream, handler)]
 
     def remove_handler(self, handler: RowsHandler) -> None:
         """Stop calling ``handler``."""
-        self._handlers = [(s, h) for s, h in self._handlers if h is not handler]
+        self._fanout.handlers = [(s, h) for s, h in self._fanout.handlers if h is not handler]
 
     async def updates(self) -> AsyncIterator[Update]:
         """Iterate facts as they are delivered (from now on), in order per (stream, writer).
@@ -132,12 +132,12 @@ class Follower:
         consume promptly, or use a handler.
         """
         queue: asyncio.Queue[Update] = asyncio.Queue()
-        self._queues.append(queue)
+        self._fanout.queues.append(queue)
         try:
             while True:
                 yield await queue.get()
         finally:
-            self._queues.remove(queue)
+            self._fanout.queues.remove(queue)
 
     def position(self, stream: str, writer: str) -> int | None:
         """The last delivered position of ``writer`` in ``stream`` (None if never heard of)."""
@@ -221,7 +221,7 @@ class Follower:
                     self.stats["stale_rows"] += stale
                     self._drop(key.stream, "stale", stale)
                 if facts:
-                    self._deliver_facts(key, facts)
+                    self._deliver(key, facts)
             if key.batch:
                 key.batch_conn = conn
 
@@ -292,8 +292,7 @@ class Follower:
         if key.fetching:
             key.queue.append(("rows", token, rows))
         elif key.position is not None and token > key.position:
-            self._deliver(key, token, rows)
-            self._advance(key, token)
+            self._deliver(key, [(token, rows)])
         else:
             self._apply_rows(key, token, rows)
 
@@ -313,8 +312,7 @@ class Follower:
             self.stats["stale_rows"] += len(rows)
             self._drop(key.stream, "stale", len(rows))
             return
-        self._deliver(key, token, rows)
-        self._advance(key, token)
+        self._deliver(key, [(token, rows)])
 
     def _apply_position(self, key: _Key, prev: int, new: int) -> None:
         pos = key.position
@@ -381,8 +379,7 @@ class Follower:
                     rows.append(self._parse(key.stream, updates[i][1]))
                     i += 1
                 if token > key.position:
-                    self._deliver(key, token, rows)
-                    self._advance(key, token)
+                    self._deliver(key, [(token, rows)])
             if upto > key.position:
                 self._advance(key, min(upto, target))
             if not limited and key.position < target:
@@ -399,51 +396,25 @@ class Follower:
             else:
                 self._apply_position(key, item[1], item[2])
 
-    def _deliver(self, key: _Key, token: int, rows: list[Any]) -> None:
-        stream, writer = key.stream, key.writer
-        for only, handler in self._handlers:
-            if only is None or only == stream:
-                try:
-                    handler(stream, writer, token, rows)
-                except Exception:
-                    log.exception("handler %r failed on %s/%s token %d", handler, stream, writer, token)
-        if self._queues:
-            update = Update(stream, writer, token, rows)
-            for q in self._queues:
-                q.put_nowait(update)
-        key.rows += len(rows)
-
-    def _deliver_facts(self, key: _Key, facts: list[tuple[int, list[Any]]]) -> None:
-        """Deliver facts above the position, in order (``_deliver`` + ``_advance`` for each, one loop)."""
-        stream, writer = key.stream, key.writer
-        source = self._handlers
-        handlers = [h for only, h in source if only is None or only == stream]
-        token = 0
-        for token, rows in facts:
-            if self._handlers is not source:  # a handler added or removed handlers
-                source = self._handlers
-                handlers = [h for only, h in source if only is None or only == stream]
-            for handler in handlers:
-                try:
-                    handler(stream, writer, token, rows)
-                except Exception:
-                    log.exception("handler %r failed on %s/%s token %d", handler, stream, writer, token)
-            if self._queues:
-                update = Update(stream, writer, token, rows)
-                for q in self._queues:
-                    q.put_nowait(update)
-            key.rows += len(rows)
-            key.position = token
+    def _deliver(self, key: _Key, facts: list[tuple[int, list[Any]]]) -> None:
+        """Deliver facts above the position, in order, moving the position past each."""
+        self._fanout.deliver(key, facts)
         if key.waiters:
-            for entry in list(key.waiters):
-                if entry[0] <= token and not entry[1].done():
-                    entry[1].set_result(None)
+            self._wake(key)
+
+    def _handler_failed(self, handler: RowsHandler, stream: str, writer: str, token: int) -> None:
+        log.exception("handler %r failed on %s/%s token %d", handler, stream, writer, token)
 
     def _advance(self, key: _Key, token: int) -> None:
         if key.position is not None and token <= key.position:
             return
         key.position = token
         if key.waiters:
-            for entry in list(key.waiters):
-                if entry[0] <= token and not entry[1].done():
-                    entry[1].set_result(None)
+            self._wake(key)
+
+    def _wake(self, key: _Key) -> None:
+        token = key.position
+        assert token is not None
+        for entry in list(key.waiters):
+            if entry[0] <= token and not entry[1].done():
+                entry[1].set_result(None)

@@ -2,7 +2,7 @@
 
 Register each stream this process writes with :meth:`Publisher.add_stream`
 (its current position and an update source), then hook
-:meth:`Publisher.notify` to the id generator's listener
+:attr:`Publisher.notify` to the id generator's listener
 (``id_gen.add_listener(publisher.notify)``). For every advance the publisher
 asks the update source for the rows in ``(sent, new]`` and emits, in token
 order, one RDATA per row; several rows at one token go out as ``batch`` rows
@@ -36,6 +36,13 @@ log = logging.getLogger(__name__)
 class Publisher:
     """Publishes the facts of the streams one writer instance writes (see module doc)."""
 
+    #: The id-generator listener ``notify(stream_name, instance_name, old, new)``: this
+    #: writer's position in ``stream_name`` moved to ``new``; publish up to it (other
+    #: writers' streams and backward moves are ignored). It is the relay's
+    #: :meth:`factstream._relay.Router.notify`, so a compiled build publishes without a
+    #: Python call of its own.
+    notify: Callable[[str, str, int, int], None]
+
     def __init__(self, instance_name: str, *, page_limit: int = 1000, relay: ModuleType | None = None) -> None:
         self.instance_name = instance_name
         self._page_limit = page_limit
@@ -45,6 +52,8 @@ class Publisher:
         self._sinks: list[Callable[[list[Command]], None]] = []
         self._dirty: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self._router = self.relay.Router(instance_name, self._streams, self._schedule)
+        self.notify = self._router.notify
         metrics.track(self)
 
     # ------------------------------------------------------------ setup
@@ -88,15 +97,8 @@ class Publisher:
 
     # ------------------------------------------------------------ listener
 
-    def notify(self, stream_name: str, instance_name: str, old: int, new: int) -> None:
-        """Id-generator listener: ``instance_name``'s position in ``stream_name`` moved to ``new``."""
-        st = self._streams.get(stream_name)
-        if st is None or instance_name != self.instance_name or new <= st.target:
-            return
-        st.target = new
-        if st.sync_get is not None:
-            st.publish_now()
-            return
+    def _schedule(self, stream_name: str) -> None:
+        """``stream_name`` (a source without ``get_updates_now``) has rows to fetch: drain in the background."""
         self._dirty.add(stream_name)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._drain(), name="factstream-publisher")
