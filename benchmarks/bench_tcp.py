@@ -173,10 +173,11 @@ def test_paired_ratio_uvloop_c_over_asyncio_py(benchmark: Any, readers: int) -> 
     """Alternate the two configurations round by round (ABAB...) so machine load hits both alike.
 
     extra_info holds each configuration's median rows/s and the median of the
-    per-pair ratios; the timing row itself is the whole paired run.
+    per-pair ratios, then every round (rows/s of each configuration and the
+    pair's ratio, in run order); the timing row itself is the whole paired run.
     """
     benchmark.group = f"tcp paired ratio, {readers} reader{'s' if readers > 1 else ''}"
-    result: dict[str, float] = {}
+    result: dict[str, Any] = {}
 
     def pairs() -> None:
         fast, slow, ratios = [], [], []
@@ -187,12 +188,18 @@ def test_paired_ratio_uvloop_c_over_asyncio_py(benchmark: Any, readers: int) -> 
             slow.append(b)
             ratios.append(b / a)
         n = N_ROWS[readers] * readers
+        rounds = {
+            "uvloop_c_rounds": [round(n / t) for t in fast],
+            "asyncio_py_rounds": [round(n / t) for t in slow],
+            "pair_ratios": [round(r, 2) for r in ratios],
+        }
         fast.sort()
         slow.sort()
         ratios.sort()
         result["uvloop_c_rows_per_s"] = round(n / fast[2])
         result["asyncio_py_rows_per_s"] = round(n / slow[2])
         result["median_pair_ratio"] = round(ratios[2], 2)
+        result.update(rounds)
 
     benchmark.pedantic(pairs, rounds=1, iterations=1)
     benchmark.extra_info.update(result)

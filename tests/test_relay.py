@@ -304,3 +304,10 @@ def test_follower_runs_count_tokens_and_rows_per_stream() -> None:
         assert fol.positions() == {("s", "w"): 2, ("t", "w"): 3}
         assert Counter({(s, n) for _, s, n in fol.metric_rows()}) == Counter({("s", 3), ("t", 1)})
         assert fol.stats["stale_rows"] == 1
+
+
+def test_follower_runs_refuse_other_commands() -> None:
+    fol = Follower(typed=False, start_position=0)
+    with pytest.raises(TypeError, match="RDATA commands only"):
+        fol.on_rdata_many([R(1, "a"), PositionCommand("s", "w", 1, 2)])  # type: ignore[list-item]
+    assert fol.positions() == {("s", "w"): 1}

@@ -13,7 +13,7 @@ from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 
 from bisect import bisect_right
 
-from factstream.commands import Command, PositionCommand, RdataCommand
+from factstream.commands import PositionCommand, RdataCommand
 from factstream.commands import _UNSET as _UNSET_PY
 from factstream.streams.rows import Row
 from factstream.streams.sources import UpdatesUnavailable, page
@@ -28,7 +28,6 @@ cdef extern from "Python.h":
     PyObject* PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n) except NULL
 
 cdef object _RDATA = RdataCommand
-cdef object _POSITION = PositionCommand
 cdef object _ROW = Row
 cdef object _UNSET = _UNSET_PY
 

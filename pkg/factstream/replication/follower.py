@@ -211,6 +211,7 @@ class Follower:
                 continue
             key = self._keys.get((stream, first.instance_name)) or self._key(stream, first.instance_name)
             parse = partial(self._parse, stream) if self.typed else None
+            start = i
             if key.fetching or key.position is None:
                 i, facts, key.batch, _ = gather(cmds, i, None, key.batch, parse)
                 for token, rows in facts:
@@ -222,6 +223,8 @@ class Follower:
                     self._drop(key.stream, "stale", stale)
                 if facts:
                     self._deliver(key, facts)
+            if i == start:
+                raise TypeError(f"on_rdata_many takes RDATA commands only, not {type(first).__name__}")
             if key.batch:
                 key.batch_conn = conn
 
