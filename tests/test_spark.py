@@ -282,3 +282,48 @@ def test_cli_parse_and_report(tmp_path: Path, archives: tuple[str, dict[str, lis
 def test_cli_reports_missing_input(tmp_path: Path) -> None:
     done = _cli("parse", str(tmp_path / "nope*.log"), "--out", str(tmp_path / "o"))
     assert done.returncode == 2 and "no archive files found" in done.stderr
+
+
+# Spark's own casts, as the pipeline used to run them in the JVM: the oracle
+# for the timestamps the executors now compute themselves (spark/timestamps.py).
+SPARK_TS_SQL = (
+    "CASE WHEN t RLIKE '^[0-9]+(\\\\.[0-9]+)?$' "
+    "THEN timestamp_seconds(try_cast(t AS DECIMAL(20,6))) "
+    "ELSE try_cast(replace(t, ',', '.') AS TIMESTAMP) END"
+)
+TS_TEXTS = [
+    "2026-11-22T01:02:03Z", "2026-11-22 01:02:03", "2026-11-22T01:02:03.123456789", "2026-11-22T01:02:03.1234565Z",
+    "2026-11-22T01:02:03,5+01:00", "2026-11-22T01:02:03.5-0930", "2026-11-22T01:02:03+18:00",
+    "2026-11-22T01:02:03-18:00", "2026-11-22T01:02:03+18:01", "2026-11-22T01:02:03+19:00", "2026-11-22T01:02:03+05:60",
+    "2026-02-29T01:02:03Z", "2028-02-29T01:02:03", "2026-13-01T00:00:00", "2026-11-22T24:00:00", "2026-11-22T23:59:60",
+    "2026-03-08T02:30:00", "2026-11-01T01:30:00", "2026-03-29T02:30:00", "2026-10-25T02:30:00", "1970-01-01T00:00:00",
+    "1969-12-31T23:59:59.999999", "1795310678.449548", "1795310678", "1795310678.4495485", "1795310678.4495475",
+    "0.0000005", "100000000000000", "0001-01-02T00:00:00Z", "9999-12-29T23:59:59.999999Z",
+]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Europe/Berlin", "Asia/Kolkata", "+05:30", "-08:00"])
+def test_timestamps_are_what_sparks_casts_give(spark: Any, zone: str) -> None:
+    from factstream.spark import timestamps as T
+
+    old = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        df = spark.createDataFrame([(t,) for t in TS_TEXTS], "t string").selectExpr("t", f"{SPARK_TS_SQL} AS ts")
+        rows = df.selectExpr("t", "unix_micros(ts) AS micros", "unix_date(to_date(ts)) AS days").collect()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", old)
+    import pyarrow as pa
+
+    ts, date = T.timestamp_columns(pa.array(TS_TEXTS, pa.string()), zone)
+    mine = list(zip(TS_TEXTS, ts.cast(pa.int64()).to_pylist(), date.cast(pa.int32()).to_pylist()))
+    assert mine == [(r["t"], r["micros"], r["days"]) for r in rows]
+
+
+def test_timestamps_out_of_range_are_null_not_fatal() -> None:
+    from factstream.spark import timestamps as T
+    import pyarrow as pa
+
+    texts = ["99999999999999.5", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999-18:00", "0000-01-01T00:00:00", None]
+    ts, date = T.timestamp_columns(pa.array(texts, pa.string()), "Asia/Kolkata")
+    assert ts.null_count == date.null_count == len(texts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import os
 import random
@@ -29,7 +30,7 @@ _spec.loader.exec_module(spark_archives)
 def _rows(lines: list[bytes], **kw: object) -> list[dict]:
     out = []
     for batch in L.parse_block(lines, source="f", **kw):  # type: ignore[arg-type]
-        assert batch.schema == (L.ARROW_SCHEMA if kw.get("typed", True) else L.HEADER_SCHEMA)
+        assert batch.schema == L.ARROW_SCHEMA
         out.extend(batch.to_pylist())
     return out
 
@@ -58,10 +59,12 @@ def test_prefixes_timestamp_direction_and_plain() -> None:
         first_line=10,
     )
     assert [r["line_number"] for r in rows] == [10, 11, 12, 15, 16, 17]
-    assert rows[0]["ts_text"] == "2026-11-22T01:02:03.456Z" and rows[0]["direction"] == ">"
+    assert rows[0]["ts"] == dt.datetime(2026, 11, 22, 1, 2, 3, 456000, tzinfo=dt.timezone.utc)
+    assert rows[0]["date"] == dt.date(2026, 11, 22) and rows[0]["direction"] == ">"
     assert rows[0]["ev_event_id"] == "$e" and rows[0]["ev_outlier"] is True and rows[0]["ev_rejected"] is False
     assert rows[1]["direction"] == "<" and rows[1]["command"] == "PING" and rows[1]["data"] == "17"
-    assert rows[2]["ts_text"] == "2026-11-22 01:02:03,5+01:00" and rows[2]["token"] == 4 and rows[2]["prev_token"] == 1
+    assert rows[2]["ts"] == dt.datetime(2026, 11, 22, 0, 2, 3, 500000, tzinfo=dt.timezone.utc)
+    assert rows[2]["token"] == 4 and rows[2]["prev_token"] == 1 and rows[1]["ts"] is None
     assert rows[3]["token"] is None and rows[3]["row"] == "[1]" and rows[3]["stream"] == "typing"
     assert rows[4]["error"] == "prefix without a replication line"
     with pytest.raises(ProtocolError) as err:
@@ -84,7 +87,8 @@ def test_redis_formats() -> None:
     assert L.detect_format(mon) == "monitor"
     rows = _rows(mon, fmt="monitor")
     assert [r["line_number"] for r in rows] == [2, 4]
-    assert rows[0]["channel"] == "chan" and rows[0]["ts_text"] == "1795310678.449548"
+    assert rows[0]["channel"] == "chan"
+    assert rows[0]["ts"] == dt.datetime(2026, 11, 22, 1, 24, 38, 449548, tzinfo=dt.timezone.utc)
     assert rows[0]["cache_keys"] == ['\u00e9 "q"'] and rows[0]["row"] == payload.split(b" ", 4)[4].decode()
     assert rows[1]["error"] == "not a redis-cli MONITOR line"
     csv = [b"Reading messages... (press Ctrl-C to quit)", b'"subscribe","chan",1', b'"message","chan",' + q, b'"pmessage","ch*","chan",' + q]
@@ -119,7 +123,8 @@ def test_unexpected_row_shapes_give_null_typed_columns() -> None:
 
 def test_header_only_leaves_typed_columns_null() -> None:
     rows = _rows([b'RDATA caches master 4 ["f",["k"],5]'], typed=False)
-    assert rows[0]["row"] == '["f",["k"],5]' and "cache_func" not in rows[0]
+    assert rows[0]["row"] == '["f",["k"],5]'
+    assert all(rows[0][name] is None for name in L.TYPED_COLUMNS)
 
 
 def test_batches_are_capped() -> None:
@@ -227,4 +232,4 @@ def test_real_redis_cli_captures(redis_url: str, channel_prefix: str, tmp_path: 
             assert (row["stream"], row["token"]) == (cmd.stream_name, cmd.token)
             assert row["row"].encode() == payload.split(b" ", 4)[4]
     if mode == "monitor":
-        assert all(r["ts_text"] for r in mine)
+        assert all(r["ts"] for r in mine)

@@ -16,7 +16,7 @@ constant per batch and added by the caller.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -102,7 +102,12 @@ class ArchiveColumns:
         if len(values) != self._width:
             raise ValueError(f"expected {self._width} column values, got {len(values)}")
         for value, (name, typ) in zip(values, _PY_TYPES):
-            if value is not None and (type(value) is not typ or (typ is list and any(type(v) is not str for v in value))):
+            if value is None:
+                continue
+            ok = type(value) is typ
+            if ok and typ is list:
+                ok = all(type(v) is str for v in cast("list[Any]", value))
+            if not ok:
                 raise TypeError(f"expected {typ.__name__} for column {name}, got {type(value).__name__}")
         self._rows.append(values)
 

@@ -38,18 +38,18 @@ from typing import Any
 import pyarrow as pa
 
 from .. import wire
+from .._archive_py import HEADER_COLUMNS
 from .._compat import load
 from ..commands import FederationAckCommand, PositionCommand, RdataCommand
 from ..errors import ProtocolError
 from .formats import FORMATS
+from .timestamps import TS_TYPE, timestamp_columns
 
 __all__ = [
     "FORMATS",
     "ParseOptions",
     "ARROW_SCHEMA",
     "SPARK_DDL",
-    "HEADER_SCHEMA",
-    "HEADER_DDL",
     "TYPED_COLUMNS",
     "detect_format",
     "line_values",
@@ -60,13 +60,14 @@ __all__ = [
 ]
 
 
-#: Output columns, in order. ``ts_text`` is the timestamp as written; the
-#: pipeline turns it into a Spark timestamp (``ts``) in the JVM.
+#: Output columns, in order: exactly what the Spark job's DataFrame holds
+#: (``ts`` and ``date`` in the session time zone, see :mod:`.timestamps`).
 ARROW_SCHEMA = pa.schema(
     [
         ("source_file", pa.string()),
         ("line_number", pa.int64()),
-        ("ts_text", pa.string()),
+        ("ts", TS_TYPE),
+        ("date", pa.date32()),
         ("direction", pa.string()),
         ("channel", pa.string()),
         ("command", pa.string()),
@@ -94,22 +95,19 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 
-#: The header-only schema: the same minus the typed events/caches columns.
-HEADER_SCHEMA = pa.schema(list(ARROW_SCHEMA)[:14])
-
 _SPARK_TYPES = {
     pa.string(): "string",
     pa.int64(): "bigint",
     pa.bool_(): "boolean",
     pa.list_(pa.string()): "array<string>",
+    TS_TYPE: "timestamp",
+    pa.date32(): "date",
 }
 #: The same schema as a Spark DDL string (for ``mapInArrow``).
 SPARK_DDL: str = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in ARROW_SCHEMA)
-#: Spark DDL of HEADER_SCHEMA.
-HEADER_DDL: str = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in HEADER_SCHEMA)
-#: Spark types of the typed columns, for filling them with nulls after a header-only parse.
-TYPED_COLUMNS: tuple[tuple[str, str], ...] = tuple((f.name, _SPARK_TYPES[f.type]) for f in list(ARROW_SCHEMA)[14:])
-
+#: The typed events/caches columns (null after a header-only parse).
+TYPED_COLUMNS: tuple[str, ...] = tuple(f.name for f in list(ARROW_SCHEMA)[15:])
+_TYPED_NULLS = tuple((f.name, f.type) for f in list(ARROW_SCHEMA)[15:])
 
 
 @dataclass(frozen=True)
@@ -278,6 +276,7 @@ def command_values(
             cmd = wire.parse_line(payload)
         except ProtocolError as err:
             problem = str(err)
+    head: tuple[Any, ...]
     if cmd is None:
         head = (None, None, None, None, None, None, None, problem, payload.decode("utf-8", "replace"))
         return where + head + _TYPED_NONE if typed else where + head
@@ -410,11 +409,15 @@ def _payloads(lines: Iterable[bytes], first_line: int, fmt: str) -> Iterator[tup
         raise ValueError(f"cannot parse format {fmt!r} here; detect it first")
 
 
-def _batch(columns: Any, source: str, typed: bool) -> pa.RecordBatch:
+def _batch(columns: Any, source: str, session_time_zone: str) -> pa.RecordBatch:
+    """One output batch from the builder's columns (see ``_archive_py.COLUMNS`` for their order)."""
     arrays = columns.take()
-    schema = ARROW_SCHEMA if typed else HEADER_SCHEMA
     n = len(arrays[0])
-    return pa.RecordBatch.from_arrays([pa.repeat(pa.scalar(source, pa.string()), n), *arrays], schema=schema)
+    ts, date = timestamp_columns(arrays[1], session_time_zone)
+    out = [pa.repeat(pa.scalar(source, pa.string()), n), arrays[0], ts, date, *arrays[2:]]
+    if len(arrays) == HEADER_COLUMNS:  # header-only: the typed columns are null
+        out.extend(pa.nulls(n, typ) for _, typ in _TYPED_NULLS)
+    return pa.RecordBatch.from_arrays(out, schema=ARROW_SCHEMA)
 
 
 def _builder(typed: bool, impl: str | None) -> Any:
@@ -422,14 +425,16 @@ def _builder(typed: bool, impl: str | None) -> Any:
 
 
 def parse_blocks(
-    blocks: Iterable[tuple[int, bytes]],
+    blocks: Iterable[bytes],
     *,
     source: str,
+    first_line: int = 1,
     typed: bool = True,
     batch_rows: int = 65536,
+    session_time_zone: str = "UTC",
     impl: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Parse a ``lines`` archive given as blocks of whole lines: (number of the block's first line, bytes).
+    """Parse a ``lines`` archive given as blocks of whole lines, numbered on from ``first_line``.
 
     The fast path: the column builder walks the bytes itself (the compiled
     twin computes common lines' columns without Python objects) and calls
@@ -440,16 +445,16 @@ def parse_blocks(
     def row_function(number: int, line: bytes) -> tuple[Any, ...] | None:
         return line_values(number, line, typed)
 
-    for first, data in blocks:
-        pos, number = 0, first - 1
+    number = first_line - 1
+    for data in blocks:
+        pos = 0
         while True:
             pos, number = columns.feed(data, pos, number, batch_rows, row_function)
-            if len(columns) >= batch_rows:
-                yield _batch(columns, source, typed)
             if pos >= len(data):
                 break
+            yield _batch(columns, source, session_time_zone)  # full: max rows, or the compiled twin's byte cap
     if len(columns):
-        yield _batch(columns, source, typed)
+        yield _batch(columns, source, session_time_zone)
 
 
 def parse_block(
@@ -460,12 +465,14 @@ def parse_block(
     fmt: str = "lines",
     typed: bool = True,
     batch_rows: int = 65536,
+    session_time_zone: str = "UTC",
     impl: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Parse archive ``lines`` (without newlines) numbered from ``first_line``.
 
-    Yields record batches of ``ARROW_SCHEMA`` (``HEADER_SCHEMA`` when not
-    ``typed``) with at most ``batch_rows`` rows. ``impl`` picks the column
+    Yields record batches of ``ARROW_SCHEMA`` (typed columns null when not
+    ``typed``) with at most ``batch_rows`` rows; ``ts``/``date`` are computed
+    as Spark would in ``session_time_zone``. ``impl`` picks the column
     builder twin ("c" or "python"; default: the active one).
     """
     if fmt == "lines":
@@ -474,7 +481,10 @@ def parse_block(
         data = b"\n".join(lines)
         if data.count(b"\n") == len(lines) - 1:  # no line holds a newline: parse the bytes in one go
             if lines:
-                yield from parse_blocks([(first_line, data)], source=source, typed=typed, batch_rows=batch_rows, impl=impl)
+                yield from parse_blocks(
+                    [data], source=source, first_line=first_line, typed=typed, batch_rows=batch_rows,
+                    session_time_zone=session_time_zone, impl=impl,
+                )
             return
         payloads: Iterator[tuple[Any, ...]] = (
             (n, line, None, None, None, None) for n, line in enumerate(lines, first_line)
@@ -491,6 +501,6 @@ def parse_block(
             values = command_values(number, payload, typed, ts, direction, channel, problem)
         columns.append(values)
         if len(columns) >= batch_rows:
-            yield _batch(columns, source, typed)
+            yield _batch(columns, source, session_time_zone)
     if len(columns):
-        yield _batch(columns, source, typed)
+        yield _batch(columns, source, session_time_zone)

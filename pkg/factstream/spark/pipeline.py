@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from .lines import HEADER_DDL, SPARK_DDL, TYPED_COLUMNS, ParseOptions, detect_format, parse_block, parse_blocks
+from .lines import SPARK_DDL, ParseOptions, detect_format, parse_block, parse_blocks
 from .sources import (
     DEFAULT_CHUNK_BYTES,
     Chunk,
@@ -34,15 +34,6 @@ __all__ = ["parse_archives", "parse_text_column", "write_parquet", "plan", "TASK
 
 #: One row per Spark task: a chunk, where its line numbering starts, its format.
 TASK_DDL = "path string, start bigint, end bigint, size bigint, newlines_before bigint, format string"
-
-#: SQL turning the ``ts_text`` the executors saw into a UTC timestamp:
-#: ISO-8601 (comma or dot before the fraction) or redis MONITOR's unix seconds.
-TS_SQL = (
-    "CASE WHEN ts_text RLIKE '^[0-9]+(\\\\.[0-9]+)?$' "
-    "THEN timestamp_seconds(try_cast(ts_text AS DECIMAL(20,6))) "
-    "ELSE try_cast(replace(ts_text, ',', '.') AS TIMESTAMP) END"
-)
-
 
 def plan(
     spark: SparkSession,
@@ -80,7 +71,7 @@ def plan(
     return rows
 
 
-def _parse_tasks(typed: bool, batch_rows: int):  # type: ignore[no-untyped-def]
+def _parse_tasks(typed: bool, batch_rows: int, session_time_zone: str):  # type: ignore[no-untyped-def]
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with _no_gc():
             yield from _tasks(batches)
@@ -90,8 +81,11 @@ def _parse_tasks(typed: bool, batch_rows: int):  # type: ignore[no-untyped-def]
             for task in batch.to_pylist():
                 chunk = Chunk(task["path"], task["start"], task["end"], task["size"])
                 if task["format"] == "lines":  # the common case: the builder walks the bytes itself
-                    blocks = read_chunk_blocks(chunk, task["newlines_before"])
-                    yield from parse_blocks(blocks, source=chunk.path, typed=typed, batch_rows=batch_rows)
+                    first_line, blocks = read_chunk_blocks(chunk, task["newlines_before"])
+                    yield from parse_blocks(
+                        blocks, source=chunk.path, first_line=first_line, typed=typed, batch_rows=batch_rows,
+                        session_time_zone=session_time_zone,
+                    )
                     continue
                 numbered = read_chunk_lines(chunk, task["newlines_before"])
                 first = next(numbered, None)
@@ -99,7 +93,8 @@ def _parse_tasks(typed: bool, batch_rows: int):  # type: ignore[no-untyped-def]
                     continue
                 lines = itertools.chain(first[1], itertools.chain.from_iterable(b for _, b in numbered))
                 yield from parse_block(
-                    lines, source=chunk.path, first_line=first[0], fmt=task["format"], typed=typed, batch_rows=batch_rows
+                    lines, source=chunk.path, first_line=first[0], fmt=task["format"], typed=typed,
+                    batch_rows=batch_rows, session_time_zone=session_time_zone,
                 )
 
     return run
@@ -117,16 +112,8 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _finish(df: DataFrame) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    if "ev_kind" not in df.columns:  # header-only: typed columns are null, added here at no cost
-        df = df.select("*", *[F.lit(None).cast(t).alias(n) for n, t in TYPED_COLUMNS])
-    return (
-        df.withColumn("ts", F.expr(TS_SQL))
-        .withColumn("date", F.to_date("ts"))
-        .select("source_file", "line_number", "ts", "date", *[c for c in df.columns if c not in ("source_file", "line_number", "ts_text")])
-    )
+def _session_time_zone(spark: SparkSession) -> str:
+    return spark.conf.get("spark.sql.session.timeZone") or "UTC"
 
 
 def parse_archives(
@@ -145,12 +132,11 @@ def parse_archives(
     options = options or ParseOptions()
     rows = plan(spark, inputs, options.format, chunk_bytes)
     tasks = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), TASK_DDL)
-    ddl = SPARK_DDL if options.typed else HEADER_DDL
-    parsed = tasks.mapInArrow(_parse_tasks(options.typed, batch_rows), ddl)
-    return _finish(parsed)
+    # The executors return finished columns (ts and date included): no projection on top.
+    return tasks.mapInArrow(_parse_tasks(options.typed, batch_rows, _session_time_zone(spark)), SPARK_DDL)
 
 
-def _parse_column(column: str, typed: bool, fmt: str):  # type: ignore[no-untyped-def]
+def _parse_column(column: str, typed: bool, fmt: str, session_time_zone: str):  # type: ignore[no-untyped-def]
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with _no_gc():
             yield from _batches(batches)
@@ -162,7 +148,9 @@ def _parse_column(column: str, typed: bool, fmt: str):  # type: ignore[no-untype
             # as bytes: Spark's text source passes invalid UTF-8 through, the codec reports it
             values = batch.column(column).cast(pa.binary()).to_pylist()
             lines = [b"" if v is None else v for v in values]
-            yield from parse_block(lines, source="", fmt=fmt, typed=typed, batch_rows=len(lines) + 1)
+            yield from parse_block(
+                lines, source="", fmt=fmt, typed=typed, batch_rows=len(lines) + 1, session_time_zone=session_time_zone
+            )
 
     return run
 
@@ -176,8 +164,8 @@ def parse_text_column(df: DataFrame, column: str = "value", options: ParseOption
     """
     options = options or ParseOptions(format="lines")
     fmt = "lines" if options.format == "auto" else options.format
-    ddl = SPARK_DDL if options.typed else HEADER_DDL
-    return _finish(df.select(column).mapInArrow(_parse_column(column, options.typed, fmt), ddl))
+    parse = _parse_column(column, options.typed, fmt, _session_time_zone(df.sparkSession))
+    return df.select(column).mapInArrow(parse, SPARK_DDL)
 
 
 def write_parquet(df: DataFrame, out: str, mode: str = "errorifexists") -> None:

@@ -146,17 +146,30 @@ def read_head(path: str, nbytes: int = 65536) -> list[bytes]:
     return lines[:-1] if len(lines) > 1 else lines
 
 
-def read_chunk_blocks(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> Iterator[tuple[int, bytes]]:
-    """The lines starting inside ``chunk`` as (number of the first line, bytes of whole lines) blocks.
+def read_chunk_blocks(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> tuple[int, Iterator[bytes]]:
+    """The lines starting inside ``chunk``: (number of the first line, blocks of whole lines).
 
     Each block ends just after a newline, except the last one of a file
-    without a final newline. ``newlines_before`` is the number of newlines in
-    the file before ``chunk.start``.
+    without a final newline; line numbers run on from block to block.
+    ``newlines_before`` is the number of newlines in the file before
+    ``chunk.start``. The file is opened here and closed when the blocks are
+    exhausted (or the iterator is closed).
     """
+    stream = _chunk_stream(chunk, newlines_before, block_bytes)
+    first = next(stream, None)
+    if first is None:
+        return 1 + newlines_before, iter(())
+    assert isinstance(first, int)
+    return first, cast("Iterator[bytes]", stream)
+
+
+def _chunk_stream(chunk: Chunk, newlines_before: int, block_bytes: int) -> Iterator[int | bytes]:
+    """The first line number, then the blocks (see read_chunk_blocks); nothing if no line starts in the chunk."""
     fs, path = _fs(chunk.path)
     if chunk.gzip:
         with fs.open_input_stream(path, compression=None) as raw, gzip.GzipFile(fileobj=raw) as fh:
-            yield from _numbered(_line_blocks(fh.read, block_bytes), 1)
+            yield 1
+            yield from _line_blocks(fh.read, block_bytes)
         return
     with fs.open_input_file(path) as fh:
         if chunk.start == 0:
@@ -173,18 +186,19 @@ def read_chunk_blocks(chunk: Chunk, newlines_before: int = 0, block_bytes: int =
                 probe += len(data)
             if pos < 0 or pos >= chunk.end:
                 return  # no line starts in this chunk
-        first = 1 + newlines_before + (1 if pos > chunk.start else 0)
-        reader = _RangeReader(fh, pos, chunk.end, chunk.size)
-        yield from _numbered(_line_blocks(reader.read, block_bytes), first)
+        yield 1 + newlines_before + (1 if pos > chunk.start else 0)
+        yield from _line_blocks(_RangeReader(fh, pos, chunk.end, chunk.size).read, block_bytes)
 
 
 def read_chunk_lines(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> Iterator[tuple[int, list[bytes]]]:
     """The lines starting inside ``chunk``, without newlines, as (first line number, lines) blocks."""
-    for first, data in read_chunk_blocks(chunk, newlines_before, block_bytes):
+    first, blocks = read_chunk_blocks(chunk, newlines_before, block_bytes)
+    for data in blocks:
         lines = data.split(b"\n")
         if lines[-1] == b"":
             lines.pop()
         yield first, lines
+        first += len(lines)
 
 
 class _RangeReader:
@@ -209,12 +223,6 @@ class _RangeReader:
         if data:
             self.last = data
         return data
-
-
-def _numbered(blocks: Iterator[bytes], first: int) -> Iterator[tuple[int, bytes]]:
-    for data in blocks:
-        yield first, data
-        first += data.count(b"\n")
 
 
 def _line_blocks(read: Callable[[int], bytes], block_bytes: int) -> Iterator[bytes]:
