@@ -24,7 +24,8 @@ Python call of its own.
   to them in order.
 * :func:`tally` counts commands by name (one metric update per name).
 
-Nothing here does I/O or touches the event loop.
+Nothing here does I/O; the only contact with the event loop is ``put_nowait``
+on the queues the follower hands to :class:`Fanout`.
 """
 
 from __future__ import annotations
