@@ -158,6 +158,19 @@ cdef int _items(const unsigned char* p, const unsigned char* e, const unsigned c
     return count
 
 
+cdef bint _stream_header(const unsigned char* p, const unsigned char* end, const unsigned char** s1,
+                         const unsigned char** s2, const unsigned char** s3) noexcept nogil:
+    """The three spaces after ``<stream_name> <instance_name> <field>`` (RDATA, POSITION); False if a name is empty."""
+    s1[0] = <const unsigned char*>memchr(p, 32, end - p)
+    if s1[0] == NULL or s1[0] == p:
+        return False
+    s2[0] = <const unsigned char*>memchr(s1[0] + 1, 32, end - s1[0] - 1)
+    if s2[0] == NULL or s2[0] == s1[0] + 1:
+        return False
+    s3[0] = <const unsigned char*>memchr(s2[0] + 1, 32, end - s2[0] - 1)
+    return s3[0] != NULL
+
+
 cdef class ArchiveColumns:
     """Collects archive rows in Arrow-shaped C buffers (API and semantics: ``_archive_py.ArchiveColumns``)."""
 
@@ -449,7 +462,7 @@ cdef class ArchiveColumns:
         return 1
 
     cdef int _rdata(self, const unsigned char* p, const unsigned char* end, int64_t number) except -1:
-        cdef const unsigned char* s1 = <const unsigned char*>memchr(p, 32, end - p)
+        cdef const unsigned char* s1
         cdef const unsigned char* s2
         cdef const unsigned char* s3
         cdef const unsigned char* row
@@ -457,13 +470,7 @@ cdef class ArchiveColumns:
         cdef long long token
         cdef bint batch
         cdef int done = 1
-        if s1 == NULL or s1 == p:
-            return 0
-        s2 = <const unsigned char*>memchr(s1 + 1, 32, end - s1 - 1)
-        if s2 == NULL or s2 == s1 + 1:
-            return 0
-        s3 = <const unsigned char*>memchr(s2 + 1, 32, end - s2 - 1)
-        if s3 == NULL:
+        if not _stream_header(p, end, &s1, &s2, &s3):
             return 0
         batch = s3 - s2 - 1 == 5 and memcmp(s2 + 1, b"batch", 5) == 0
         if not batch and _parse_i64(s2 + 1, s3 - s2 - 1, &token) != INT_OK:
@@ -491,17 +498,11 @@ cdef class ArchiveColumns:
         return 1
 
     cdef int _position(self, const unsigned char* p, const unsigned char* end, int64_t number) except -1:
-        cdef const unsigned char* s1 = <const unsigned char*>memchr(p, 32, end - p)
+        cdef const unsigned char* s1
         cdef const unsigned char* s2
         cdef const unsigned char* s3
         cdef long long prev, new
-        if s1 == NULL or s1 == p:
-            return 0
-        s2 = <const unsigned char*>memchr(s1 + 1, 32, end - s1 - 1)
-        if s2 == NULL or s2 == s1 + 1:
-            return 0
-        s3 = <const unsigned char*>memchr(s2 + 1, 32, end - s2 - 1)
-        if s3 == NULL:
+        if not _stream_header(p, end, &s1, &s2, &s3):
             return 0
         if _parse_i64(s2 + 1, s3 - s2 - 1, &prev) != INT_OK or _parse_i64(s3 + 1, end - s3 - 1, &new) != INT_OK:
             return 0
