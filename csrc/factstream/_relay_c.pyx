@@ -20,32 +20,12 @@ from factstream.streams.sources import UpdatesUnavailable, page
 
 __all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally"]
 
-cdef extern from "Python.h":
-    ctypedef struct PyMemberDef:
-        Py_ssize_t offset
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
-    PyObject* PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n) except NULL
-
 cdef object _RDATA = RdataCommand
 cdef object _ROW = Row
 cdef object _UNSET = _UNSET_PY
 
 
-cdef Py_ssize_t _slot(object cls, str name) except -1:
-    descr = cls.__dict__[name]
-    if type(descr).__name__ != "member_descriptor":
-        raise TypeError(f"{cls.__name__}.{name} is not a slot")
-    return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
-
-
-cdef Py_ssize_t R_STREAM = _slot(RdataCommand, "stream_name")
-cdef Py_ssize_t R_INSTANCE = _slot(RdataCommand, "instance_name")
-cdef Py_ssize_t R_TOKEN = _slot(RdataCommand, "token")
-cdef Py_ssize_t R_ROW = _slot(RdataCommand, "_row")
-cdef Py_ssize_t R_RAW = _slot(RdataCommand, "_raw")
-cdef Py_ssize_t R_CANONICAL = _slot(RdataCommand, "_canonical")
-cdef Py_ssize_t R_LOADS = _slot(RdataCommand, "_loads")
+include "_slots.pxi"
 
 
 cdef inline PyObject* _get(object obj, Py_ssize_t offset) noexcept:
@@ -64,9 +44,7 @@ cdef inline void _set(object obj, Py_ssize_t offset, object value) noexcept:
 
 cdef inline object _rdata(object stream, object instance, object token, object row):
     # RdataCommand(stream, instance, token, row) without running __init__.
-    cdef PyObject* o = PyType_GenericAlloc(<PyTypeObject*>_RDATA, 0)
-    cdef object cmd = <object>o
-    Py_DECREF(cmd)  # <object> took a reference of its own
+    cdef object cmd = _alloc(_RDATA)
     _set(cmd, R_STREAM, stream)
     _set(cmd, R_INSTANCE, instance)
     _set(cmd, R_TOKEN, token)

@@ -57,15 +57,6 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
     int PyUnicode_4BYTE_KIND
 
-cdef extern from "Python.h":
-    ctypedef struct PyMemberDef:
-        Py_ssize_t offset
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
-    ctypedef struct PyTypeObject:
-        pass
-    PyObject* PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n) except NULL
-
 DEFAULT_MAX_LINE_LENGTH = 16384
 
 cdef int MAX_DEPTH = _json.MAX_DEPTH
@@ -74,38 +65,8 @@ cdef object _RDATA = RdataCommand
 cdef object _POSITION = PositionCommand
 
 
-# Commands are plain Python classes with __slots__ (shared with the pure twin).
-# Building them through object.__new__ and setattr costs more than parsing the
-# line, so the hot ones are allocated directly and their slots filled at the
-# offsets their member descriptors publish.
+include "_slots.pxi"
 
-cdef Py_ssize_t _slot(object cls, str name) except -1:
-    descr = cls.__dict__[name]
-    if type(descr).__name__ != "member_descriptor":
-        raise TypeError(f"{cls.__name__}.{name} is not a slot")
-    return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
-
-
-cdef inline void _put(object obj, Py_ssize_t offset, object value):
-    # The slot is empty (fresh allocation); it takes its own reference.
-    Py_INCREF(value)
-    (<PyObject**>((<char*><PyObject*>obj) + offset))[0] = <PyObject*>value
-
-
-cdef inline object _alloc(object cls):
-    cdef PyObject* o = PyType_GenericAlloc(<PyTypeObject*>cls, 0)
-    cdef object obj = <object>o
-    Py_DECREF(obj)  # <object> took a reference of its own
-    return obj
-
-
-cdef Py_ssize_t R_STREAM = _slot(RdataCommand, "stream_name")
-cdef Py_ssize_t R_INSTANCE = _slot(RdataCommand, "instance_name")
-cdef Py_ssize_t R_TOKEN = _slot(RdataCommand, "token")
-cdef Py_ssize_t R_ROW = _slot(RdataCommand, "_row")
-cdef Py_ssize_t R_RAW = _slot(RdataCommand, "_raw")
-cdef Py_ssize_t R_CANONICAL = _slot(RdataCommand, "_canonical")
-cdef Py_ssize_t R_LOADS = _slot(RdataCommand, "_loads")
 cdef Py_ssize_t P_STREAM = _slot(PositionCommand, "stream_name")
 cdef Py_ssize_t P_INSTANCE = _slot(PositionCommand, "instance_name")
 cdef Py_ssize_t P_PREV = _slot(PositionCommand, "prev_token")

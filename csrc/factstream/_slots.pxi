@@ -1,0 +1,48 @@
+# Shared by the compiled modules that build or read commands (``include``d).
+#
+# Commands are plain Python classes with __slots__ (shared with the pure
+# twins). Building them through object.__new__ and setattr costs more than
+# parsing a line, so the hot ones are allocated directly and their slots
+# filled and read at the offsets their member descriptors publish.
+#
+# The including module must cimport PyObject from cpython.object and
+# Py_INCREF/Py_DECREF from cpython.ref, and import RdataCommand.
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    ctypedef struct _SlotTypeObject "PyTypeObject":
+        pass
+    PyObject* _slot_generic_alloc "PyType_GenericAlloc"(_SlotTypeObject* t, Py_ssize_t n) except NULL
+
+
+cdef Py_ssize_t _slot(object cls, str name) except -1:
+    descr = cls.__dict__[name]
+    if type(descr).__name__ != "member_descriptor":
+        raise TypeError(f"{cls.__name__}.{name} is not a slot")
+    return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
+
+
+cdef inline object _alloc(object cls):
+    """A fresh instance of ``cls`` with every slot empty (NULL); __init__ does not run."""
+    cdef PyObject* o = _slot_generic_alloc(<_SlotTypeObject*>cls, 0)
+    cdef object obj = <object>o
+    Py_DECREF(obj)  # <object> took a reference of its own
+    return obj
+
+
+cdef inline void _put(object obj, Py_ssize_t offset, object value):
+    # The slot is empty (fresh allocation); it takes its own reference.
+    Py_INCREF(value)
+    (<PyObject**>((<char*><PyObject*>obj) + offset))[0] = <PyObject*>value
+
+
+cdef Py_ssize_t R_STREAM = _slot(RdataCommand, "stream_name")
+cdef Py_ssize_t R_INSTANCE = _slot(RdataCommand, "instance_name")
+cdef Py_ssize_t R_TOKEN = _slot(RdataCommand, "token")
+cdef Py_ssize_t R_ROW = _slot(RdataCommand, "_row")
+cdef Py_ssize_t R_RAW = _slot(RdataCommand, "_raw")
+cdef Py_ssize_t R_CANONICAL = _slot(RdataCommand, "_canonical")
+cdef Py_ssize_t R_LOADS = _slot(RdataCommand, "_loads")
