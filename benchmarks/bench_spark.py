@@ -43,6 +43,7 @@ OUT = os.environ.get("FACTSTREAM_BENCH_DIR", "build/bench-archive")
 MASTER = os.environ.get("FACTSTREAM_BENCH_MASTER", "local[*]")
 RESULTS: dict[str, float] = {}
 CPU: dict[str, float] = {}  # CPU seconds of the whole Spark process tree, least of the rounds
+SESSION: list[Any] = []  # the module's Spark session, for the JVM GC between variants
 
 _spec = importlib.util.spec_from_file_location("gen_archive", Path(__file__).with_name("gen_archive.py"))
 assert _spec and _spec.loader
@@ -74,6 +75,7 @@ def spark() -> Iterator[Any]:
         },
         log_level="ERROR",
     )
+    SESSION[:] = [session]
     # warm up the JVM (code generation, JIT) and the Python workers on one small file,
     # so that the first variant measured does not pay for start-up
     warm = os.path.join(OUT, "warmup.log")
@@ -164,6 +166,9 @@ def _run(benchmark: Any, name: str, make_df: Callable[[], Any]) -> None:
     cpu: list[float] = []
 
     def once() -> float:
+        # start from a collected JVM heap, so no variant pays for the garbage of the one before it
+        SESSION[0]._jvm.System.gc()
+        time.sleep(1)
         c = _tree_cpu_seconds()
         t = time.perf_counter()
         make_df().write.format("noop").mode("overwrite").save()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from conftest import synapse_python
 from factstream.replication import CacheInvalidator, CacheRegistry, Follower, LocalStream, MemoryPipe, Publisher, ReplicationHub
 from factstream.store.database import connect
 from factstream.store.events import EventStore
@@ -168,7 +169,6 @@ async def test_two_writers_share_the_stream_orderings(postgres_dsn: str) -> None
             await db.close()
 
 
-SYNAPSE_PYTHON = Path("/tmp/syn/bin/python")
 _PARSE_WITH_SYNAPSE = """
 import json, sys, attr
 from synapse.replication.tcp.streams.events import EventsStream
@@ -184,8 +184,7 @@ async def test_rows_parse_with_synapse_events_stream(tmp_path: Path) -> None:
     """Synapse's own EventsStream.parse_row reads our rows into the same fields (test-only oracle)."""
     import subprocess
 
-    if not SYNAPSE_PYTHON.exists():
-        pytest.skip("matrix-synapse reference install not found at /tmp/syn")
+    python = synapse_python()  # the test-only oracle venv (make oracle); fails under CI without it
     from factstream.store.events import EventsStreamSource
 
     db = await connect(f"sqlite:///{tmp_path}/events.db")
@@ -203,7 +202,7 @@ async def test_rows_parse_with_synapse_events_stream(tmp_path: Path) -> None:
     finally:
         await store.close()
         await db.close()
-    proc = subprocess.run([str(SYNAPSE_PYTHON), "-c", _PARSE_WITH_SYNAPSE], input=json.dumps(rows),
+    proc = subprocess.run([python, "-c", _PARSE_WITH_SYNAPSE], input=json.dumps(rows),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     parsed = json.loads(proc.stdout)
