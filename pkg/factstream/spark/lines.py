@@ -323,28 +323,8 @@ def line_values(number: int, line: bytes, typed: bool) -> tuple[Any, ...] | None
 def _payloads(lines: Iterable[bytes], first_line: int, fmt: str) -> Iterator[tuple[int, bytes, Any, Any, Any, str | None]]:
     """(line number, protocol line, ts_text, direction, channel, error) per payload-bearing line."""
     number = first_line - 1
-    if fmt == "lines":
-        match = _PREFIX.match
-        for line in lines:
-            number += 1
-            if not line:
-                continue
-            c = line[0]
-            if 65 <= c <= 90:  # starts with a command name: no prefix
-                yield number, line, None, None, None, None
-                continue
-            m = match(line)
-            assert m is not None  # every group of _PREFIX is optional: it always matches
-            ts = m.group(1)
-            d = m.group(2)
-            body = line[m.end():] if m.end() else line
-            if not body.strip():
-                if ts is None and d is None:
-                    continue  # blank line
-                yield number, body, ts, d, None, "prefix without a replication line"
-                continue
-            yield number, body, ts, d, None, None
-    elif fmt == "monitor":
+    # ("lines" archives never come here: line_values does their prefixes)
+    if fmt == "monitor":
         for line in lines:
             number += 1
             if not line.strip() or line == b"OK":
