@@ -57,6 +57,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from .. import metrics, wire
 from ..commands import Command, PositionCommand, RdataCommand, ReplicateCommand
+from ..redaction import redact_url as redacted_url
 from ..replication.carrier import CommandSink, Connection
 
 __all__ = [
@@ -143,18 +144,6 @@ def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Rand
     """
     ceiling = min(maximum, initial * (2 ** min(attempt, 62)))
     return (rng or random).uniform(ceiling / 2, ceiling)
-
-
-def redacted_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe for logs)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
 
 
 def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[AbstractConnection], dict[str, Any]]:
