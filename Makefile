@@ -34,8 +34,17 @@ demo: install
 test: install oracle
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: install
-	$(BIN)/python -m pytest benchmarks -p no:randomly --benchmark-only --benchmark-group-by=group $(PYTEST_ARGS)
+# Every benchmark file (or only BENCH=wire, BENCH="wire heap", ...) against the installed
+# wheel; one JSON per file in benchmarks/results/, then BENCHMARKS.md's tables are rewritten from them.
+BENCH ?= $(patsubst benchmarks/bench_%.py,%,$(wildcard benchmarks/bench_*.py))
+bench: install oracle
+	@mkdir -p benchmarks/results
+	@for name in $(BENCH); do \
+	  echo "== make bench: $$name"; \
+	  $(BIN)/python -m pytest benchmarks/bench_$$name.py -p no:randomly --benchmark-only \
+	    --benchmark-group-by=group --benchmark-json=benchmarks/results/$$name.json $(PYTEST_ARGS) || exit 1; \
+	done
+	$(BIN)/python benchmarks/render.py
 
 clean:
 	rm -rf build wheels/*.whl wheels/pure .pytest_cache .benchmarks

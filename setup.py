@@ -5,6 +5,15 @@ Every ``csrc/factstream/*.pyx`` becomes ``factstream.<name>``.
 
 ``FACTSTREAM_NO_EXTENSIONS=1`` skips the compiled modules (pure-Python build).
 A build that was asked for extensions and cannot compile them fails loudly.
+
+Build switches (environment variables, as asyncpg has them):
+
+- ``FACTSTREAM_CYTHON_TRACE=1``: line tracing in the compiled modules, so that
+  coverage.py (with the Cython plugin) can measure which ``.pyx`` lines ran.
+  Much slower; never for a release.
+- ``FACTSTREAM_CYTHON_ANNOTATE=1``: write Cython's HTML annotation next to the
+  generated C (``build/cython/...html``): yellow lines call into CPython.
+- ``FACTSTREAM_DEBUG=1``: ``-O0 -g`` and C asserts kept, for gdb and sanitizers.
 """
 
 from __future__ import annotations
@@ -17,7 +26,14 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NO_EXTENSIONS = os.environ.get("FACTSTREAM_NO_EXTENSIONS", "") not in ("", "0")
+def _switch(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+NO_EXTENSIONS = _switch("FACTSTREAM_NO_EXTENSIONS")
+CYTHON_TRACE = _switch("FACTSTREAM_CYTHON_TRACE")
+CYTHON_ANNOTATE = _switch("FACTSTREAM_CYTHON_ANNOTATE")
+DEBUG = _switch("FACTSTREAM_DEBUG")
 
 HINT = (
     "factstream: building the Cython extensions failed ({err}).\n"
@@ -52,26 +68,35 @@ def extensions() -> list[Extension]:
     except ImportError as err:
         sys.stderr.write(HINT.format(err="Cython is not installed") + "\n")
         raise SystemExit(1) from err
-    sources = sorted(glob.glob(os.path.join("csrc", "factstream", "*.pyx")))
+    # csrc/ mirrors the package: csrc/factstream/ids/_heap_c.pyx -> factstream.ids._heap_c
+    sources = sorted(glob.glob(os.path.join("csrc", "factstream", "**", "*.pyx"), recursive=True))
+    macros = [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")] if CYTHON_TRACE else []
+    compile_args = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3"]
     exts = [
         Extension(
-            "factstream." + os.path.splitext(os.path.basename(src))[0],
+            os.path.splitext(os.path.relpath(src, "csrc"))[0].replace(os.sep, "."),
             [src],
-            extra_compile_args=["-O3"],
+            extra_compile_args=compile_args,
+            define_macros=macros,
         )
         for src in sources
     ]
+    directives = {
+        "language_level": "3",
+        "boundscheck": False,
+        "wraparound": False,
+        "cdivision": True,
+        "embedsignature": True,
+    }
+    if CYTHON_TRACE:
+        directives.update(linetrace=True, binding=True)
     return cythonize(
         exts,
         include_path=["csrc"],
         build_dir=os.path.join("build", "cython"),
-        compiler_directives={
-            "language_level": "3",
-            "boundscheck": False,
-            "wraparound": False,
-            "cdivision": True,
-            "embedsignature": True,
-        },
+        compiler_directives=directives,
+        annotate=CYTHON_ANNOTATE,
+        force=CYTHON_TRACE or DEBUG,
         quiet=True,
     )
 
