@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from factstream.store.database import connect
-from factstream.store.events import EventStore
+from factstream.events import EventStore
 
 SINGLE = 200
 BATCHED = 2000

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from factstream.store.events import (
+from factstream.events import (
     EventNotFound,
     EventsStreamSource,
     EventStore,
@@ -21,8 +21,8 @@ from factstream.store.events import (
     TopologicalToken,
     parse_event,
 )
-from factstream.store.events.state_groups import base_height
-from factstream.store.events.tokens import RoomsToken as _RT  # noqa: F401  (public path check)
+from factstream.events.state_groups import base_height
+from factstream.events.tokens import RoomsToken as _RT  # noqa: F401  (public path check)
 
 ROOM = "!room:hs"
 

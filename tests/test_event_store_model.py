@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from event_model import Model  # noqa: E402
 
 from factstream.store.database import connect  # noqa: E402
-from factstream.store.events import EventsStreamSource, EventStore, NewEvent, StateUnknown  # noqa: E402
+from factstream.events import EventsStreamSource, EventStore, NewEvent, StateUnknown  # noqa: E402
 
 N_USERS = 4
 KINDS = ["msg", "msg", "msg", "join", "join", "leave", "invite", "invite", "kick", "ban", "vis", "vis", "topic",

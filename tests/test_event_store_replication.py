@@ -12,8 +12,8 @@ import pytest
 from conftest import synapse_python
 from factstream.replication import CacheInvalidator, CacheRegistry, Follower, LocalStream, MemoryPipe, Publisher, ReplicationHub
 from factstream.store.database import connect
-from factstream.store.events import EventStore
-from factstream.store.events.replication import attach_reader, attach_writer
+from factstream.events import EventStore
+from factstream.events.replication import attach_reader, attach_writer
 from factstream.streams import EventRow, EventsRow
 
 
@@ -122,7 +122,7 @@ async def test_reader_follows_events_stream_and_answers_new_events(db_url: str, 
 async def test_two_writers_share_the_stream_orderings(postgres_dsn: str) -> None:
     """Multi-writer: two event persisters (different rooms) draw from one events sequence."""
     from factstream.ids import create_id_generator
-    from factstream.store.events import EventsStreamSource
+    from factstream.events import EventsStreamSource
 
     dbs = [await connect(postgres_dsn) for _ in range(2)]
     stores = []
@@ -185,7 +185,7 @@ async def test_rows_parse_with_synapse_events_stream(tmp_path: Path) -> None:
     import subprocess
 
     python = synapse_python()  # the test-only oracle venv (make oracle); fails under CI without it
-    from factstream.store.events import EventsStreamSource
+    from factstream.events import EventsStreamSource
 
     db = await connect(f"sqlite:///{tmp_path}/events.db")
     store = await EventStore.open(db)

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    from ..store.events import demo
+    from ..demo import events as demo
 
     p = subparsers.add_parser(
         "events-demo",
@@ -20,6 +20,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..store.events import demo
+    from ..demo import events as demo
 
     return demo.run(args)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...errors import FactstreamError
+from ..errors import FactstreamError
 
 __all__ = ["TokenError", "StreamToken", "TopologicalToken", "RoomsToken"]
 

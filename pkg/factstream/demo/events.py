@@ -1,6 +1,6 @@
 """Event store demo: a writer persists room events while reader processes serve "new events for user".
 
-Run ``python -m factstream.store.events.demo [--db URL] [--readers N] [--rooms R] [--events E]``
+Run ``python -m factstream.demo.events [--db URL] [--readers N] [--rooms R] [--events E]``
 (the default database is an embedded SQLite file in a temporary directory).
 
 The writer process persists events (joins, leaves, invites, messages,
@@ -97,11 +97,11 @@ class _RoomGen:
 async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: int = 2000, users: int = 20,
                      seed: int = 0, quiet: bool = False) -> dict[str, Any]:
     """Persist ``events`` events while ``readers`` reader processes follow; returns the verified summary."""
-    from ...replication import Publisher, ReplicationHub
-    from ...transport.tcp import TcpServer
-    from ..database import connect
-    from .replication import attach_writer
-    from .store import EventStore
+    from ..replication import Publisher, ReplicationHub
+    from ..transport.tcp import TcpServer
+    from ..store.database import connect
+    from ..events.replication import attach_writer
+    from ..events.store import EventStore
 
     def say(msg: str) -> None:
         if not quiet:
@@ -116,7 +116,7 @@ async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: 
     procs = []
     for i in range(readers):
         procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "factstream.store.events.demo", "--reader", "--db", db_url,
+            sys.executable, "-m", "factstream.demo.events", "--reader", "--db", db_url,
             "--port", str(server.port), "--name", f"reader{i}", "--users", str(users), "--seed", str(seed + i + 1),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         ))
@@ -165,11 +165,11 @@ async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: 
 
 async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -> dict[str, Any]:
     """Follow the events stream and serve incremental queries until told the final position."""
-    from ...replication import Follower, ReplicationHub
-    from ...transport.tcp import TcpClient
-    from ..database import connect
-    from .replication import attach_reader
-    from .store import EventStore
+    from ..replication import Follower, ReplicationHub
+    from ..transport.tcp import TcpClient
+    from ..store.database import connect
+    from ..events.replication import attach_reader
+    from ..events.store import EventStore
 
     db = await connect(db_url)
     store = await EventStore.open(db, writer=False, instance_name=name)

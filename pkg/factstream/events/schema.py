@@ -26,7 +26,7 @@ Tables and why they exist:
 
 from __future__ import annotations
 
-from ..migrations import register
+from ..store.migrations import register
 
 __all__ = ["COMPONENT", "STEPS", "OPEN_HI", "OPEN_LO"]
 

@@ -35,9 +35,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...errors import FactstreamError
-from ...ids import StreamChangeCache, create_id_generator
-from ..migrations import migrate
+from ..errors import FactstreamError
+from ..ids import StreamChangeCache, create_id_generator
+from ..store.migrations import migrate
 from . import schema
 from .event_json import EventFields, parse_event, prune_event_json
 from .resolver import DepthResolver, StateKey, StateMap, StateResolver, conflicted_events
@@ -46,7 +46,7 @@ from .tokens import RoomsToken, TopologicalToken
 from .visibility import HISTORY_VISIBILITY, MEMBER, effective_visibility, membership_at, normalise_visibility
 
 if TYPE_CHECKING:
-    from ...ids import IdGenerator
+    from ..ids import IdGenerator
 
 __all__ = [
     "EventStore",

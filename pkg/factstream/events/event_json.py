@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import FactstreamError
+from ..errors import FactstreamError
 
 __all__ = ["EventFields", "InvalidEvent", "parse_event", "prune_event_json"]
 

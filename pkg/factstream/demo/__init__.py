@@ -1,0 +1,1 @@
+"""The demos' writers, readers and verifiers: runnable examples, not part of the core layers."""
