@@ -18,6 +18,7 @@ venv: $(BIN)/python
 
 # Compiled wheel (and a pure-Python fallback wheel) into wheels/.
 wheel: venv
+	rm -rf build/lib build/lib.* build/bdist.*   # never package a module that has moved away since the last build
 	$(PIP) wheel --quiet --no-deps --no-build-isolation -w wheels .
 	FACTSTREAM_NO_EXTENSIONS=1 $(PIP) wheel --quiet --no-deps --no-build-isolation -w wheels/pure .
 	@ls -1 wheels/*.whl wheels/pure/*.whl
