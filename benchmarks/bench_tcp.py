@@ -4,23 +4,27 @@ Rows: a writer (LocalStream -> Publisher -> hub -> TcpServer) and 1 or 8
 readers (TcpClient -> hub -> Follower -> handler) in one process on
 127.0.0.1. The clock starts before the first completion and stops when every
 reader's handler has seen the last row; ``items`` counts rows delivered over
-all readers. Each group has two rows measured in the same run:
+all readers. The throughput groups are a 2x2 grid measured in the same run,
+so the loop and the implementation are separated:
 
-* ``uvloop-c``: uvloop with the compiled (Cython) codec and relay;
-* ``asyncio-py``: the stdlib loop with the pure-Python codec and relay twins
-  (baseline: what a pure-Python build runs).
+* loop: ``uvloop`` or the stdlib ``asyncio`` loop;
+* implementation: ``c`` (the compiled codec and relay) or ``py`` (their
+  pure-Python twins; ``asyncio-py`` is what a pure-Python build runs, the
+  baseline of every ratio).
 
-The publisher, hub and follower are the same Python code in both rows; the
+The publisher, hub and follower are the same Python code in every row; the
 loop, the codec and the relay (the per-row loops of the publisher and the
-follower, ``factstream._relay``) differ. Rows are events-stream ``ev`` rows; the
-follower runs untyped (``typed=False``) so the handler gets the decoded JSON.
+follower, ``factstream._relay``) differ. Rows are events-stream ``ev`` rows.
+The grid's follower runs untyped (``typed=False``: handlers get the decoded
+JSON); ``test_default_follower_rows_per_second`` measures the default, typed
+follower (handlers get row objects), which is what an application gets
+unless it asks otherwise.
 
 Latency rows write one fact per millisecond and record, per fact, the time
 from completion on the writer to the handler call on each reader
 (``p50_us``/``p99_us`` in extra_info; the timing itself is the whole run).
 
-Run: PYTHONPATH=pkg .venv/bin/python -m pytest benchmarks/bench_tcp.py -p no:randomly --benchmark-only
---benchmark-json=tcp.json -q; .venv/bin/python benchmarks/ratios.py tcp.json
+Run: make bench BENCH=tcp (results in benchmarks/results/tcp.json, tables in BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from factstream.streams import MemoryUpdateSource
 from factstream.transport.tcp import TcpClient, TcpServer
 
 CONFIGS = [pytest.param(("uvloop", "c"), id="uvloop-c"), pytest.param(("asyncio", "py"), id="asyncio-py")]
+GRID = [pytest.param((loop, impl), id=f"{loop}-{impl}") for loop in ("uvloop", "asyncio") for impl in ("c", "py")]
 N_ROWS = {1: 40_000, 8: 10_000}
 ROWS = [
     ["ev", [f"$ev{i}abcdefghij:bench.hs", f"!room{i % 50}:bench.hs", "m.room.message", None, None, None, None, False, False]]
@@ -53,7 +58,7 @@ def _loop(kind: str) -> asyncio.AbstractEventLoop:
 
 
 async def _setup(
-    codec: Any, relay: Any, readers: int, capacity: int
+    codec: Any, relay: Any, readers: int, capacity: int, typed: bool = False
 ) -> tuple[LocalStream, Any, list[Follower], list[TcpClient]]:
     ls = LocalStream("events", "master", source=MemoryUpdateSource(capacity=capacity, relay=relay))
     pub = Publisher("master", relay=relay)
@@ -63,7 +68,7 @@ async def _setup(
     server = await TcpServer(hub, "bench", codec=codec, relay=relay, max_buffered=10_000_000).start()
     fols, clients = [], []
     for i in range(readers):
-        fol = Follower(typed=False, positions={("events", "master"): 0}, relay=relay)
+        fol = Follower(typed=typed, positions={("events", "master"): 0}, relay=relay)
         client = await TcpClient(
             ReplicationHub(f"r{i}", follower=fol), "127.0.0.1", server.port, codec=codec, relay=relay
         ).start()
@@ -80,13 +85,13 @@ async def _teardown(server: Any, clients: list[TcpClient]) -> None:
     await server.stop()
 
 
-def _throughput(cfg: tuple[str, str], readers: int) -> float:
+def _throughput(cfg: tuple[str, str], readers: int, typed: bool = False) -> float:
     loop_kind, impl = cfg
     codec, relay = twin("_wire", impl), twin("_relay", impl)
     n = N_ROWS[readers]
 
     async def main() -> float:
-        ls, server, fols, clients = await _setup(codec, relay, readers, n * 2)
+        ls, server, fols, clients = await _setup(codec, relay, readers, n * 2, typed)
         delivered = [0]
 
         def count(stream: str, writer: str, token: int, rows: list[Any]) -> None:
@@ -114,13 +119,23 @@ def _throughput(cfg: tuple[str, str], readers: int) -> float:
         loop.close()
 
 
-@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("cfg", GRID)
 @pytest.mark.parametrize("readers", [1, 8])
 def test_rdata_rows_per_second(benchmark: Any, cfg: tuple[str, str], readers: int) -> None:
-    benchmark.group = f"tcp RDATA end to end, {readers} reader{'s' if readers > 1 else ''}"
+    benchmark.group = f"tcp RDATA end to end, {readers} reader{'s' if readers > 1 else ''} (loop x implementation)"
     benchmark.extra_info["items"] = N_ROWS[readers] * readers
     benchmark.extra_info["rows_per_round"] = N_ROWS[readers]
+    benchmark.extra_info["follower"] = "typed=False"
     benchmark.pedantic(lambda: _throughput(cfg, readers), rounds=3, iterations=1, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_default_follower_rows_per_second(benchmark: Any, cfg: tuple[str, str]) -> None:
+    """One reader with the follower as an application gets it by default (typed rows)."""
+    benchmark.group = "tcp RDATA end to end, 1 reader, default (typed) follower"
+    benchmark.extra_info["items"] = N_ROWS[1]
+    benchmark.extra_info["follower"] = "typed=True"
+    benchmark.pedantic(lambda: _throughput(cfg, 1, typed=True), rounds=3, iterations=1, warmup_rounds=1)
 
 
 def _latency(cfg: tuple[str, str], readers: int, n: int = 2000) -> tuple[float, float]:
