@@ -47,3 +47,4 @@ SYNAPSE_VERSION ?= 1.163.2
 	.venv-synapse/bin/python -m pip install --quiet "matrix-synapse==$(SYNAPSE_VERSION)"
 
 oracle: .venv-synapse/bin/python
+	.venv-synapse/bin/python -c 'import psycopg2' 2>/dev/null || .venv-synapse/bin/python -m pip install --quiet psycopg2-binary
