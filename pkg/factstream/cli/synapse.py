@@ -44,6 +44,30 @@ def register(subparsers: Any) -> None:
     c.add_argument("--force", action="store_true", help="with --fix: repair even while other sessions are connected")
     c.add_argument("--json", action="store_true", help="print one JSON document")
     c.set_defaults(func=run_check)
+    w = sub.add_parser(
+        "watch",
+        help="follow a live deployment's replication over Redis and report whether every stream flows",
+        description=(
+            "Subscribe to a Synapse deployment's replication channel on Redis and report, every --interval, each "
+            "(stream, writer)'s token, rows/s and idle time; with --db also how far the wire is behind the database, "
+            "frozen streams and committed rows the wire skipped. Human output, JSON lines (--json) and/or "
+            "Prometheus metrics (--metrics-port). Exit status with --duration: 0 healthy at the end, 1 not, 2 could not watch."
+        ),
+    )
+    w.add_argument("--redis", required=True, metavar="URL", help="Synapse's Redis: redis://[:password@]host:port/0")
+    w.add_argument("--server-name", required=True, metavar="HS", help="the homeserver's server_name (the channel)")
+    w.add_argument("--db", metavar="URL", help="Synapse's PostgreSQL database, to compare the wire with its rows")
+    w.add_argument("--interval", type=float, default=5.0, help="seconds between reports (default 5)")
+    w.add_argument("--frozen-after", type=float, default=30.0, metavar="S",
+                   help="seconds before rows the wire has not announced, or a writer left behind, count (default 30)")
+    w.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
+    w.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR",
+                   help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 for every interface)")
+    w.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until interrupted)")
+    w.add_argument("--no-replicate", action="store_true",
+                   help="only listen: do not ask writers for their positions on connecting")
+    w.add_argument("--json", action="store_true", help="one JSON object per report")
+    w.set_defaults(func=run_watch)
     p.set_defaults(func=lambda args: _usage(p))
 
 
@@ -190,3 +214,35 @@ def _print_changes(before: Any, after: Any) -> None:
             old, new = b.positions.get(inst), a.positions.get(inst)
             if old != new:
                 print(f"  changed: stream_positions {name}/{inst} {'-' if old is None else old} -> {'-' if new is None else new}")
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from .. import transport
+    from ..synapse.snapshot import CheckError, engine_of
+    from ..synapse.watch import WatchOptions, run_watch as watch
+
+    def fail(message: str) -> int:
+        print(f"factstream synapse watch: {redact_text(message)}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+
+    if args.interval <= 0 or args.frozen_after <= 0:
+        return fail("--interval and --frozen-after must be positive")
+    if args.db:
+        try:
+            if engine_of(args.db) != "postgresql":
+                return fail("--db: watch compares the wire with a PostgreSQL database (a Synapse with workers)")
+        except CheckError as err:
+            return fail(str(err))
+    opts = WatchOptions(
+        redis_url=args.redis, server_name=args.server_name, db_url=args.db, interval=args.interval,
+        frozen_after=args.frozen_after, json_output=args.json, metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host, duration=args.duration, replicate=not args.no_replicate,
+    )
+    try:
+        return transport.run(lambda: watch(opts, sys.stdout))
+    except CheckError as err:
+        return fail(str(err))
+    except OSError as err:  # e.g. the metrics port is taken
+        return fail(f"{err.strerror or err}")
+    except ValueError as err:  # a malformed Redis URL
+        return fail(f"bad --redis URL: {err}")
