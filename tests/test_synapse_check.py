@@ -11,11 +11,13 @@ accepts the database again.
 from __future__ import annotations
 
 import json
+import sqlite3
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from synapse_fixtures import SynapseDb, factstream, oracle, synapse_db, synapse_template  # noqa: F401
+from synapse_fixtures import SynapseDb, factstream, homeserver_config, oracle, synapse_db, synapse_template  # noqa: F401
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -188,3 +190,30 @@ def test_could_not_check_is_one_line_exit_2_and_redacted(postgres_dsn: str) -> N
         proc = factstream("synapse", "check", *bad)
         assert proc.returncode == 2, bad
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_single_process_synapse_on_sqlite(tmp_path: Path) -> None:
+    """SQLite (a single-process Synapse): no sequences, but the writer checks and their repairs apply."""
+    config = homeserver_config(tmp_path, "unused", "sqlite.test")
+    raw = json.loads(config.read_text())
+    db = tmp_path / "homeserver.db"
+    raw["database"] = {"name": "sqlite3", "args": {"database": str(db)}}
+    config.write_text(json.dumps(raw))
+    assert oracle("prepare", config)["ok"] is True
+    code, doc = check_json("--config", str(config))
+    assert code == 0 and doc["engine"] == "sqlite", doc
+    streams = {s["stream"]: s for s in doc["streams"]}  # type: ignore[union-attr]
+    assert streams["account_data"]["positions"] == {"master": 10} and streams["account_data"]["sequence"] is None
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO stream_positions VALUES ('receipts', 'old_worker', 3)")
+        conn.execute("INSERT INTO receipts_linearized (stream_id, room_id, receipt_type, user_id, event_id, data, "
+                     "instance_name) VALUES (7, '!r:sqlite.test', 'm.read', '@x:sqlite.test', '$x', '{}', 'master')")
+    code, doc = check_json("--db", f"sqlite:///{db}", "--instances", "master")
+    assert code == 1
+    assert sorted(f["kind"] for f in problems(doc)) == ["rows_without_positions", "stale_writer"]
+    code, doc = check_json("--db", f"sqlite:///{db}", "--instances", "master", "--fix")
+    assert code == 0, doc
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = 'receipts'"
+                            ).fetchall() == [("master", 7)]
+    assert oracle("startup", config) == {"ok": True}

@@ -63,14 +63,16 @@ def repair_statements(findings: Iterable[Finding]) -> list[tuple[Finding, str]]:
 def apply_repairs(conn: Any, statements: list[tuple[Finding, str]]) -> list[dict[str, Any]]:
     """Run ``statements`` in one transaction (all or nothing); what each changed, for the report."""
     done: list[dict[str, Any]] = []
+    cur = conn.cursor()  # sqlite3 cursors are no context managers
     try:
-        with conn.cursor() as cur:
-            for finding, sql in statements:
-                cur.execute(sql)
-                changed = cur.fetchone()[0] if cur.description else cur.rowcount
-                done.append({"stream": finding.stream, "kind": finding.kind, "sql": sql, "result": changed})
+        for finding, sql in statements:
+            cur.execute(sql)
+            changed = cur.fetchone()[0] if cur.description else cur.rowcount
+            done.append({"stream": finding.stream, "kind": finding.kind, "sql": sql, "result": changed})
         conn.commit()
     except BaseException:
         conn.rollback()
         raise
+    finally:
+        cur.close()
     return done

@@ -150,7 +150,7 @@ def _one(cur: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
 def _table_exists(cur: Any, engine: str, table: str) -> bool:
     if engine == "postgresql":
         return _one(cur, "SELECT to_regclass(%s) IS NOT NULL", (table,))[0] is True
-    return _one(cur, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))[0] > 0
+    return bool(_one(cur, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))[0] > 0)
 
 
 def _sequence(cur: Any, name: str) -> SequenceState:
