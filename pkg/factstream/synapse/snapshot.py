@@ -1,9 +1,10 @@
 """Read, never write, the id state of a Synapse database: sequences, table tops, writer positions.
 
 One read-only, repeatable-read transaction (PostgreSQL) or a read-only
-connection (SQLite) so that the figures of one check belong together. Every
-query uses an index Synapse already has (MAX/MIN of an id column, rows above a
-position), so a check of a large production database stays cheap.
+connection (SQLite) so that the figures of one check belong together. The
+queries are the ones every Synapse process runs at startup (the MAX/MIN of each
+id column, the rows above the highest recorded position), so a check costs a
+production database no more than starting one worker does.
 """
 
 from __future__ import annotations
