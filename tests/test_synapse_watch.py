@@ -148,7 +148,11 @@ def test_watch_a_live_synapse_deployment(deployment: SynapseDeployment) -> None:
             assert "worker1" in problem(report, "writer_behind", "receipts", "worker1")["summary"]  # type: ignore[index]
         finally:
             deployment.resume("worker1")
-        watch.wait_for("recovery", lambda r: r["healthy"], timeout=60)
+
+        def recovered(r: dict[str, Any]) -> bool:
+            deployment.receipt(token, room, deployment.send(token, room, "worker1 is back"))
+            return bool(r["healthy"])
+        watch.wait_for("recovery", recovered, timeout=60)
 
         # 3. A committed row the wire skipped: steal an id, let Synapse cover it, then commit a row under it.
         with psycopg.connect(dsn, autocommit=True) as conn:
