@@ -135,6 +135,19 @@ def test_port_from_sqlite_leaves_the_sequence_at_its_start(synapse_db: SynapseDb
     assert oracle("startup", synapse_db.config) == {"ok": True}
 
 
+def test_port_from_sqlite_off_by_one(synapse_db: SynapseDb) -> None:
+    """#19671 again: the port restarted the sequence one short (RESTART WITH max instead of max + 1)."""
+    synapse_db.sql("ALTER SEQUENCE receipts_sequence RESTART WITH 4")
+    code, doc = check_json("--db", synapse_db.dsn)
+    assert code == 1
+    found = {f["kind"]: f for f in problems(doc)}
+    assert set(found) == {"positions_ahead_of_sequence", "sequence_behind_table"}
+    assert found["sequence_behind_table"]["details"]["behind"] == 1
+    assert all("off by one" in f["cause"] and "19671" in f["cause"] for f in found.values())
+    assert check_json("--db", synapse_db.dsn, "--fix")[0] == 0
+    assert synapse_db.sql("SELECT nextval('receipts_sequence')") == [(5,)]
+
+
 def test_synapse_refuses_once_but_moves_the_sequence_itself(synapse_db: SynapseDb) -> None:
     """What docs/synapse.md tells operators: on the #19671 shape Synapse's first start moves the sequence up
     to its table (and still refuses, comparing positions with the old value); the next start succeeds."""

@@ -70,3 +70,13 @@ def test_rates_and_batches() -> None:
         dog.on_command(rdata("receipts", "master", 100 + t), now=t * 0.5)
     [w] = dog.snapshot(now=10)
     assert w["token"] == 119 and w["rows_total"] == 40 and w["rows_per_second"] == 4.0
+
+
+def test_a_recorded_position_above_the_wire_counts_only_for_writers_the_wire_knows() -> None:
+    dog = Watchdog(frozen_after=1)
+    dog.on_command(PositionCommand("receipts", "master", 4, 4), now=0)
+    dog.on_database({("receipts", "master"): DbView(top=None, position=9),
+                     ("receipts", "gone_worker"): DbView(top=None, position=50)}, now=0)
+    assert kinds(dog, now=2) == {("frozen", "receipts", "master")}
+    assert "records master at position 9" in dog.problems(now=2)[0].summary
+    assert [w["db_lag"] for w in dog.snapshot(now=2)] == [None, 5]  # gone_worker, master

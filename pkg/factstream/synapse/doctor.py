@@ -81,6 +81,8 @@ def _sequence_findings(st: StreamState) -> list[Finding]:
     target = max(table_top, pos_top or 0)
     repair = (_setval(seq.name, target),)
     fresh = issued <= _FRESH_SEQUENCE
+    # ALTER SEQUENCE ... RESTART WITH n (what synapse_port_db runs) leaves is_called false until the next nextval.
+    restarted = seq.is_called is False
     found: list[Finding] = []
     if pos_top is not None and pos_top > issued:
         ahead = pos_top - issued
@@ -92,6 +94,9 @@ def _sequence_findings(st: StreamState) -> list[Finding]:
         elif fresh:
             cause = ("the sequence is still at its first values although writers recorded positions: a port from "
                      "SQLite that did not set this sequence (element-hq/synapse#19671)")
+        elif ahead == 1 and restarted:
+            cause = ("off by one, and the sequence was restarted and never used since: a port from SQLite that set "
+                     "it one short (element-hq/synapse#19671)")
         else:
             cause = ("the sequence went back (restored from an older backup than stream_positions, or reset by "
                      "hand), or two id generators share this stream name")
@@ -107,6 +112,9 @@ def _sequence_findings(st: StreamState) -> list[Finding]:
         if fresh:
             cause = ("the sequence is still at its first values although the tables hold rows: a port from SQLite "
                      "that did not set this sequence (element-hq/synapse#19671)")
+        elif behind == 1 and restarted:
+            cause = ("off by one, and the sequence was restarted and never used since: a port from SQLite that set "
+                     "it one short (element-hq/synapse#19671)")
         else:
             cause = ("rows were written without taking ids from the sequence, or the sequence was restored or reset "
                      "behind its table (element-hq/synapse#17274); Synapse moves the sequence up when a process "

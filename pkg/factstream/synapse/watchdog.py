@@ -164,7 +164,9 @@ class Watchdog:
             w = self._writer(stream, writer)
             w.db_top = view.top
             w.db_position = view.position
-            ahead = view.top is not None and (w.token is None or view.top > w.token)
+            # Rows above the wire's token, or (for a writer the wire knows) a recorded position above it.
+            ahead = (view.top is not None and (w.token is None or view.top > w.token)) or (
+                w.token is not None and view.position is not None and view.position > w.token)
             if ahead:
                 if w.pending_since is None:
                     w.pending_since = now
@@ -200,9 +202,13 @@ class Watchdog:
         for (stream, writer), w in sorted(self.writers.items()):
             if w.pending_since is not None and now - w.pending_since >= self.frozen_after:
                 token = "nothing" if w.token is None else str(w.token)
+                if w.db_top is not None:
+                    held = f"holds rows of {writer} up to id {w.db_top}"
+                else:
+                    held = f"records {writer} at position {w.db_position}"
                 out.append(Problem(
                     "frozen", stream, writer,
-                    f"the database holds rows of {writer} up to id {w.db_top} but the wire has announced {token} "
+                    f"the database {held} but the wire has announced {token} "
                     f"for {now - w.pending_since:.0f}s: nothing reaches the readers"))
             if stream not in NO_ECHO_STREAMS and w.token is not None and w.last_advance is not None:
                 others = [o for o in by_stream[stream] if o is not w and o.token is not None and o.last_advance is not None]
@@ -231,10 +237,8 @@ class Watchdog:
         out = []
         for (stream, writer), w in sorted(self.writers.items()):
             lag = None
-            if w.db_top is not None and w.token is not None:
-                lag = max(w.db_top - w.token, 0)
-            elif w.token is not None:
-                lag = 0
+            if w.token is not None:
+                lag = max((w.db_top or 0) - w.token, (w.db_position or 0) - w.token, 0)
             out.append({
                 "stream": stream, "writer": writer, "token": w.token,
                 "rows_per_second": round(w.rate(now), 3), "rows_total": w.rows_total,
