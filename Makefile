@@ -57,3 +57,4 @@ SYNAPSE_VERSION ?= 1.163.2
 	.venv-synapse/bin/python -m pip install --quiet "matrix-synapse==$(SYNAPSE_VERSION)"
 
 oracle: .venv-synapse/bin/python
+	.venv-synapse/bin/python -c 'import psycopg2, txredisapi, hiredis' 2>/dev/null || .venv-synapse/bin/python -m pip install --quiet psycopg2-binary 'txredisapi>=1.4.12,<1.6' hiredis

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 # Subcommand modules, in the order --help lists them.
-SUBCOMMANDS: tuple[str, ...] = ("decode", "demo", "events-demo", "serve", "tail", "positions", "logs")
+SUBCOMMANDS: tuple[str, ...] = ("decode", "demo", "events-demo", "serve", "tail", "positions", "logs", "synapse")
 
 
 def build_parser() -> argparse.ArgumentParser:

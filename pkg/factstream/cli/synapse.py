@@ -1,0 +1,248 @@
+"""``factstream synapse``: a doctor for a Synapse database and a watchdog for its replication.
+
+``check`` reads (never writes, unless ``--fix``) the sequences, stream tables
+and ``stream_positions`` of a Synapse database and explains every
+inconsistency with its likely cause and the SQL that repairs it. Exit status:
+0 healthy, 1 inconsistencies found (or left after ``--fix``), 2 could not check.
+``watch`` follows a live deployment over Redis (see docs/synapse.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Collection
+from typing import Any
+
+from ..redaction import redact_text
+
+EXIT_HEALTHY, EXIT_INCONSISTENT, EXIT_CANNOT_CHECK = 0, 1, 2
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "synapse",
+        help="check a Synapse database's streams, or watch a live deployment's replication",
+        description="Tools for operators of a Synapse deployment (see docs/synapse.md).",
+    )
+    sub = p.add_subparsers(dest="synapse_command", metavar="SUBCOMMAND")
+    c = sub.add_parser(
+        "check",
+        help="check sequences, stream tables and stream_positions of a Synapse database",
+        description=(
+            "Read a Synapse database and report each inconsistency between its sequences, stream tables and "
+            "stream_positions, with its likely cause and the SQL that repairs it. Nothing is written unless "
+            "--fix. Exit status: 0 healthy, 1 inconsistencies, 2 could not check."
+        ),
+    )
+    c.add_argument("--db", metavar="URL", help="Synapse's database: postgresql://user@host:port/synapse or sqlite:///path")
+    c.add_argument("--config", metavar="HOMESERVER_YAML",
+                   help="Synapse config file: its stream_writers tell stale writers apart (and its database is used without --db)")
+    c.add_argument("--instances", metavar="A,B,...", help="every configured Synapse instance name (instead of --config)")
+    c.add_argument("--fix", action="store_true", help="apply the repairs in one transaction (Synapse must be stopped)")
+    c.add_argument("--force", action="store_true", help="with --fix: repair even while other sessions are connected")
+    c.add_argument("--json", action="store_true", help="print one JSON document")
+    c.set_defaults(func=run_check)
+    w = sub.add_parser(
+        "watch",
+        help="follow a live deployment's replication over Redis and report whether every stream flows",
+        description=(
+            "Subscribe to a Synapse deployment's replication channel on Redis and report, every --interval, each "
+            "(stream, writer)'s token, rows/s and idle time; with --db also how far the wire is behind the database, "
+            "frozen streams and committed rows the wire skipped. Human output, JSON lines (--json) and/or "
+            "Prometheus metrics (--metrics-port). Exit status with --duration: 0 healthy at the end, 1 not, 2 could not watch."
+        ),
+    )
+    w.add_argument("--redis", required=True, metavar="URL", help="Synapse's Redis: redis://[:password@]host:port/0")
+    w.add_argument("--server-name", required=True, metavar="HS", help="the homeserver's server_name (the channel)")
+    w.add_argument("--db", metavar="URL", help="Synapse's PostgreSQL database, to compare the wire with its rows")
+    w.add_argument("--interval", type=float, default=5.0, help="seconds between reports (default 5)")
+    w.add_argument("--frozen-after", type=float, default=30.0, metavar="S",
+                   help="seconds before rows the wire has not announced, or a writer left behind, count (default 30)")
+    w.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
+    w.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR",
+                   help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 for every interface)")
+    w.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until interrupted)")
+    w.add_argument("--no-replicate", action="store_true",
+                   help="only listen: do not ask writers for their positions on connecting")
+    w.add_argument("--json", action="store_true", help="one JSON object per report")
+    w.set_defaults(func=run_watch)
+    p.set_defaults(func=lambda args: _usage(p))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _fail(args: argparse.Namespace, message: str) -> int:
+    message = redact_text(message)
+    print(f"factstream synapse check: {message}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"healthy": None, "error": message}))
+    return EXIT_CANNOT_CHECK
+
+
+def _writers(args: argparse.Namespace) -> tuple[dict[str, Collection[str]] | None, list[str] | None, str | None]:
+    """(writers per stream, flat instance list, database URL from the config)."""
+    from ..synapse.config import load_config
+    from ..synapse.streams import SYNAPSE_ID_STREAMS
+
+    if args.config:
+        cfg = load_config(args.config)
+        return {s.name: cfg.writers_of(s) for s in SYNAPSE_ID_STREAMS}, None, cfg.database_url
+    fixed: dict[str, Collection[str]] = {s.name: s.fixed_writers for s in SYNAPSE_ID_STREAMS if s.fixed_writers}
+    instances = [i.strip() for i in args.instances.split(",") if i.strip()] if args.instances else None
+    if instances is None:
+        return fixed, None, None
+    return fixed, instances, None
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from ..errors import FactstreamError
+    from ..synapse.doctor import diagnose
+    from ..synapse.snapshot import CheckError, connect, take_snapshot
+
+    try:
+        stream_writers, instances, config_db = _writers(args)
+    except FactstreamError as err:
+        return _fail(args, str(err))
+    url = args.db or config_db
+    if not url:
+        return _fail(args, "no database: pass --db URL (or --config with a database section)")
+    if args.force and not args.fix:
+        return _fail(args, "--force only makes sense with --fix")
+
+    def look() -> tuple[Any, list[Any]]:
+        conn = connect(url)
+        try:
+            snap = take_snapshot(conn, url)
+        finally:
+            conn.close()
+        # Streams with writers from the config (or fixed by Synapse) use them; the rest fall back to --instances.
+        return snap, diagnose(snap, stream_writers=stream_writers, instances=instances)
+
+    try:
+        snapshot, findings = look()
+    except CheckError as err:
+        return _fail(args, str(err))
+    except Exception as err:  # a driver error mid-check: say what, never how deep
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return _fail(args, f"checking {url} failed: {first}")
+    if not args.fix:
+        return _show(args, snapshot, findings)
+    return _fix(args, url, snapshot, findings, look)
+
+
+def _show(args: argparse.Namespace, snapshot: Any, findings: list[Any], extra: dict[str, Any] | None = None) -> int:
+    from ..synapse.report import check_json, is_healthy, render_text
+
+    if args.json:
+        doc = check_json(snapshot, findings)
+        doc.update(extra or {})
+        print(json.dumps(doc, indent=1))
+    else:
+        print(render_text(snapshot, findings))
+    return EXIT_HEALTHY if is_healthy(findings) else EXIT_INCONSISTENT
+
+
+def _fix(args: argparse.Namespace, url: str, snapshot: Any, findings: list[Any], look: Any) -> int:
+    from ..synapse.report import check_json, render_text
+    from ..synapse.repair import apply_repairs, connected_sessions, repair_statements
+    from ..synapse.snapshot import CheckError, connect
+
+    statements = repair_statements(findings)
+    if not statements:
+        if not args.json:
+            print(render_text(snapshot, findings))
+            print("nothing to repair")
+        else:
+            return _show(args, snapshot, findings, {"fixed": []})
+        return EXIT_HEALTHY if all(f.severity == "info" for f in findings) else EXIT_INCONSISTENT
+    try:
+        conn = connect(url, read_only=False)
+    except CheckError as err:
+        return _fail(args, str(err))
+    try:
+        sessions = connected_sessions(conn, snapshot.engine)
+        if sessions and not args.force:
+            print("factstream synapse check: refusing to repair: "
+                  f"{len(sessions)} other session(s) connected to the database (is Synapse still running?): "
+                  + "; ".join(s.describe() for s in sessions)
+                  + ". Stop Synapse and all its workers, or pass --force.", file=sys.stderr)
+            if args.json:
+                return _show(args, snapshot, findings, {"fixed": [], "refused": [s.describe() for s in sessions]})
+            print(render_text(snapshot, findings))
+            return EXIT_INCONSISTENT
+        try:
+            done = apply_repairs(conn, statements)
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            return _fail(args, f"repair failed and was rolled back (nothing changed): {first}")
+    finally:
+        conn.close()
+    try:
+        after, after_findings = look()
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return _fail(args, f"repaired, but the check afterwards failed: {first}")
+    if args.json:
+        doc = check_json(after, after_findings)
+        doc["before"] = [f.as_json() for f in findings]
+        doc["fixed"] = done
+        print(json.dumps(doc, indent=1))
+    else:
+        print(render_text(snapshot, findings, show_table=True))
+        print("")
+        print(f"--fix: applied {len(done)} repair(s) in one transaction:")
+        for d in done:
+            print(f"  {d['stream']} ({d['kind']}): {d['sql']}  -> {d['result']}")
+        _print_changes(snapshot, after)
+        print("")
+        print("after the repair:")
+        print(render_text(after, after_findings, show_table=False))
+    return EXIT_HEALTHY if all(f.severity == "info" for f in after_findings) else EXIT_INCONSISTENT
+
+
+def _print_changes(before: Any, after: Any) -> None:
+    for b, a in zip(before.streams, after.streams):
+        name = b.stream.name
+        if b.sequence and a.sequence and b.sequence.last_issued != a.sequence.last_issued:
+            print(f"  changed: sequence {a.sequence.name} last issued {b.sequence.last_issued} -> {a.sequence.last_issued}")
+        for inst in sorted(set(b.positions) | set(a.positions)):
+            old, new = b.positions.get(inst), a.positions.get(inst)
+            if old != new:
+                print(f"  changed: stream_positions {name}/{inst} {'-' if old is None else old} -> {'-' if new is None else new}")
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from .. import transport
+    from ..synapse.snapshot import CheckError, engine_of
+    from ..synapse.watch import WatchOptions, run_watch as watch
+
+    def fail(message: str) -> int:
+        print(f"factstream synapse watch: {redact_text(message)}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+
+    if args.interval <= 0 or args.frozen_after <= 0:
+        return fail("--interval and --frozen-after must be positive")
+    if args.db:
+        try:
+            if engine_of(args.db) != "postgresql":
+                return fail("--db: watch compares the wire with a PostgreSQL database (a Synapse with workers)")
+        except CheckError as err:
+            return fail(str(err))
+    opts = WatchOptions(
+        redis_url=args.redis, server_name=args.server_name, db_url=args.db, interval=args.interval,
+        frozen_after=args.frozen_after, json_output=args.json, metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host, duration=args.duration, replicate=not args.no_replicate,
+    )
+    try:
+        return transport.run(lambda: watch(opts, sys.stdout))
+    except CheckError as err:
+        return fail(str(err))
+    except OSError as err:  # e.g. the metrics port is taken
+        return fail(f"{err.strerror or err}")
+    except ValueError as err:  # a malformed Redis URL
+        return fail(f"bad --redis URL: {err}")

@@ -1,0 +1,230 @@
+"""Read, never write, the id state of a Synapse database: sequences, table tops, writer positions.
+
+One read-only, repeatable-read transaction (PostgreSQL) or a read-only
+connection (SQLite) so that the figures of one check belong together. The
+queries are the ones every Synapse process runs at startup (the MAX/MIN of each
+id column, the rows above the highest recorded position), so a check costs a
+production database no more than starting one worker does.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import FactstreamError
+from ..redaction import redact_text, redact_url
+from .streams import SYNAPSE_ID_STREAMS, SynapseIdStream
+
+__all__ = ["CheckError", "SequenceState", "TableState", "RowsAbove", "StreamState", "DatabaseSnapshot",
+           "connect", "take_snapshot", "engine_of"]
+
+
+class CheckError(FactstreamError):
+    """The database could not be checked (unreachable, not a Synapse database, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceState:
+    """A PostgreSQL sequence as ``SELECT last_value, is_called`` shows it."""
+
+    name: str
+    exists: bool
+    last_value: int | None = None
+    is_called: bool | None = None
+
+    @property
+    def last_issued(self) -> int | None:
+        """The highest id the sequence has handed out (``last_value`` minus one when not yet called)."""
+        if self.last_value is None:
+            return None
+        return self.last_value if self.is_called else self.last_value - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TableState:
+    """One of a stream's tables: whether it exists and its highest id (as a magnitude, 0 when empty)."""
+
+    table: str
+    exists: bool
+    top: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RowsAbove:
+    """Rows of one writer whose ids lie above every recorded position (magnitudes)."""
+
+    instance: str | None
+    count: int
+    lowest: int
+    highest: int
+
+
+@dataclass
+class StreamState:
+    """Everything a check knows about one stream.
+
+    Ids are magnitudes: for backfill (ids -1, -2, ...) ``top`` 5 means id -5.
+    ``positions`` keeps the values exactly as stored in ``stream_positions``.
+    """
+
+    stream: SynapseIdStream
+    sequence: SequenceState | None
+    tables: list[TableState]
+    positions: dict[str, int] = field(default_factory=dict)
+    rows_above: list[RowsAbove] = field(default_factory=list)
+
+    @property
+    def present(self) -> bool:
+        """Whether this Synapse schema has the stream at all (some table or the sequence exists)."""
+        return any(t.exists for t in self.tables) or bool(self.sequence and self.sequence.exists)
+
+    @property
+    def table_top(self) -> int:
+        """The highest id in any of the stream's tables (magnitude)."""
+        return max((t.top for t in self.tables if t.exists), default=0)
+
+    def magnitude(self, stored: int) -> int:
+        """A stored id as a magnitude (backfill stores negative ids)."""
+        return stored if self.stream.positive else -stored
+
+    @property
+    def position_top(self) -> int | None:
+        """The highest recorded writer position (magnitude), None when no writer recorded one."""
+        return max((self.magnitude(v) for v in self.positions.values()), default=None)
+
+
+@dataclass
+class DatabaseSnapshot:
+    """The streams of one database, with what identifies it."""
+
+    url: str
+    engine: str
+    schema_version: int | None
+    streams: list[StreamState]
+    extra_positions: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def engine_of(url: str) -> str:
+    """"postgresql" or "sqlite" for a database URL (CheckError otherwise)."""
+    scheme = urlsplit(url).scheme.split("+")[0].lower()
+    if scheme in ("postgres", "postgresql"):
+        return "postgresql"
+    if scheme == "sqlite":
+        return "sqlite"
+    raise CheckError(f"unsupported database URL {redact_url(url)!r}: use postgresql://... or sqlite:///path")
+
+
+def connect(url: str, *, read_only: bool = True) -> Any:
+    """A DB-API connection to ``url`` (read-only unless asked), or CheckError with a redacted reason."""
+    engine = engine_of(url)
+    try:
+        if engine == "postgresql":
+            import psycopg
+
+            conn = psycopg.connect(url, connect_timeout=10, application_name="factstream-synapse-check")
+            if read_only:
+                conn.read_only = True
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            return conn
+        path = url.split("://", 1)[1]
+        path = path[1:] if path.startswith("/") else path
+        if not path:
+            raise CheckError("sqlite URL without a path: use sqlite:///path/to/homeserver.db")
+        mode = "ro" if read_only else "rw"
+        return sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
+    except CheckError:
+        raise
+    except Exception as err:  # the driver's own error, which may quote the URL
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckError(f"cannot connect to {redact_url(url)}: {redact_text(first)}") from None
+
+
+def _one(cur: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    cur.execute(sql, params)
+    row = cur.fetchone()
+    return row
+
+
+def _table_exists(cur: Any, engine: str, table: str) -> bool:
+    if engine == "postgresql":
+        return _one(cur, "SELECT to_regclass(%s) IS NOT NULL", (table,))[0] is True
+    return bool(_one(cur, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))[0] > 0)
+
+
+def _sequence(cur: Any, name: str) -> SequenceState:
+    kind = _one(cur, "SELECT c.relkind FROM pg_class c WHERE c.oid = to_regclass(%s)", (name,))
+    if not kind or kind[0] != "S":
+        return SequenceState(name, False)
+    last_value, is_called = _one(cur, f'SELECT last_value, is_called FROM "{name}"')
+    return SequenceState(name, True, int(last_value), bool(is_called))
+
+
+def _stream_state(cur: Any, engine: str, stream: SynapseIdStream) -> StreamState:
+    ph = "%s" if engine == "postgresql" else "?"
+    sequence = _sequence(cur, stream.sequence) if engine == "postgresql" else None
+    tables: list[TableState] = []
+    for t in stream.tables:
+        if not _table_exists(cur, engine, t.table):
+            tables.append(TableState(t.table, False))
+            continue
+        if stream.positive:
+            (top,) = _one(cur, f"SELECT MAX({t.id_column}) FROM {t.table}")
+            tables.append(TableState(t.table, True, max(int(top or 0), 0)))
+        else:
+            (low,) = _one(cur, f"SELECT MIN({t.id_column}) FROM {t.table}")
+            tables.append(TableState(t.table, True, max(-int(low or 0), 0)))
+    state = StreamState(stream, sequence, tables)
+    cur.execute(f"SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = {ph}", (stream.name,))
+    state.positions = {str(inst): int(sid) for inst, sid in cur.fetchall()}
+    bound = state.position_top
+    if bound is not None:
+        above: dict[str | None, list[int]] = {}
+        for t, ts in zip(stream.tables, tables):
+            if not ts.exists or ts.top <= bound:
+                continue
+            if stream.positive:
+                sql = (f"SELECT {t.instance_column}, COUNT(*), MIN({t.id_column}), MAX({t.id_column}) "
+                       f"FROM {t.table} WHERE {t.id_column} > {ph} GROUP BY {t.instance_column}")
+                cur.execute(sql, (bound,))
+                found = [(inst, int(n), int(lo), int(hi)) for inst, n, lo, hi in cur.fetchall()]
+            else:
+                sql = (f"SELECT {t.instance_column}, COUNT(*), -MAX({t.id_column}), -MIN({t.id_column}) "
+                       f"FROM {t.table} WHERE {t.id_column} < {ph} GROUP BY {t.instance_column}")
+                cur.execute(sql, (-bound,))
+                found = [(inst, int(n), int(lo), int(hi)) for inst, n, lo, hi in cur.fetchall()]
+            for inst, n, lo, hi in found:
+                acc = above.setdefault(inst, [0, lo, hi])
+                acc[0] += n
+                acc[1] = min(acc[1], lo)
+                acc[2] = max(acc[2], hi)
+        state.rows_above = [RowsAbove(inst, n, lo, hi) for inst, (n, lo, hi) in
+                            sorted(above.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))]
+    return state
+
+
+def take_snapshot(conn: Any, url: str) -> DatabaseSnapshot:
+    """Read every stream's sequence, table tops and positions through ``conn`` (no writes)."""
+    engine = engine_of(url)
+    cur = conn.cursor()
+    try:
+        if not _table_exists(cur, engine, "stream_positions"):
+            raise CheckError(f"{redact_url(url)} is not a Synapse database (no stream_positions table); "
+                             "point --db at the database Synapse's homeserver.yaml names")
+        version = None
+        if _table_exists(cur, engine, "schema_version"):
+            row = _one(cur, "SELECT version FROM schema_version")
+            version = int(row[0]) if row else None
+        streams = [_stream_state(cur, engine, s) for s in SYNAPSE_ID_STREAMS]
+        known = {s.name for s in SYNAPSE_ID_STREAMS}
+        cur.execute("SELECT stream_name, instance_name, stream_id FROM stream_positions")
+        extra: dict[str, dict[str, int]] = {}
+        for name, inst, sid in cur.fetchall():
+            if name not in known:
+                extra.setdefault(str(name), {})[str(inst)] = int(sid)
+        return DatabaseSnapshot(url, engine, version, streams, extra)
+    finally:
+        cur.close()
+        conn.rollback()

@@ -1,0 +1,95 @@
+"""The watchdog's look into the database: rows above the wire's tokens, positions, audited ids.
+
+Each probe is one short read-only transaction; its queries only touch rows
+above the lowest token the wire announced for a stream (an index range scan),
+so probing every few seconds stays cheap next to a busy Synapse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .snapshot import connect
+from .streams import SYNAPSE_ID_STREAMS, SynapseIdStream
+from .watchdog import AUDITED_STREAMS, DbView
+
+__all__ = ["DbProbe", "AUDIT_WINDOW"]
+
+#: The audit looks at most this many ids back from a writer's token.
+AUDIT_WINDOW = 100_000
+
+
+class DbProbe:
+    """Reads, per wire stream and writer, what the database holds above the wire's tokens."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: Any = None
+        self._floor: dict[str, int] = {}
+        self.streams: list[SynapseIdStream] = [s for s in SYNAPSE_ID_STREAMS if s.wire and s.positive]
+
+    def open(self) -> None:
+        """Connect (CheckError with a redacted reason if the database cannot be reached)."""
+        if self._conn is None:
+            self._conn = connect(self.url)
+
+    def close(self) -> None:
+        """Disconnect."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def probe(self, tokens: Mapping[tuple[str, str], int],
+              audit: Mapping[tuple[str, str], tuple[int, int]]) -> dict[tuple[str, str], DbView]:
+        """(wire stream, writer) -> what the database holds, for every writer known on the wire or in the rows."""
+        self.open()
+        views: dict[tuple[str, str], DbView] = {}
+        cur = self._conn.cursor()
+        try:
+            for s in self.streams:
+                wire = s.wire
+                assert wire is not None
+                known = {w: t for (st, w), t in tokens.items() if st == wire}
+                if wire not in self._floor:
+                    self._floor[wire] = self._top(cur, s)
+                bound = min(known.values(), default=self._floor[wire])
+                tops: dict[str, int] = {}
+                for t in s.tables:
+                    cur.execute(f"SELECT {t.instance_column}, MAX({t.id_column}) FROM {t.table} "
+                                f"WHERE {t.id_column} > %s GROUP BY {t.instance_column}", (bound,))
+                    for inst, top in cur.fetchall():
+                        if inst is not None:
+                            tops[str(inst)] = max(tops.get(str(inst), 0), int(top))
+                cur.execute("SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = %s", (s.name,))
+                positions = {str(i): int(v) for i, v in cur.fetchall()}
+                for writer in set(known) | set(tops):
+                    ids: tuple[int, ...] = ()
+                    rng = audit.get((wire, writer))
+                    if wire in AUDITED_STREAMS and rng is not None:
+                        ids = self._ids(cur, s, writer, max(rng[0], rng[1] - AUDIT_WINDOW), rng[1])
+                    top = tops.get(writer)
+                    views[(wire, writer)] = DbView(top if top is not None and top > known.get(writer, bound) else None,
+                                                   positions.get(writer), ids)
+        finally:
+            cur.close()
+            self._conn.rollback()  # the next probe sees a fresh snapshot
+        return views
+
+    @staticmethod
+    def _top(cur: Any, s: SynapseIdStream) -> int:
+        top = 0
+        for t in s.tables:
+            cur.execute(f"SELECT MAX({t.id_column}) FROM {t.table}")
+            (v,) = cur.fetchone()
+            top = max(top, int(v or 0))
+        return top
+
+    @staticmethod
+    def _ids(cur: Any, s: SynapseIdStream, writer: str, low: int, high: int) -> tuple[int, ...]:
+        found: set[int] = set()
+        for t in s.tables:
+            cur.execute(f"SELECT {t.id_column} FROM {t.table} WHERE {t.instance_column} = %s "
+                        f"AND {t.id_column} > %s AND {t.id_column} <= %s", (writer, low, high))
+            found.update(int(v) for (v,) in cur.fetchall())
+        return tuple(sorted(found))

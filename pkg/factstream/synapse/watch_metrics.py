@@ -1,0 +1,81 @@
+"""The watchdog's figures as Prometheus metrics, on their own registry and HTTP endpoint.
+
+Names and the alert rules that use them are documented in docs/synapse.md.
+A private registry keeps the endpoint to these figures (and lets several
+watchdogs run in one process, e.g. in tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from .watchdog import Problem
+
+__all__ = ["WatchMetrics"]
+
+_LABELS = ("stream", "writer")
+
+
+class WatchMetrics:
+    """Gauges and counters per (stream, writer), updated from each report."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.token = Gauge("factstream_synapse_stream_token", "Latest token the wire announced for a stream writer",
+                           _LABELS, registry=r)
+        self.rows = Counter("factstream_synapse_stream_rows", "RDATA rows seen on the wire", _LABELS, registry=r)
+        self.rate = Gauge("factstream_synapse_stream_rows_per_second", "RDATA rows per second over the last 10s",
+                          _LABELS, registry=r)
+        self.idle = Gauge("factstream_synapse_stream_seconds_since_advance",
+                          "Seconds since the writer's token last moved on the wire", _LABELS, registry=r)
+        self.db_lag = Gauge("factstream_synapse_stream_db_lag",
+                            "How many ids the database's rows are ahead of the wire (needs --db)", _LABELS, registry=r)
+        self.frozen = Gauge("factstream_synapse_stream_frozen",
+                            "1 while the database has rows the wire has not announced for longer than --frozen-after",
+                            _LABELS, registry=r)
+        self.behind = Gauge("factstream_synapse_writer_behind",
+                            "1 while a writer stays put as other writers of its stream move on", _LABELS, registry=r)
+        self.unpublished = Gauge("factstream_synapse_unpublished_rows",
+                                 "Committed rows the wire covered without an RDATA (readers never fetch them)",
+                                 _LABELS, registry=r)
+        self.up = Gauge("factstream_synapse_watch_redis_up", "1 while subscribed to the deployment's Redis channel",
+                        registry=r)
+        self.healthy = Gauge("factstream_synapse_watch_healthy", "1 when no problem stands", registry=r)
+        self.commands = Counter("factstream_synapse_watch_commands", "Replication commands received", registry=r)
+        self._rows_seen: dict[tuple[str, str], int] = {}
+        self._commands_seen = 0
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+        """Start the HTTP endpoint (``/metrics``); returns the server."""
+        return start_http_server(port, addr=host, registry=self.registry)
+
+    def update(self, writers: Sequence[dict[str, Any]], problems: Sequence[Problem], *, redis_up: bool,
+               commands_seen: int) -> None:
+        """Set every figure from one report."""
+        flagged = {(p.kind, p.stream, p.writer) for p in problems}
+        for w in writers:
+            key = (w["stream"], w["writer"])
+            labels = {"stream": key[0], "writer": key[1]}
+            if w["token"] is not None:
+                self.token.labels(**labels).set(w["token"])
+            delta = w["rows_total"] - self._rows_seen.get(key, 0)
+            if delta > 0:
+                self.rows.labels(**labels).inc(delta)
+            self._rows_seen[key] = w["rows_total"]
+            self.rate.labels(**labels).set(w["rows_per_second"])
+            if w["seconds_since_advance"] is not None:
+                self.idle.labels(**labels).set(w["seconds_since_advance"])
+            if w["db_lag"] is not None:
+                self.db_lag.labels(**labels).set(w["db_lag"])
+            self.frozen.labels(**labels).set(1 if ("frozen", *key) in flagged else 0)
+            self.behind.labels(**labels).set(1 if ("writer_behind", *key) in flagged else 0)
+            self.unpublished.labels(**labels).set(w["unpublished"])
+        self.up.set(1 if redis_up else 0)
+        self.healthy.set(0 if problems else 1)
+        if commands_seen > self._commands_seen:
+            self.commands.inc(commands_seen - self._commands_seen)
+            self._commands_seen = commands_seen

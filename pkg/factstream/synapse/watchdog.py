@@ -1,0 +1,249 @@
+"""The watchdog's judgement: what the wire says per (stream, writer), compared with the database.
+
+Pure bookkeeping, no I/O: :class:`Watchdog` is fed every replication command
+(:meth:`Watchdog.on_command`) and, when a database is given, what the
+database holds above the wire's tokens (:meth:`Watchdog.on_database`), and
+:meth:`Watchdog.report` says at any moment how each (stream, writer) stands.
+
+It follows tokens the way a Synapse reader does: an ``RDATA`` at token *t*, or
+a ``POSITION prev new`` with ``prev <= token <= new``, is *trusted*: a reader
+takes every id up to it as seen and never fetches them. A ``POSITION`` whose
+``prev`` lies above the reader's token makes a reader fetch the missed range
+from the writer (catch-up), so rows there are still reachable. Three
+problems follow:
+
+* ``frozen``: the database holds rows of a writer above its token on the
+  wire, and has for longer than ``frozen_after`` seconds: nothing reaches the
+  wire for them (element-hq/synapse#20080's shape);
+* ``writer_behind``: a writer's token stays put while another writer of the
+  same stream moves on; every reader's token of that stream is held back
+  (Synapse's idle writers normally echo the others' progress at once);
+* ``unpublished``: a row committed with an id that the wire already covered
+  with a trusted token but never sent as ``RDATA`` (element-hq/synapse#19795's
+  shape): readers will never fetch it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..commands import Command, PositionCommand, RdataCommand
+
+__all__ = ["Watchdog", "WriterWatch", "Problem", "DbView", "AUDITED_STREAMS", "NO_ECHO_STREAMS"]
+
+#: Wire streams whose every table row is sent as one RDATA at the row's own id,
+#: so an id covered by the wire but absent from every RDATA is a row readers never got.
+AUDITED_STREAMS = frozenset({"receipts", "account_data", "push_rules", "thread_subscriptions"})
+
+#: Streams whose idle writers do not echo other writers' progress (Synapse skips it for caches).
+NO_ECHO_STREAMS = frozenset({"caches", "typing", "federation", "presence_federation"})
+
+_RATE_WINDOW = 10.0
+_MAX_PUBLISHED = 200_000
+
+
+@dataclass
+class DbView:
+    """What the database holds for one (stream, writer) at one moment.
+
+    ``top``: the highest row id of the writer above the probe's bound (None if
+    none); ``position``: its ``stream_positions`` value; ``ids``: ids of its
+    rows within the audited range (audited streams only).
+    """
+
+    top: int | None = None
+    position: int | None = None
+    ids: tuple[int, ...] = ()
+
+
+@dataclass
+class WriterWatch:
+    """One (stream, writer) as seen on the wire."""
+
+    stream: str
+    writer: str
+    baseline: int | None = None
+    token: int | None = None
+    last_advance: float | None = None
+    rows_total: int = 0
+    positions_total: int = 0
+    recent_rows: deque[tuple[float, int]] = field(default_factory=deque)
+    catch_up: list[tuple[int, int]] = field(default_factory=list)
+    db_top: int | None = None
+    db_position: int | None = None
+    pending_since: float | None = None
+    unpublished: set[int] = field(default_factory=set)
+
+    def rate(self, now: float) -> float:
+        """RDATA rows per second over the last ten seconds."""
+        while self.recent_rows and self.recent_rows[0][0] < now - _RATE_WINDOW:
+            self.recent_rows.popleft()
+        return sum(n for _, n in self.recent_rows) / _RATE_WINDOW
+
+    def in_catch_up(self, sid: int) -> bool:
+        """Whether a reader would have fetched ``sid`` through catch-up."""
+        return any(lo < sid <= hi for lo, hi in self.catch_up)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something an operator should look at, in plain words."""
+
+    kind: str
+    stream: str
+    writer: str
+    summary: str
+    ids: tuple[int, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"kind": self.kind, "stream": self.stream, "writer": self.writer, "summary": self.summary,
+                "ids": list(self.ids)}
+
+
+class Watchdog:
+    """Per-(stream, writer) state of a deployment's replication, and its problems."""
+
+    def __init__(self, *, frozen_after: float = 30.0, clock: Any = time.monotonic) -> None:
+        self.frozen_after = frozen_after
+        self._clock = clock
+        self.writers: dict[tuple[str, str], WriterWatch] = {}
+        self._published: dict[str, set[int]] = {}
+        self.commands_seen = 0
+
+    def _writer(self, stream: str, writer: str) -> WriterWatch:
+        key = (stream, writer)
+        w = self.writers.get(key)
+        if w is None:
+            w = self.writers[key] = WriterWatch(stream, writer)
+        return w
+
+    def _advance(self, w: WriterWatch, token: int, now: float) -> None:
+        if w.token is None:
+            w.baseline = token
+            w.token = token
+            w.last_advance = now
+        elif token > w.token:
+            w.token = token
+            w.last_advance = now
+
+    def on_command(self, cmd: Command, now: float | None = None) -> None:
+        """Take one replication command into account."""
+        now = self._clock() if now is None else now
+        self.commands_seen += 1
+        if isinstance(cmd, RdataCommand):
+            w = self._writer(cmd.stream_name, cmd.instance_name)
+            w.rows_total += 1
+            w.recent_rows.append((now, 1))
+            if cmd.token is None:
+                return  # a batch row: its id is the token of the batch's last row
+            if cmd.stream_name in AUDITED_STREAMS:
+                published = self._published.setdefault(cmd.stream_name, set())
+                if len(published) < _MAX_PUBLISHED:
+                    published.add(cmd.token)
+            if w.token is None:
+                w.baseline = cmd.token - 1  # this row itself is published; what came before is not ours to judge
+                w.token = cmd.token - 1
+            self._advance(w, cmd.token, now)
+        elif isinstance(cmd, PositionCommand):
+            w = self._writer(cmd.stream_name, cmd.instance_name)
+            w.positions_total += 1
+            if w.token is not None and cmd.prev_token > w.token and cmd.new_token > w.token:
+                w.catch_up.append((w.token, cmd.new_token))  # a reader fetches (token, new] from the writer
+                del w.catch_up[:-1000]
+            self._advance(w, cmd.new_token, now)
+
+    def on_database(self, views: Mapping[tuple[str, str], DbView], now: float | None = None) -> None:
+        """Take the database's view of each (stream, writer) into account."""
+        now = self._clock() if now is None else now
+        for (stream, writer), view in views.items():
+            w = self._writer(stream, writer)
+            w.db_top = view.top
+            w.db_position = view.position
+            # Rows above the wire's token, or (for a writer the wire knows) a recorded position above it.
+            ahead = (view.top is not None and (w.token is None or view.top > w.token)) or (
+                w.token is not None and view.position is not None and view.position > w.token)
+            if ahead:
+                if w.pending_since is None:
+                    w.pending_since = now
+            else:
+                w.pending_since = None
+            if stream in AUDITED_STREAMS and w.token is not None and w.baseline is not None:
+                published = self._published.get(stream, set())
+                for sid in view.ids:
+                    if w.baseline < sid <= w.token and sid not in published and not w.in_catch_up(sid):
+                        w.unpublished.add(sid)
+        for (stream, writer), w in self.writers.items():
+            if (stream, writer) not in views and w.db_top is not None:
+                w.db_top = None
+                w.pending_since = None
+
+    def audit_ranges(self, streams: Iterable[str]) -> dict[tuple[str, str], tuple[int, int]]:
+        """(stream, writer) -> the id range (baseline, token] the database probe should list rows of."""
+        wanted = set(streams)
+        return {(s, wr): (w.baseline, w.token) for (s, wr), w in self.writers.items()
+                if s in wanted and w.baseline is not None and w.token is not None and w.token > w.baseline}
+
+    def tokens(self) -> dict[tuple[str, str], int]:
+        """The current wire token of every (stream, writer)."""
+        return {k: w.token for k, w in self.writers.items() if w.token is not None}
+
+    def problems(self, now: float | None = None) -> list[Problem]:
+        """Every problem standing now."""
+        now = self._clock() if now is None else now
+        out: list[Problem] = []
+        by_stream: dict[str, list[WriterWatch]] = {}
+        for w in self.writers.values():
+            by_stream.setdefault(w.stream, []).append(w)
+        for (stream, writer), w in sorted(self.writers.items()):
+            if w.pending_since is not None and now - w.pending_since >= self.frozen_after:
+                token = "nothing" if w.token is None else str(w.token)
+                if w.db_top is not None:
+                    held = f"holds rows of {writer} up to id {w.db_top}"
+                else:
+                    held = f"records {writer} at position {w.db_position}"
+                out.append(Problem(
+                    "frozen", stream, writer,
+                    f"the database {held} but the wire has announced {token} "
+                    f"for {now - w.pending_since:.0f}s: nothing reaches the readers"))
+            if stream not in NO_ECHO_STREAMS and w.token is not None and w.last_advance is not None:
+                others = [o for o in by_stream[stream] if o is not w and o.token is not None and o.last_advance is not None]
+                ahead = [o for o in others if o.token is not None and w.token is not None and o.token > w.token
+                         and o.last_advance is not None and w.last_advance is not None
+                         and o.last_advance - w.last_advance >= self.frozen_after]
+                if ahead:
+                    lead = max(ahead, key=lambda o: o.token or 0)
+                    out.append(Problem(
+                        "writer_behind", stream, writer,
+                        f"{writer} has stayed at {w.token} for {now - w.last_advance:.0f}s while {lead.writer} moved "
+                        f"on to {lead.token}: every reader's {stream} token is held back (is {writer} stopped or cut "
+                        "off from Redis?)"))
+            if w.unpublished:
+                ids = tuple(sorted(w.unpublished))
+                shown = ", ".join(str(i) for i in ids[:20]) + (" ..." if len(ids) > 20 else "")
+                out.append(Problem(
+                    "unpublished", stream, writer,
+                    f"{len(ids)} committed row(s) of {writer} with id(s) {shown} were covered by the wire "
+                    "without an RDATA: readers will never fetch them", ids))
+        return out
+
+    def snapshot(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Every (stream, writer) as a JSON-ready dict, sorted."""
+        now = self._clock() if now is None else now
+        out = []
+        for (stream, writer), w in sorted(self.writers.items()):
+            lag = None
+            if w.token is not None:
+                lag = max((w.db_top or 0) - w.token, (w.db_position or 0) - w.token, 0)
+            out.append({
+                "stream": stream, "writer": writer, "token": w.token,
+                "rows_per_second": round(w.rate(now), 3), "rows_total": w.rows_total,
+                "seconds_since_advance": None if w.last_advance is None else round(now - w.last_advance, 1),
+                "db_top": w.db_top, "db_position": w.db_position, "db_lag": lag,
+                "unpublished": len(w.unpublished),
+            })
+        return out
