@@ -25,6 +25,7 @@ __all__ = ["DropLog", "DROP_REASONS"]
 
 #: The reasons used by factstream itself (``why`` label of ``factstream_dropped_rows``).
 DROP_REASONS: dict[str, str] = {
+    "duplicate": "a fact that arrived live while a catch-up delivered it (the expected overlap; logged at INFO)",
     "stale": "a fact at or below the reader's position (already delivered, a replay, or a writer that went backwards)",
     "unknown_position": "rows of a writer the reader has no position for, following live only (start_position=None)",
     "broken_batch": "batch rows whose closing row never came (the connection carrying them closed)",
@@ -39,8 +40,9 @@ class DropLog:
     ``dropped(why, n, stream, msg, *args)`` counts ``n`` under ``(stream,
     why)`` and logs ``msg % args`` at WARNING (``level`` overrides) unless a
     line went out less than ``interval`` seconds ago; held-back lines are
-    counted and summarised (``N more suppressed``) by a timer when the
-    interval ends, or by the next line, whichever is first. Without a
+    counted and summarised (``N more suppressed``, at the highest level held
+    back) by a timer when the interval ends, or by the next line, whichever
+    is first. Without a
     running event loop the summary waits for the next line or :meth:`flush`.
     """
 
@@ -53,6 +55,7 @@ class DropLog:
         self._next = 0.0
         self._held = 0
         self._held_rows = 0
+        self._held_level = logging.NOTSET
         self._timer: asyncio.TimerHandle | None = None
 
     def dropped(self, why: str, n: int, stream: str, msg: str, *args: object, level: int = logging.WARNING) -> None:
@@ -71,6 +74,7 @@ class DropLog:
         if now < self._next:
             self._held += 1
             self._held_rows += rows
+            self._held_level = max(self._held_level, level)
             self._arm(self._next - now)
             return
         self._emit_summary()
@@ -87,10 +91,11 @@ class DropLog:
     def _emit_summary(self) -> None:
         if not self._held:
             return
-        held, rows = self._held, self._held_rows
+        held, rows, level = self._held, self._held_rows, self._held_level
         self._held = self._held_rows = 0
-        self.logger.warning(
-            "%d more suppressed in the last %gs (%d rows); counted in factstream_dropped_rows",
+        self._held_level = logging.NOTSET
+        self.logger.log(
+            level, "%d more suppressed in the last %gs (%d rows); counted in factstream_dropped_rows",
             held, self.interval, rows,
         )
 

@@ -141,6 +141,7 @@ class Follower:
         self._fanout = self.relay.Fanout(Update, self._handler_failed)
         self._unknown_reported: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         metrics.track(self)
         #: Counters kept for tests and the demo.
         self.stats: dict[str, int] = {
@@ -303,9 +304,13 @@ class Follower:
     async def close(self) -> None:
         """Cancel running catch-up fetches (a fetch that had failed is logged, not swallowed)."""
         tasks = list(self._tasks)
+        self._closing = True
         for task in tasks:
             task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._closing = False
         for task, result in zip(tasks, results):
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("catch-up task %s had failed", task.get_name(), exc_info=result)
@@ -359,7 +364,7 @@ class Follower:
         else:
             self._apply_rows(key, token, rows)
 
-    def _apply_rows(self, key: _Key, token: int, rows: list[Any]) -> None:
+    def _apply_rows(self, key: _Key, token: int, rows: list[Any], queued: bool = False) -> None:
         pos = key.position
         if pos is None:
             if self.start_position is None:
@@ -377,7 +382,15 @@ class Follower:
                 self._start_fetch(key, token - 1)
                 return
         if token <= pos:
-            self._stale(key, len(rows), pos)
+            if queued:
+                # Arrived live while a catch-up fetched the same fact: the expected overlap, not a fault.
+                self.drops.dropped(
+                    "duplicate", len(rows), key.stream,
+                    "%s/%s: %d rows at token %d already delivered by catch-up, dropped",
+                    key.stream, key.writer, len(rows), token, level=logging.INFO,
+                )
+            else:
+                self._stale(key, len(rows), pos)
             return
         checked = key.checked_head
         if checked is not None:
@@ -477,8 +490,8 @@ class Follower:
 
     def _task_done(self, key: _Key, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if task.cancelled():
-            return
+        if task.cancelled() or self._closing:
+            return  # close() reports what it cancelled
         err = task.exception()
         if err is not None:
             # A bug, not a database error (those are retried): say so loudly, and do not stall the stream.
@@ -633,7 +646,7 @@ class Follower:
         while queue and not key.fetching:
             item = queue.popleft()
             if item[0] == "rows":
-                self._apply_rows(key, item[1], item[2])
+                self._apply_rows(key, item[1], item[2], queued=True)
             else:
                 self._apply_position(key, item[1], item[2])
         if not queue:
