@@ -502,11 +502,11 @@ class Follower:
             key.fetching = False
             self._drain_queue(key)
 
-    async def _read_head(self, key: _Key, target: int) -> int:
-        """The database's head, re-read for up to ``verify_grace`` seconds while it is below ``target``."""
+    async def _read_head(self, key: _Key, target: int, grace: float | None = None) -> int:
+        """The database's head, re-read for up to ``grace`` seconds (default ``verify_grace``) while below ``target``."""
         source = self._head_source(key.stream)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.verify_grace
+        deadline = loop.time() + (self.verify_grace if grace is None else grace)
         delay = 0.02
         while True:
             try:
@@ -553,7 +553,8 @@ class Follower:
 
     async def _check_queued_rows(self, key: _Key) -> None:
         top = max((item[1] for item in key.queue if item[0] == "rows"), default=0)
-        head = await self._read_head(key, top)
+        # No grace: a real RDATA's rows were committed before it was sent, so the database shows them now.
+        head = await self._read_head(key, top, grace=0.0)
         key.checked_head = head
         key.fetching = False
         self._drain_queue(key)
