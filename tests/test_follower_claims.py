@@ -154,3 +154,22 @@ async def test_real_positions_and_rollbacks_at_the_head_raise_no_error(
     assert setup.got == setup.written
     assert errors(caplog) == []
     assert setup.follower.stats["unbacked_claims"] == 0
+
+
+async def test_a_database_that_cannot_be_read_does_not_stall_the_stream(
+    engine_db: Any, relay_impl: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No table to check against (say a Synapse database, which has no demo tables): say so, then follow the writer."""
+    fol = Follower(sources={"caches": CACHES.source(engine_db)}, typed=False, relay=relay_impl)
+    got: list[int] = []
+    fol.add_handler(lambda s, w, t, rows: got.append(t))
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        fol.on_position(PositionCommand("caches", "master", 5000, 5000))
+        fol.on_rdata(RdataCommand("caches", "master", 5001, ["c", None, 0]))
+        await fol.wait_for_position("caches", "master", 5001, 5)
+        fol.on_position(PositionCommand("caches", "master", 5001, 9000))  # not checked again for a while
+        assert fol.position("caches", "master") == 9000
+    assert got == [5001]
+    msgs = errors(caplog)
+    assert len(msgs) == 1 and "cannot check the claim 5000 against the database" in msgs[0]
+    await fol.close()

@@ -94,10 +94,13 @@ class DropLog:
         held, rows, level = self._held, self._held_rows, self._held_level
         self._held = self._held_rows = 0
         self._held_level = logging.NOTSET
-        self.logger.log(
-            level, "%d more suppressed in the last %gs (%d rows); counted in factstream_dropped_rows",
-            held, self.interval, rows,
-        )
+        if rows:
+            self.logger.log(
+                level, "%d more suppressed in the last %gs (%d rows); counted in factstream_dropped_rows",
+                held, self.interval, rows,
+            )
+        else:
+            self.logger.log(level, "%d more suppressed in the last %gs", held, self.interval)
 
     def _arm(self, delay: float) -> None:
         if self._timer is not None:

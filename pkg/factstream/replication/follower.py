@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from functools import partial
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -57,6 +58,7 @@ from typing import Any, NamedTuple
 from .. import _relay, metrics
 from ..commands import PositionCommand, RdataCommand
 from ..errors import FactstreamError, ProtocolError
+from ..redaction import redact_text
 from ..streams.registry import StreamRegistry, default_registry
 from ..streams.sources import UpdateSource
 from .droplog import DropLog
@@ -131,6 +133,10 @@ class Follower:
         self.verify_grace = verify_grace
         #: stream -> the highest head its source showed (only grows).
         self._heads: dict[str, int] = {}
+        #: stream -> monotonic time until which its head is not read again (it could not be read).
+        self._unverifiable: dict[str, float] = {}
+        #: Seconds claims go unchecked after the database's head could not be read.
+        self.unverifiable_for = 30.0
         self._reset_handlers: list[tuple[str | None, ResetHandler]] = []
         #: Counts every dropped row (factstream_dropped_rows) and logs it, rate-limited.
         self.drops = DropLog(log)
@@ -463,9 +469,15 @@ class Follower:
     # ------------------------------------------------------------ checking claims against the database
 
     def _head_source(self, stream: str) -> Any:
-        """The stream's source if it can tell the database's head (a HeadSource), else None."""
+        """The stream's source if it can tell the database's head (a HeadSource, readable lately), else None."""
         source = self.sources.get(stream)
-        return source if source is not None and hasattr(source, "stream_head") else None
+        if source is None or not hasattr(source, "stream_head"):
+            return None
+        if stream in self._unverifiable:
+            if time.monotonic() < self._unverifiable[stream]:
+                return None
+            del self._unverifiable[stream]
+        return source
 
     def _suspect(self, stream: str, token: int) -> bool:
         """Whether an RDATA at ``token`` is beyond what the database was last seen to back (plus the window)."""
@@ -508,16 +520,27 @@ class Follower:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.verify_grace if grace is None else grace)
         delay = 0.02
+        failures = 0
         while True:
             try:
                 head = int(await source.stream_head())
             except asyncio.CancelledError:
                 raise
             except Exception as err:
-                log.warning("%s/%s: could not read the stream's head (%s); retrying in %.2fs", key.stream, key.writer, err, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
+                failures += 1
+                if failures < 4:
+                    await asyncio.sleep(0.05 * failures)
+                    continue
+                # Unreadable (a database down, a table missing): stalling the stream would be worse than
+                # following the writer's word, as factstream did before it could check. Say so, loudly.
+                self._unverifiable[key.stream] = time.monotonic() + self.unverifiable_for
+                log.error(
+                    "%s/%s: cannot check the claim %d against the database (%s: %s); following the writer's word "
+                    "and not checking %s claims for %gs",
+                    key.stream, key.writer, target, type(err).__name__, redact_text(str(err)), key.stream,
+                    self.unverifiable_for,
+                )
+                return max(target, self._heads.get(key.stream, 0))
             if head > self._heads.get(key.stream, 0):
                 self._heads[key.stream] = head
             if head >= target or loop.time() >= deadline:
