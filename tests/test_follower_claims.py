@@ -173,3 +173,52 @@ async def test_a_database_that_cannot_be_read_does_not_stall_the_stream(
     msgs = errors(caplog)
     assert len(msgs) == 1 and "cannot check the claim 5000 against the database" in msgs[0]
     await fol.close()
+
+
+async def test_forged_position_going_back_is_ignored_while_the_database_holds_more(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    resets: list[Any] = []
+    setup.follower.add_reset_handler(lambda *a: resets.append(a))
+    await setup.write(4)
+    await setup.settle()
+    held = setup.follower.position("caches", "master")
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        setup.follower.on_position(PositionCommand("caches", "master", 0, 0))
+        await setup.write(3)
+        # A later real POSITION with a gap must not replay history from 0.
+        setup.follower.on_position(PositionCommand("caches", "master", setup.gen.current_token(), setup.gen.current_token()))
+        await setup.settle()
+    assert resets == []
+    assert setup.got == setup.written  # nothing twice, nothing lost
+    msgs = errors(caplog)
+    assert len(msgs) == 1 and f"going back from {held} to 0 ignored" in msgs[0]
+
+
+async def test_a_restored_database_resets_the_reader_and_every_new_fact_arrives(
+    engine_db: Any, relay_impl: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reader kept position 1000 from before a restore; the restored writer is back at a few."""
+    await create_tables(engine_db, [CACHES])
+    gen = (await open_id_generators(engine_db, "master", [CACHES]))["caches"]
+    fol = Follower(
+        sources={"caches": CACHES.source(engine_db)}, positions={("caches", "master"): 1000}, typed=False,
+        relay=relay_impl,
+    )
+    s = Setup(engine_db, gen, fol)
+    resets: list[Any] = []
+    fol.add_reset_handler(lambda *a: resets.append(a))
+    try:
+        with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+            start = gen.current_token()
+            fol.on_position(PositionCommand("caches", "master", start, start))  # what REPLICATE answers
+            await s.write(3)
+            await s.settle()
+        assert resets == [("caches", "master", 1000, start)]
+        assert s.got == s.written
+        msgs = errors(caplog)
+        assert len(msgs) == 1 and f"went backwards from 1000 to {start}" in msgs[0]
+    finally:
+        await fol.close()
+        s.publisher.close()
+        await gen.close()

@@ -419,7 +419,10 @@ class Follower:
                 return
             pos = key.position = self.start_position
         elif new < pos:
-            self._went_backwards(key, new)
+            if self._head_source(key.stream) is not None and not self._in_memory(key.stream):
+                self._spawn(key, self._check_backwards(key, new))
+            else:
+                self._went_backwards(key, new)
             return
         if prev > pos:
             self._start_fetch(key, new)
@@ -432,10 +435,7 @@ class Follower:
         """The writer says its position is ``new``, below ours: reset to it (see docs/replication.md)."""
         old = key.position
         assert old is not None
-        try:
-            in_memory = self.registry.get(key.stream).in_memory
-        except KeyError:
-            in_memory = False
+        in_memory = self._in_memory(key.stream)
         if in_memory:
             log.warning(
                 "%s/%s: stream went backwards from %d to %d (its rows live in the writer's memory: the writer "
@@ -465,6 +465,33 @@ class Follower:
                     handler(key.stream, key.writer, old, new)
                 except Exception:
                     log.exception("reset handler %r failed on %s/%s (%d -> %d)", handler, key.stream, key.writer, old, new)
+
+    def _in_memory(self, stream: str) -> bool:
+        """Whether the registry says the stream's rows live in the writer's memory (unknown streams: no)."""
+        try:
+            return self.registry.get(stream).in_memory
+        except KeyError:
+            return False
+
+    async def _check_backwards(self, key: _Key, new: int) -> None:
+        """A table-backed stream claims to have gone back: a reset only if the database went back too."""
+        old = key.position
+        assert old is not None
+        head = await self._read_head(key, old, grace=0.0)
+        if head is not None and head >= old:
+            # The database still holds what we delivered: the writer's ids cannot be handed out again,
+            # so the claim is wrong (forged, or a confused writer). Resetting would re-deliver history.
+            self.stats["unbacked_claims"] += 1
+            metrics.UNBACKED_CLAIMS.labels(key.stream).inc()
+            log.error(
+                "%s/%s: POSITION going back from %d to %d ignored: the database still holds up to %d, so the "
+                "writer cannot be back at %d (forged message, or a confused writer?); held at %d",
+                key.stream, key.writer, old, new, head, new, old,
+            )
+        else:
+            self._went_backwards(key, new)
+        key.fetching = False
+        self._drain_queue(key)
 
     # ------------------------------------------------------------ checking claims against the database
 
@@ -514,8 +541,11 @@ class Follower:
             key.fetching = False
             self._drain_queue(key)
 
-    async def _read_head(self, key: _Key, target: int, grace: float | None = None) -> int:
-        """The database's head, re-read for up to ``grace`` seconds (default ``verify_grace``) while below ``target``."""
+    async def _read_head(self, key: _Key, target: int, grace: float | None = None) -> int | None:
+        """The database's head, re-read for up to ``grace`` seconds (default ``verify_grace``) while below ``target``.
+
+        None when it cannot be read (reported; the caller follows the writer's word).
+        """
         source = self._head_source(key.stream)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.verify_grace if grace is None else grace)
@@ -540,7 +570,7 @@ class Follower:
                     key.stream, key.writer, target, type(err).__name__, redact_text(str(err)), key.stream,
                     self.unverifiable_for,
                 )
-                return max(target, self._heads.get(key.stream, 0))
+                return None
             if head > self._heads.get(key.stream, 0):
                 self._heads[key.stream] = head
             if head >= target or loop.time() >= deadline:
@@ -559,7 +589,7 @@ class Follower:
 
     async def _check_claim(self, key: _Key, new: int) -> None:
         head = await self._read_head(key, new)
-        if head >= new:
+        if head is None or head >= new:
             self._advance(key, new)
             key.fetching = False
             self._drain_queue(key)
@@ -571,14 +601,13 @@ class Follower:
             key.fetching = False
             self._drain_queue(key)
             return
-        source = self._head_source(key.stream)
-        await self._catch_up(key, source, head, settle=False)
+        await self._catch_up(key, self.sources[key.stream], head, settle=False)
 
     async def _check_queued_rows(self, key: _Key) -> None:
         top = max((item[1] for item in key.queue if item[0] == "rows"), default=0)
         # No grace: a real RDATA's rows were committed before it was sent, so the database shows them now.
         head = await self._read_head(key, top, grace=0.0)
-        key.checked_head = head
+        key.checked_head = top if head is None else head
         key.fetching = False
         self._drain_queue(key)
 
@@ -613,7 +642,7 @@ class Follower:
         """
         if settle and target > self._heads.get(key.stream, 0) and self._head_source(key.stream) is not None:
             head = await self._read_head(key, target)
-            if head < target:
+            if head is not None and head < target:
                 self._report_unbacked(key, "POSITION", target, head)
                 target, settle = head, False
         delay = 0.05
