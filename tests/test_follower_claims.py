@@ -205,6 +205,7 @@ async def test_a_restored_database_resets_the_reader_and_every_new_fact_arrives(
         sources={"caches": CACHES.source(engine_db)}, positions={("caches", "master"): 1000}, typed=False,
         relay=relay_impl,
     )
+    fol._heads["caches"] = 1000  # noqa: SLF001 - as if it had read the head before the restore
     s = Setup(engine_db, gen, fol)
     resets: list[Any] = []
     fol.add_reset_handler(lambda *a: resets.append(a))
@@ -218,6 +219,13 @@ async def test_a_restored_database_resets_the_reader_and_every_new_fact_arrives(
         assert s.got == s.written
         msgs = errors(caplog)
         assert len(msgs) == 1 and f"went backwards from 1000 to {start}" in msgs[0]
+        # The head read before the restore is no bound any more: a claim up to it is checked again.
+        here = fol.position("caches", "master")
+        assert here is not None
+        fol.on_position(PositionCommand("caches", "master", here, 900))
+        await s.write(2)
+        await s.settle()
+        assert s.got == s.written and fol.stats["unbacked_claims"] == 1
     finally:
         await fol.close()
         s.publisher.close()

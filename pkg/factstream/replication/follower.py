@@ -459,6 +459,9 @@ class Follower:
             )
             key.batch = []
         key.position = new
+        if not in_memory:
+            # The database went back too: the head seen before is no longer a bound.
+            self._heads.pop(key.stream, None)
         for only, handler in self._reset_handlers:
             if only is None or only == key.stream:
                 try:
