@@ -99,6 +99,8 @@ class _Key:
     rows: int = 0
     #: While draining after a check of queued rows: the head the database showed (rows above it are unbacked).
     checked_head: int | None = None
+    #: RDATA above this token is checked against the database first (see Follower._suspect).
+    bound: int = 0
 
 
 class Follower:
@@ -131,7 +133,7 @@ class Follower:
         self.trust_window = trust_window
         #: Seconds an unbacked claim is re-checked before it is reported (a rollback at the head shows late).
         self.verify_grace = verify_grace
-        #: stream -> the highest head its source showed (only grows).
+        #: stream -> the highest head its source showed (only grows, until a table-backed reset).
         self._heads: dict[str, int] = {}
         #: stream -> monotonic time until which its head is not read again (it could not be read).
         self._unverifiable: dict[str, float] = {}
@@ -276,7 +278,8 @@ class Follower:
                 if stale:
                     self._stale(key, stale, pos)
                 if facts:
-                    if self._suspect(key.stream, facts[-1][0]):
+                    top = facts[-1][0]
+                    if top > key.bound and self._suspect(key, top):
                         key.queue.extend(("rows", token, rows) for token, rows in facts)
                         self._check_rows(key)
                     else:
@@ -328,6 +331,7 @@ class Follower:
         key = self._keys.get((stream, writer))
         if key is None:
             key = self._keys[(stream, writer)] = _Key(stream, writer, None)
+            key.bound = self._heads.get(stream, 0) + self.trust_window
         return key
 
     def metric_rows(self) -> list[tuple[str, str, int]]:
@@ -365,7 +369,7 @@ class Follower:
         """The rows of one fact arrived live: wait behind a fetch, deliver, or check them."""
         if key.fetching:
             key.queue.append(("rows", token, rows))
-        elif key.position is not None and token > key.position and not self._suspect(key.stream, token):
+        elif key.position is not None and token > key.position and not (token > key.bound and self._suspect(key, token)):
             self._deliver(key, [(token, rows)])
         else:
             self._apply_rows(key, token, rows)
@@ -405,7 +409,7 @@ class Follower:
             if token > head:
                 self._unbacked_rows(key, token, rows, head)
                 return
-        elif self._suspect(key.stream, token):
+        elif token > key.bound and self._suspect(key, token):
             key.queue.appendleft(("rows", token, rows))
             self._check_rows(key)
             return
@@ -461,7 +465,7 @@ class Follower:
         key.position = new
         if not in_memory:
             # The database went back too: the head seen before is no longer a bound.
-            self._heads.pop(key.stream, None)
+            self._set_head(key.stream, None)
         for only, handler in self._reset_handlers:
             if only is None or only == key.stream:
                 try:
@@ -509,9 +513,28 @@ class Follower:
             del self._unverifiable[stream]
         return source
 
-    def _suspect(self, stream: str, token: int) -> bool:
-        """Whether an RDATA at ``token`` is beyond what the database was last seen to back (plus the window)."""
-        return token > self._heads.get(stream, 0) + self.trust_window and self._head_source(stream) is not None
+    def _suspect(self, key: _Key, token: int) -> bool:
+        """Whether an RDATA at ``token``, past ``key.bound``, must be checked against the database.
+
+        ``key.bound`` is the last head seen plus ``trust_window``, so the hot
+        paths pay one comparison per run; a stream without a head source
+        moves its bound a window on (a source added later is noticed).
+        """
+        if self._head_source(key.stream) is None:
+            key.bound = token + self.trust_window
+            return False
+        return True
+
+    def _set_head(self, stream: str, head: int | None) -> None:
+        """Record the database's head of ``stream`` (None: forget it) and move its keys' bounds."""
+        if head is None:
+            self._heads.pop(stream, None)
+        else:
+            self._heads[stream] = head
+        bound = (head or 0) + self.trust_window
+        for key in self._keys.values():
+            if key.stream == stream:
+                key.bound = bound
 
     def _claim(self, key: _Key, new: int) -> None:
         """Move to ``new`` on the writer's word, if the database backs it (else check first)."""
@@ -575,7 +598,7 @@ class Follower:
                 )
                 return None
             if head > self._heads.get(key.stream, 0):
-                self._heads[key.stream] = head
+                self._set_head(key.stream, head)
             if head >= target or loop.time() >= deadline:
                 return head
             await asyncio.sleep(delay)
