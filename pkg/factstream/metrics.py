@@ -25,6 +25,9 @@ __all__ = [
     "CATCHUP_ROWS",
     "DISCONNECTS",
     "DROPPED_ROWS",
+    "STREAM_RESETS",
+    "UNBACKED_CLAIMS",
+    "SKIPPED_GAPS",
     "start_http_server",
 ]
 
@@ -89,6 +92,24 @@ CATCHUP_FETCHES = Counter("factstream_catchup_fetches", "Out-of-band catch-up pa
 CATCHUP_ROWS = Counter("factstream_catchup_rows", "Rows obtained by catch-up", ["stream"])
 DISCONNECTS = Counter("factstream_disconnects", "Connections closed, by reason", ["reason"])
 DROPPED_ROWS = Counter("factstream_dropped_rows", "Rows ignored by a reader (stale, duplicate, unknown position)", ["stream", "why"])
+
+
+STREAM_RESETS = Counter(
+    "factstream_stream_resets",
+    "A writer's position went backwards and the reader reset to it, by stream and kind (in_memory: expected after "
+    "a writer restart; table: a database restore or failover, logged as an ERROR)",
+    ["stream", "kind"],
+)
+UNBACKED_CLAIMS = Counter(
+    "factstream_unbacked_claims",
+    "POSITION or RDATA tokens beyond what the reader's database holds (forged, or a database behind the writer)",
+    ["stream"],
+)
+SKIPPED_GAPS = Counter(
+    "factstream_skipped_gaps",
+    "Ranges of missed facts a reader could not fetch (no update source for the stream) and skipped",
+    ["stream"],
+)
 
 
 def start_http_server(port: int, addr: str = "127.0.0.1") -> None:

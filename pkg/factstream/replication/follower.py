@@ -6,14 +6,29 @@ transport) and delivers rows to the application strictly in token order per
 
 * ``batch`` rows are held per (stream, writer) until the row with the numeric
   token arrives, then delivered together at that token;
-* rows at or below the known position are dropped (stale or duplicate);
+* rows at or below the known position are dropped (stale or duplicate),
+  counted in ``factstream_dropped_rows`` and logged (rate-limited, see
+  :mod:`factstream.replication.droplog`), like every other drop;
 * ``POSITION s w prev new`` with ``prev`` ahead of the known position means
   facts were missed: they are fetched from the stream's update source in
   pages of ``page_limit`` (the database, or the writer for in-memory
   streams) while later commands for that (stream, writer) wait in order;
 * a (stream, writer) seen for the first time starts at ``start_position``
   (e.g. 0 to replay everything the source holds) or, when that is None, at
-  the first POSITION's ``new`` token (live only).
+  the first POSITION's ``new`` token (live only);
+* ``POSITION s w prev new`` with ``new`` *below* the known position is a
+  reset: for a stream whose rows live in the writer's memory (typing, ...)
+  the writer restarted (WARNING), for a table-backed stream the database
+  went back (ERROR). Either way the position becomes ``new``, reset
+  handlers (:meth:`Follower.add_reset_handler`) are told ``(stream, writer,
+  old, new)`` before any later row, and every row after ``new`` is
+  delivered;
+* when the stream's source can say how far the stream can have got
+  (:class:`~factstream.streams.sources.HeadSource`, e.g. a table), a claim
+  beyond that head (a POSITION, or an RDATA more than ``trust_window``
+  past it) is checked against the database first: the follower moves only
+  as far as the database backs, logs an ERROR naming the writer, the
+  claimed and the verified position, and keeps waiting for the rest.
 
 A transport may hand over a whole run of RDATA at once
 (:meth:`Follower.on_rdata_many`, e.g. everything one socket read decoded);
@@ -23,7 +38,8 @@ per-row loop (decode, batches, stale check) is the relay's
 
 Delivery: ``add_handler(fn, stream=None)`` with ``fn(stream, writer, token,
 rows)`` (synchronous, called in order), or ``async for update in
-follower.updates()``. ``await wait_for_position(stream, writer, token,
+follower.updates()``; ``add_reset_handler(fn, stream=None)`` with ``fn(stream,
+writer, old, new)`` for resets. ``await wait_for_position(stream, writer, token,
 timeout)`` raises :class:`PositionTimeout` on timeout.
 """
 
@@ -31,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from functools import partial
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -41,15 +58,19 @@ from typing import Any, NamedTuple
 from .. import _relay, metrics
 from ..commands import PositionCommand, RdataCommand
 from ..errors import FactstreamError, ProtocolError
+from ..redaction import redact_text
 from ..streams.registry import StreamRegistry, default_registry
 from ..streams.sources import UpdateSource
+from .droplog import DropLog
 
-__all__ = ["Follower", "Update", "PositionTimeout", "RowsHandler"]
+__all__ = ["Follower", "Update", "PositionTimeout", "RowsHandler", "ResetHandler"]
 
 log = logging.getLogger(__name__)
 
 #: ``handler(stream_name, writer, token, rows)``.
 RowsHandler = Callable[[str, str, int, list[Any]], Any]
+#: ``handler(stream_name, writer, old_position, new_position)``: the writer's stream went back.
+ResetHandler = Callable[[str, str, int, int], Any]
 
 
 class PositionTimeout(FactstreamError, TimeoutError):
@@ -76,6 +97,10 @@ class _Key:
     fetching: bool = False
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     rows: int = 0
+    #: While draining after a check of queued rows: the head the database showed (rows above it are unbacked).
+    checked_head: int | None = None
+    #: RDATA above this token is checked against the database first (see Follower._suspect).
+    bound: int = 0
 
 
 class Follower:
@@ -92,6 +117,8 @@ class Follower:
         typed: bool = True,
         streams: set[str] | None = None,
         relay: ModuleType | None = None,
+        trust_window: int = 1000,
+        verify_grace: float = 1.0,
     ) -> None:
         self.registry = registry if registry is not None else default_registry()
         self.sources: dict[str, UpdateSource] = dict(sources or {})
@@ -102,6 +129,19 @@ class Follower:
         self.streams = streams
         #: The relay twin running the per-row loop (default: the active implementation).
         self.relay = relay or _relay
+        #: RDATA up to this far past the database's last seen head is delivered without asking it again.
+        self.trust_window = trust_window
+        #: Seconds an unbacked claim is re-checked before it is reported (a rollback at the head shows late).
+        self.verify_grace = verify_grace
+        #: stream -> the highest head its source showed (only grows, until a table-backed reset).
+        self._heads: dict[str, int] = {}
+        #: stream -> monotonic time until which its head is not read again (it could not be read).
+        self._unverifiable: dict[str, float] = {}
+        #: Seconds claims go unchecked after the database's head could not be read.
+        self.unverifiable_for = 30.0
+        self._reset_handlers: list[tuple[str | None, ResetHandler]] = []
+        #: Counts every dropped row (factstream_dropped_rows) and logs it, rate-limited.
+        self.drops = DropLog(log)
         self._keys: dict[tuple[str, str], _Key] = {}
         for (s, w), pos in (positions or {}).items():
             self._key(s, w).position = pos
@@ -109,10 +149,12 @@ class Follower:
         self._fanout = self.relay.Fanout(Update, self._handler_failed)
         self._unknown_reported: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._drop_metric: dict[tuple[str, str], Any] = {}
+        self._closing = False
         metrics.track(self)
         #: Counters kept for tests and the demo.
-        self.stats: dict[str, int] = {"stale_rows": 0, "catchup_rows": 0, "catchup_fetches": 0}
+        self.stats: dict[str, int] = {
+            "stale_rows": 0, "catchup_rows": 0, "catchup_fetches": 0, "resets": 0, "unbacked_claims": 0,
+        }
 
     # ------------------------------------------------------------ application API
 
@@ -124,6 +166,20 @@ class Follower:
     def remove_handler(self, handler: RowsHandler) -> None:
         """Stop calling ``handler``."""
         self._fanout.handlers = [(s, h) for s, h in self._fanout.handlers if h is not handler]
+
+    def add_reset_handler(self, handler: ResetHandler, stream: str | None = None) -> None:
+        """Call ``handler(stream, writer, old, new)`` when a writer's stream goes back from ``old`` to ``new``.
+
+        It runs before any row after the reset is delivered: state built
+        from that writer's rows above ``new`` (typing notifications, cached
+        values) is stale, and rows from ``new + 1`` on follow. Consumers of
+        :meth:`updates` learn of resets only through this hook.
+        """
+        self._reset_handlers = [*self._reset_handlers, (stream, handler)]
+
+    def remove_reset_handler(self, handler: ResetHandler) -> None:
+        """Stop calling ``handler`` on resets."""
+        self._reset_handlers = [(s, h) for s, h in self._reset_handlers if h is not handler]
 
     async def updates(self) -> AsyncIterator[Update]:
         """Iterate facts as they are delivered (from now on), in order per (stream, writer).
@@ -217,12 +273,17 @@ class Follower:
                 for token, rows in facts:
                     self._consume(key, token, rows)
             else:
-                i, facts, key.batch, stale = gather(cmds, i, key.position, key.batch, parse)
+                pos = key.position
+                i, facts, key.batch, stale = gather(cmds, i, pos, key.batch, parse)
                 if stale:
-                    self.stats["stale_rows"] += stale
-                    self._drop(key.stream, "stale", stale)
+                    self._stale(key, stale, pos)
                 if facts:
-                    self._deliver(key, facts)
+                    top = facts[-1][0]
+                    if top > key.bound and self._suspect(key, top):
+                        key.queue.extend(("rows", token, rows) for token, rows in facts)
+                        self._check_rows(key)
+                    else:
+                        self._deliver(key, facts)
             if i == start:
                 raise TypeError(f"on_rdata_many takes RDATA commands only, not {type(first).__name__}")
             if key.batch:
@@ -242,17 +303,27 @@ class Follower:
         """Forget batches begun on ``conn``: their closing row will never come (catch-up repairs)."""
         for key in self._keys.values():
             if key.batch and (conn is None or key.batch_conn is conn):
+                self.drops.dropped(
+                    "broken_batch", len(key.batch), key.stream,
+                    "%s/%s: %d batch rows dropped: their connection closed before the row with their token",
+                    key.stream, key.writer, len(key.batch),
+                )
                 key.batch = []
 
     async def close(self) -> None:
-        """Cancel running catch-up fetches."""
-        for task in list(self._tasks):
+        """Cancel running catch-up fetches (a fetch that had failed is logged, not swallowed)."""
+        tasks = list(self._tasks)
+        self._closing = True
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            try:
-                await task
-            except BaseException:
-                pass
+        try:
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._closing = False
+        for task, result in zip(tasks, results):
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                log.error("catch-up task %s had failed", task.get_name(), exc_info=result)
+        self.drops.flush()
 
     # ------------------------------------------------------------ internals
 
@@ -260,6 +331,7 @@ class Follower:
         key = self._keys.get((stream, writer))
         if key is None:
             key = self._keys[(stream, writer)] = _Key(stream, writer, None)
+            key.bound = self._heads.get(stream, 0) + self.trust_window
         return key
 
     def metric_rows(self) -> list[tuple[str, str, int]]:
@@ -284,26 +356,34 @@ class Follower:
             log.warning("malformed %s row delivered untyped: %s", stream, err)
             return row
 
-    def _drop(self, stream: str, why: str, n: int) -> None:
-        m = self._drop_metric.get((stream, why))
-        if m is None:
-            m = self._drop_metric[(stream, why)] = metrics.DROPPED_ROWS.labels(stream, why)
-        m.inc(n)
+    def _stale(self, key: _Key, n: int, pos: int | None) -> None:
+        self.stats["stale_rows"] += n
+        self.drops.dropped(
+            "stale", n, key.stream,
+            "%s/%s: %d rows at or below position %s dropped as stale (a replay, or a writer that went back "
+            "without announcing it with POSITION)",
+            key.stream, key.writer, n, pos,
+        )
 
     def _consume(self, key: _Key, token: int, rows: list[Any]) -> None:
         """The rows of one fact arrived live: wait behind a fetch, deliver, or check them."""
         if key.fetching:
             key.queue.append(("rows", token, rows))
-        elif key.position is not None and token > key.position:
+        elif key.position is not None and token > key.position and not (token > key.bound and self._suspect(key, token)):
             self._deliver(key, [(token, rows)])
         else:
             self._apply_rows(key, token, rows)
 
-    def _apply_rows(self, key: _Key, token: int, rows: list[Any]) -> None:
+    def _apply_rows(self, key: _Key, token: int, rows: list[Any], queued: bool = False) -> None:
         pos = key.position
         if pos is None:
             if self.start_position is None:
-                self._drop(key.stream, "unknown_position", len(rows))
+                self.drops.dropped(
+                    "unknown_position", len(rows), key.stream,
+                    "%s/%s: %d rows dropped: no position known yet for this writer (following live only, "
+                    "waiting for its POSITION)",
+                    key.stream, key.writer, len(rows),
+                )
                 return
             pos = key.position = self.start_position
             if token > pos + 1 and key.stream in self.sources:
@@ -312,8 +392,26 @@ class Follower:
                 self._start_fetch(key, token - 1)
                 return
         if token <= pos:
-            self.stats["stale_rows"] += len(rows)
-            self._drop(key.stream, "stale", len(rows))
+            if queued:
+                # Arrived live while a catch-up fetched the same fact: the expected overlap, not a fault.
+                self.drops.dropped(
+                    "duplicate", len(rows), key.stream,
+                    "%s/%s: %d rows at token %d already delivered by catch-up, dropped",
+                    key.stream, key.writer, len(rows), token, level=logging.INFO,
+                )
+            else:
+                self._stale(key, len(rows), pos)
+            return
+        checked = key.checked_head
+        if checked is not None:
+            # Just asked: anything above the freshest head the database showed is not backed.
+            head = max(checked, self._heads.get(key.stream, 0))
+            if token > head:
+                self._unbacked_rows(key, token, rows, head)
+                return
+        elif token > key.bound and self._suspect(key, token):
+            key.queue.appendleft(("rows", token, rows))
+            self._check_rows(key)
             return
         self._deliver(key, [(token, rows)])
 
@@ -321,13 +419,233 @@ class Follower:
         pos = key.position
         if pos is None:
             if self.start_position is None:
-                self._advance(key, new)
+                self._claim(key, new)
                 return
             pos = key.position = self.start_position
+        elif new < pos:
+            if self._head_source(key.stream) is not None and not self._in_memory(key.stream):
+                self._spawn(key, self._check_backwards(key, new))
+            else:
+                self._went_backwards(key, new)
+            return
         if prev > pos:
             self._start_fetch(key, new)
         elif new > pos:
+            self._claim(key, new)
+
+    # ------------------------------------------------------------ resets
+
+    def _went_backwards(self, key: _Key, new: int) -> None:
+        """The writer says its position is ``new``, below ours: reset to it (see docs/replication.md)."""
+        old = key.position
+        assert old is not None
+        in_memory = self._in_memory(key.stream)
+        if in_memory:
+            log.warning(
+                "%s/%s: stream went backwards from %d to %d (its rows live in the writer's memory: the writer "
+                "restarted); reset to %d, rows after it will be delivered",
+                key.stream, key.writer, old, new, new,
+            )
+        else:
+            log.error(
+                "%s/%s: position went backwards from %d to %d on a table-backed stream (database restored or "
+                "failed over, or a wrong POSITION); reset to %d: rows after it are delivered again from the "
+                "writer and the database, and reset handlers are told",
+                key.stream, key.writer, old, new, new,
+            )
+        metrics.STREAM_RESETS.labels(key.stream, "in_memory" if in_memory else "table").inc()
+        self.stats["resets"] += 1
+        if key.batch:
+            # Rows of a batch begun before the reset belong to the old stream.
+            self.drops.dropped(
+                "stale", len(key.batch), key.stream,
+                "%s/%s: %d batch rows from before the reset dropped", key.stream, key.writer, len(key.batch),
+            )
+            key.batch = []
+        key.position = new
+        if not in_memory:
+            # The database went back too: the head seen before is no longer a bound.
+            self._set_head(key.stream, None)
+        for only, handler in self._reset_handlers:
+            if only is None or only == key.stream:
+                try:
+                    handler(key.stream, key.writer, old, new)
+                except Exception:
+                    log.exception("reset handler %r failed on %s/%s (%d -> %d)", handler, key.stream, key.writer, old, new)
+
+    def _in_memory(self, stream: str) -> bool:
+        """Whether the registry says the stream's rows live in the writer's memory (unknown streams: no)."""
+        try:
+            return self.registry.get(stream).in_memory
+        except KeyError:
+            return False
+
+    async def _check_backwards(self, key: _Key, new: int) -> None:
+        """A table-backed stream claims to have gone back: a reset only if the database went back too."""
+        old = key.position
+        assert old is not None
+        head = await self._read_head(key, old, grace=0.0)
+        if head is not None and head >= old:
+            # The database still holds what we delivered: the writer's ids cannot be handed out again,
+            # so the claim is wrong (forged, or a confused writer). Resetting would re-deliver history.
+            self.stats["unbacked_claims"] += 1
+            metrics.UNBACKED_CLAIMS.labels(key.stream).inc()
+            log.error(
+                "%s/%s: POSITION going back from %d to %d ignored: the database still holds up to %d, so the "
+                "writer cannot be back at %d (forged message, or a confused writer?); held at %d",
+                key.stream, key.writer, old, new, head, new, old,
+            )
+        else:
+            self._went_backwards(key, new)
+        key.fetching = False
+        self._drain_queue(key)
+
+    # ------------------------------------------------------------ checking claims against the database
+
+    def _head_source(self, stream: str) -> Any:
+        """The stream's source if it can tell the database's head (a HeadSource, readable lately), else None."""
+        source = self.sources.get(stream)
+        if source is None or not hasattr(source, "stream_head"):
+            return None
+        if stream in self._unverifiable:
+            if time.monotonic() < self._unverifiable[stream]:
+                return None
+            del self._unverifiable[stream]
+        return source
+
+    def _suspect(self, key: _Key, token: int) -> bool:
+        """Whether an RDATA at ``token``, past ``key.bound``, must be checked against the database.
+
+        ``key.bound`` is the last head seen plus ``trust_window``, so the hot
+        paths pay one comparison per run; a stream without a head source
+        moves its bound a window on (a source added later is noticed).
+        """
+        if self._head_source(key.stream) is None:
+            key.bound = token + self.trust_window
+            return False
+        return True
+
+    def _set_head(self, stream: str, head: int | None) -> None:
+        """Record the database's head of ``stream`` (None: forget it) and move its keys' bounds."""
+        if head is None:
+            self._heads.pop(stream, None)
+        else:
+            self._heads[stream] = head
+        bound = (head or 0) + self.trust_window
+        for key in self._keys.values():
+            if key.stream == stream:
+                key.bound = bound
+
+    def _claim(self, key: _Key, new: int) -> None:
+        """Move to ``new`` on the writer's word, if the database backs it (else check first)."""
+        if new <= self._heads.get(key.stream, 0) or self._head_source(key.stream) is None:
             self._advance(key, new)
+            return
+        self._spawn(key, self._check_claim(key, new))
+
+    def _check_rows(self, key: _Key) -> None:
+        """Hold ``key``'s queue while the database is asked about the rows queued in it."""
+        self._spawn(key, self._check_queued_rows(key))
+
+    def _spawn(self, key: _Key, coro: Any) -> None:
+        key.fetching = True
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(partial(self._task_done, key))
+
+    def _task_done(self, key: _Key, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or self._closing:
+            return  # close() reports what it cancelled
+        err = task.exception()
+        if err is not None:
+            # A bug, not a database error (those are retried): say so loudly, and do not stall the stream.
+            log.error(
+                "%s/%s: catch-up failed; %d queued commands are applied without it",
+                key.stream, key.writer, len(key.queue), exc_info=err,
+            )
+            key.fetching = False
+            self._drain_queue(key)
+
+    async def _read_head(self, key: _Key, target: int, grace: float | None = None) -> int | None:
+        """The database's head, re-read for up to ``grace`` seconds (default ``verify_grace``) while below ``target``.
+
+        None when it cannot be read (reported; the caller follows the writer's word).
+        """
+        source = self._head_source(key.stream)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.verify_grace if grace is None else grace)
+        delay = 0.02
+        failures = 0
+        while True:
+            try:
+                head = int(await source.stream_head())
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                failures += 1
+                if failures < 4:
+                    await asyncio.sleep(0.05 * failures)
+                    continue
+                # Unreadable (a database down, a table missing): stalling the stream would be worse than
+                # following the writer's word, as factstream did before it could check. Say so, loudly.
+                self._unverifiable[key.stream] = time.monotonic() + self.unverifiable_for
+                log.error(
+                    "%s/%s: cannot check the claim %d against the database (%s: %s); following the writer's word "
+                    "and not checking %s claims for %gs",
+                    key.stream, key.writer, target, type(err).__name__, redact_text(str(err)), key.stream,
+                    self.unverifiable_for,
+                )
+                return None
+            if head > self._heads.get(key.stream, 0):
+                self._set_head(key.stream, head)
+            if head >= target or loop.time() >= deadline:
+                return head
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def _report_unbacked(self, key: _Key, what: str, claimed: int, verified: int) -> None:
+        self.stats["unbacked_claims"] += 1
+        metrics.UNBACKED_CLAIMS.labels(key.stream).inc()
+        log.error(
+            "%s/%s: %s claims position %d but the database backs only %d; not moving past rows not seen "
+            "(forged message, or a database behind the writer?). Writer %r, claimed %d, verified %d",
+            key.stream, key.writer, what, claimed, verified, key.writer, claimed, verified,
+        )
+
+    async def _check_claim(self, key: _Key, new: int) -> None:
+        head = await self._read_head(key, new)
+        if head is None or head >= new:
+            self._advance(key, new)
+            key.fetching = False
+            self._drain_queue(key)
+            return
+        self._report_unbacked(key, "POSITION", new, head)
+        if key.position is None:
+            # Following live only: start at what the database holds.
+            key.position = head
+            key.fetching = False
+            self._drain_queue(key)
+            return
+        await self._catch_up(key, self.sources[key.stream], head, settle=False)
+
+    async def _check_queued_rows(self, key: _Key) -> None:
+        top = max((item[1] for item in key.queue if item[0] == "rows"), default=0)
+        # No grace: a real RDATA's rows were committed before it was sent, so the database shows them now.
+        head = await self._read_head(key, top, grace=0.0)
+        key.checked_head = top if head is None else head
+        key.fetching = False
+        self._drain_queue(key)
+
+    def _unbacked_rows(self, key: _Key, token: int, rows: list[Any], head: int) -> None:
+        self._report_unbacked(key, "RDATA", token, head)
+        self.drops.dropped(
+            "unbacked", len(rows), key.stream,
+            "%s/%s: %d rows at token %d dropped: the database backs only %d",
+            key.stream, key.writer, len(rows), token, head, level=logging.ERROR,
+        )
+
+    # ------------------------------------------------------------ catch-up
 
     def _start_fetch(self, key: _Key, target: int) -> None:
         source = self.sources.get(key.stream)
@@ -336,14 +654,23 @@ class Follower:
                 "%s/%s: missed facts (%s, %d] but no update source is configured for this stream; skipping them",
                 key.stream, key.writer, key.position, target,
             )
+            metrics.SKIPPED_GAPS.labels(key.stream).inc()
             self._advance(key, target)
             return
-        key.fetching = True
-        task = asyncio.get_running_loop().create_task(self._catch_up(key, source, target))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(key, self._catch_up(key, source, target))
 
-    async def _catch_up(self, key: _Key, source: UpdateSource, target: int) -> None:
+    async def _catch_up(self, key: _Key, source: UpdateSource, target: int, settle: bool = True) -> None:
+        """Fetch ``(position, target]`` and deliver it; ``settle``: then stand at ``target`` even past the last row.
+
+        With a source that knows the database's head, a target beyond it is
+        reported and cut to it, and the position then moves only as far as
+        the rows the database holds (``settle`` off).
+        """
+        if settle and target > self._heads.get(key.stream, 0) and self._head_source(key.stream) is not None:
+            head = await self._read_head(key, target)
+            if head is not None and head < target:
+                self._report_unbacked(key, "POSITION", target, head)
+                target, settle = head, False
         delay = 0.05
         fetches = metrics.CATCHUP_FETCHES.labels(key.stream)
         fetched = metrics.CATCHUP_ROWS.labels(key.stream)
@@ -383,10 +710,13 @@ class Follower:
                     i += 1
                 if token > key.position:
                     self._deliver(key, [(token, rows)])
-            if upto > key.position:
-                self._advance(key, min(upto, target))
-            if not limited and key.position < target:
-                self._advance(key, target)
+            if limited:
+                if upto > key.position:
+                    self._advance(key, min(upto, target))
+            else:
+                if settle and key.position < target:
+                    self._advance(key, target)
+                break
         key.fetching = False
         self._drain_queue(key)
 
@@ -395,9 +725,11 @@ class Follower:
         while queue and not key.fetching:
             item = queue.popleft()
             if item[0] == "rows":
-                self._apply_rows(key, item[1], item[2])
+                self._apply_rows(key, item[1], item[2], queued=True)
             else:
                 self._apply_position(key, item[1], item[2])
+        if not queue:
+            key.checked_head = None
 
     def _deliver(self, key: _Key, facts: list[tuple[int, list[Any]]]) -> None:
         """Deliver facts above the position, in order, moving the position past each."""

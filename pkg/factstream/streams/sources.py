@@ -27,7 +27,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FactstreamError
 
-__all__ = ["UpdateSource", "Updates", "MemoryUpdateSource", "TableUpdateSource", "UpdatesUnavailable"]
+__all__ = [
+    "UpdateSource",
+    "HeadSource",
+    "Updates",
+    "MemoryUpdateSource",
+    "TableUpdateSource",
+    "UpdatesUnavailable",
+]
 
 #: ``(updates, upto_token, limited)``.
 Updates = tuple[list[tuple[int, Any]], int, bool]
@@ -43,6 +50,21 @@ class UpdateSource(Protocol):
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
         """Rows of ``instance_name`` in ``(from_token, upto_token]``, at most about ``limit``."""
+        ...
+
+
+@runtime_checkable
+class HeadSource(Protocol):
+    """A source that can also say how far the stream can possibly have got.
+
+    A reader uses :meth:`stream_head` to check a writer's claim (a POSITION, an
+    RDATA token) against its database before moving past rows it has not seen:
+    an honest writer's position never exceeds the head, because ids are handed
+    out (and rows committed) before they are announced.
+    """
+
+    async def stream_head(self) -> int:
+        """The highest token handed out for the stream by any writer, as the database shows it."""
         ...
 
 
@@ -113,6 +135,16 @@ class TableUpdateSource:
     None for single-writer tables. ``to_row`` turns a result tuple (without the
     token) into the wire row (default: a list). The query pages by token so a
     token's rows are never split.
+
+    ``tiebreak`` orders the rows of one token (SQL after ``ORDER BY id,``):
+    the order they were inserted in, which is the order the writer wrote
+    them (``rowid`` on SQLite, an identity column on PostgreSQL, whose heap
+    order is not stable). Without it PostgreSQL may return a multi-row
+    token's rows in a different order on every query.
+
+    ``stream_name`` (and ``sequence_name`` on PostgreSQL) let
+    :meth:`stream_head` also read ``stream_positions`` and the stream's id
+    sequence, so ids handed out for rows that were rolled back count too.
     """
 
     def __init__(
@@ -126,8 +158,13 @@ class TableUpdateSource:
         to_row: Callable[[tuple[Any, ...]], Any] | None = None,
         where: str = "",
         backwards: bool = False,
+        tiebreak: str | None = None,
+        stream_name: str | None = None,
+        sequence_name: str | None = None,
     ) -> None:
         self.db = db
+        self.stream_name = stream_name
+        self.sequence_name = sequence_name
         self.backwards = backwards
         self.table = table
         self.columns = list(columns)
@@ -143,7 +180,10 @@ class TableUpdateSource:
         if where:
             cond += f" AND ({where})"
         order = f"{id_column} DESC" if backwards else id_column
+        if tiebreak:
+            order += f", {tiebreak}"
         self._sql = f"SELECT {cols} FROM {table} WHERE {cond} ORDER BY {order} LIMIT ?"
+        self._head_sql = f"SELECT MAX({token_expr}) FROM {table}"
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
         params: list[Any] = [from_token, upto_token]
@@ -163,6 +203,37 @@ class TableUpdateSource:
         )
         head = [u for u in updates if u[0] < last]
         return head + [(int(t[0]), self.to_row(tuple(t[1:]))) for t in rest], last, True
+
+    async def stream_head(self) -> int:
+        """The highest token handed out for the stream, as far as this database shows (see :class:`HeadSource`).
+
+        The most of: the table's highest token (any writer), the stream's
+        ``stream_positions`` (when ``stream_name`` is set and the table
+        exists) and, on PostgreSQL, the id sequence (``sequence_name``).
+        """
+        head = 0
+        row = (await _fetchall(self.db, self._head_sql, ()))[0]
+        if row[0] is not None:
+            head = int(row[0])
+        if self.stream_name is not None:
+            try:
+                rows = await _fetchall(
+                    self.db, "SELECT MAX(stream_id) FROM stream_positions WHERE stream_name = ?", (self.stream_name,)
+                )
+            except Exception as err:  # noqa: BLE001 - the table is optional (a database no generator opened)
+                if "stream_positions" not in str(err):
+                    raise
+            else:
+                if rows and rows[0][0] is not None:
+                    head = max(head, int(rows[0][0]))
+        if self.sequence_name is not None and getattr(self.db, "engine", "") == "postgres":
+            # pg_sequences, not the sequence itself: a missing sequence is no row, not an error.
+            rows = await _fetchall(
+                self.db, "SELECT last_value FROM pg_sequences WHERE sequencename = ?", (self.sequence_name,)
+            )
+            if rows and rows[0][0] is not None:
+                head = max(head, int(rows[0][0]))
+        return head
 
 
 async def _fetchall(db: Any, sql: str, params: Sequence[Any]) -> list[Any]:

@@ -44,7 +44,6 @@ import json
 import logging
 import random
 import sys
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -59,6 +58,7 @@ from .. import metrics, wire
 from ..commands import Command, PositionCommand, RdataCommand, ReplicateCommand
 from ..redaction import redact_url as redacted_url
 from ..replication.carrier import CommandSink, Connection
+from ..replication.droplog import DropLog
 
 __all__ = [
     "RedisCarrier",
@@ -165,27 +165,6 @@ def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[Abstrac
     cls: type[AbstractConnection] = kwargs.pop("connection_class", TcpRedisConnection)
     kwargs.update(overrides)
     return cls, kwargs
-
-
-class _RateLimitedLog:
-    """Log at most one line per ``interval`` seconds, counting what it held back."""
-
-    def __init__(self, interval: float = 1.0) -> None:
-        self.interval = interval
-        self._next = 0.0
-        self._held = 0
-
-    def warning(self, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._held += 1
-            return
-        if self._held:
-            msg += " (%d similar messages suppressed)"
-            args = (*args, self._held)
-        self._held = 0
-        self._next = now + self.interval
-        logger.warning(msg, *args)
 
 
 _NOTHING: Any = object()
@@ -334,8 +313,8 @@ class RedisCarrier:
         self._pending_reported = 0
         self._m_in = _PerCommand(metrics.COMMANDS_IN)
         self._m_out = _PerCommand(metrics.COMMANDS_OUT)
-        self._invalid_log = _RateLimitedLog()
-        self._drop_log = _RateLimitedLog(interval=5.0)
+        self._invalid_log = DropLog(logger, interval=1.0)
+        self._drop_log = DropLog(logger, interval=5.0)
         #: redis-side client ids of the live connections (for operators and tests)
         self.subscriber_client_id: int | None = None
         self.publisher_client_id: int | None = None
@@ -465,7 +444,7 @@ class RedisCarrier:
                     len(queue), "connected" if self._publisher_up else "DISCONNECTED",
                 )
             else:
-                self._drop_log.warning("Redis publish queue still full: %d commands dropped so far", self.stats.dropped)
+                self._drop_log.log("Redis publish queue still full: %d commands dropped so far", self.stats.dropped)
             return False
         queue.append(packed)
         self.stats.queued += 1
@@ -670,7 +649,7 @@ class RedisCarrier:
             cmd = wire.parse_line(data)
         except Exception as err:  # noqa: BLE001 - a bad message must never stop the reader
             self.stats.invalid += 1
-            self._invalid_log.warning("ignoring invalid replication message on Redis: %s", err)
+            self._invalid_log.dropped("bad_message", 1, "", "ignoring invalid replication message on Redis: %s", err)
             return
         own = self.instance_name
         if own is not None and cmd.NAME in ECHO_COMMANDS and cmd.instance_name == own:  # type: ignore[attr-defined]

@@ -1,0 +1,232 @@
+"""A forged or far-ahead POSITION / RDATA does not move a follower with a database past real rows (issue 11, item 2).
+
+A real writer (id generator, table, publisher) on SQLite and PostgreSQL
+(``engine_db``) feeds a follower reading the same database, on both relay
+twins; forged commands are slipped in between its real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import ModuleType
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from factstream.commands import Command, PositionCommand, RdataCommand
+from factstream.replication import Follower, Publisher
+from factstream.replication.tables import DEMO_TABLES, TableWriter, create_tables, open_id_generators
+
+CACHES = DEMO_TABLES[2]
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Setup:
+    """A caches writer on ``db`` whose publisher feeds ``follower`` directly (runs of RDATA at once)."""
+
+    def __init__(self, db: Any, gen: Any, follower: Follower) -> None:
+        self.db = db
+        self.gen = gen
+        self.follower = follower
+        self.writer = TableWriter(db, gen, CACHES)
+        self.publisher = Publisher("master")
+        self.publisher.add_stream("caches", CACHES.source(db), gen.current_token_for_writer("master"))
+        self.publisher.add_sink(self.inject)
+        gen.add_listener(self.publisher.notify)
+        self.got: list[tuple[int, list[Any]]] = []
+        follower.add_handler(lambda s, w, t, rows: self.got.append((t, [r[0] for r in rows])))
+        self.written: list[tuple[int, list[Any]]] = []
+        #: While true the follower hears nothing (as if its connection were down).
+        self.deaf = False
+
+    def inject(self, cmds: list[Command]) -> None:
+        if self.deaf:
+            return
+        run = [c for c in cmds if isinstance(c, RdataCommand)]
+        if len(run) == len(cmds):
+            self.follower.on_rdata_many(run)
+            return
+        for c in cmds:
+            if isinstance(c, RdataCommand):
+                self.follower.on_rdata(c)
+            else:
+                assert isinstance(c, PositionCommand)
+                self.follower.on_position(c)
+
+    async def write(self, n: int, rows: int = 2) -> None:
+        for _ in range(n):
+            names = [f"c{len(self.written)}_{j}" for j in range(rows)]
+            token = await self.writer.write([[name, ["k"], 1] for name in names])
+            self.written.append((token, names))
+        await self.publisher.flush()
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        await self.follower.wait_for_position("caches", "master", self.gen.current_token(), timeout)
+
+
+@pytest.fixture
+async def setup(engine_db: Any, relay_impl: ModuleType) -> Any:
+    await create_tables(engine_db, [CACHES])
+    gen = (await open_id_generators(engine_db, "master", [CACHES]))["caches"]
+    fol = Follower(sources={"caches": CACHES.source(engine_db)}, start_position=0, typed=False, relay=relay_impl)
+    s = Setup(engine_db, gen, fol)
+    try:
+        yield s
+    finally:
+        await fol.close()
+        s.publisher.close()
+        await gen.close()
+
+
+def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_forged_position_far_ahead_does_not_skip_later_rows(setup: Setup, caplog: pytest.LogCaptureFixture) -> None:
+    await setup.write(3)
+    await setup.settle()
+    verified = setup.gen.current_token()
+    before = sample("factstream_unbacked_claims_total", stream="caches")
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        setup.follower.on_position(PositionCommand("caches", "master", 1, 5_000_000))
+        await setup.write(4)  # real rows written after the forgery: every one must arrive
+        await setup.settle()
+    assert setup.got == setup.written
+    assert setup.follower.position("caches", "master") == setup.gen.current_token() < 5_000_000
+    msgs = errors(caplog)
+    assert len(msgs) == 1
+    assert "Writer 'master', claimed 5000000, verified " in msgs[0]
+    # Verified: what the database held when the check ended (rows may have been written meanwhile).
+    assert verified <= int(msgs[0].rsplit(" ", 1)[1]) <= setup.gen.current_token()
+    assert sample("factstream_unbacked_claims_total", stream="caches") == before + 1
+
+
+async def test_forged_position_with_a_gap_catches_up_to_what_the_database_holds(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    await setup.write(2)
+    await setup.settle()
+    setup.deaf = True  # the reader misses these: the database has them
+    await setup.write(3)
+    setup.deaf = False
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        setup.follower.on_position(PositionCommand("caches", "master", 4_000_000, 5_000_000))
+        await setup.follower.wait_for_position("caches", "master", setup.gen.current_token(), 10)
+        await setup.write(3)
+        await setup.settle()
+    assert setup.got == setup.written
+    assert any("claimed 5000000" in m for m in errors(caplog))
+
+
+async def test_one_rdata_far_ahead_is_dropped_and_counted(setup: Setup, caplog: pytest.LogCaptureFixture) -> None:
+    await setup.write(2)
+    await setup.settle()
+    before = sample("factstream_dropped_rows_total", stream="caches", why="unbacked")
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        setup.follower.on_rdata_many([RdataCommand("caches", "master", 5_000_000, ["forged", None, 0])])
+        await setup.write(3)
+        await setup.settle()
+    assert setup.got == setup.written
+    assert sample("factstream_dropped_rows_total", stream="caches", why="unbacked") == before + 1
+    assert any("RDATA claims position 5000000" in m for m in errors(caplog))
+
+
+async def test_real_positions_and_rollbacks_at_the_head_raise_no_error(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    setup.follower.trust_window = 0  # check every step past the known head
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        for _ in range(3):
+            await setup.write(1)
+            try:  # a rolled-back fact at the head: only a POSITION announces its id
+                async with setup.db.transaction() as txn:
+                    await setup.gen.get_next_txn(txn)
+                    raise RuntimeError("rollback")
+            except RuntimeError:
+                pass
+            await setup.publisher.flush()
+            await setup.settle()
+    assert setup.got == setup.written
+    assert errors(caplog) == []
+    assert setup.follower.stats["unbacked_claims"] == 0
+
+
+async def test_a_database_that_cannot_be_read_does_not_stall_the_stream(
+    engine_db: Any, relay_impl: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No table to check against (say a Synapse database, which has no demo tables): say so, then follow the writer."""
+    fol = Follower(sources={"caches": CACHES.source(engine_db)}, typed=False, relay=relay_impl)
+    got: list[int] = []
+    fol.add_handler(lambda s, w, t, rows: got.append(t))
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        fol.on_position(PositionCommand("caches", "master", 5000, 5000))
+        fol.on_rdata(RdataCommand("caches", "master", 5001, ["c", None, 0]))
+        await fol.wait_for_position("caches", "master", 5001, 5)
+        fol.on_position(PositionCommand("caches", "master", 5001, 9000))  # not checked again for a while
+        assert fol.position("caches", "master") == 9000
+    assert got == [5001]
+    msgs = errors(caplog)
+    assert len(msgs) == 1 and "cannot check the claim 5000 against the database" in msgs[0]
+    await fol.close()
+
+
+async def test_forged_position_going_back_is_ignored_while_the_database_holds_more(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    resets: list[Any] = []
+    setup.follower.add_reset_handler(lambda *a: resets.append(a))
+    await setup.write(4)
+    await setup.settle()
+    held = setup.follower.position("caches", "master")
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        setup.follower.on_position(PositionCommand("caches", "master", 0, 0))
+        await setup.write(3)
+        # A later real POSITION with a gap must not replay history from 0.
+        setup.follower.on_position(PositionCommand("caches", "master", setup.gen.current_token(), setup.gen.current_token()))
+        await setup.settle()
+    assert resets == []
+    assert setup.got == setup.written  # nothing twice, nothing lost
+    msgs = errors(caplog)
+    assert len(msgs) == 1 and f"going back from {held} to 0 ignored" in msgs[0]
+
+
+async def test_a_restored_database_resets_the_reader_and_every_new_fact_arrives(
+    engine_db: Any, relay_impl: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reader kept position 1000 from before a restore; the restored writer is back at a few."""
+    await create_tables(engine_db, [CACHES])
+    gen = (await open_id_generators(engine_db, "master", [CACHES]))["caches"]
+    fol = Follower(
+        sources={"caches": CACHES.source(engine_db)}, positions={("caches", "master"): 1000}, typed=False,
+        relay=relay_impl,
+    )
+    fol._heads["caches"] = 1000  # noqa: SLF001 - as if it had read the head before the restore
+    s = Setup(engine_db, gen, fol)
+    resets: list[Any] = []
+    fol.add_reset_handler(lambda *a: resets.append(a))
+    try:
+        with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+            start = gen.current_token()
+            fol.on_position(PositionCommand("caches", "master", start, start))  # what REPLICATE answers
+            await s.write(3)
+            await s.settle()
+        assert resets == [("caches", "master", 1000, start)]
+        assert s.got == s.written
+        msgs = errors(caplog)
+        assert len(msgs) == 1 and f"went backwards from 1000 to {start}" in msgs[0]
+        # The head read before the restore is no bound any more: a claim up to it is checked again.
+        here = fol.position("caches", "master")
+        assert here is not None
+        fol.on_position(PositionCommand("caches", "master", here, 900))
+        await s.write(2)
+        await s.settle()
+        assert s.got == s.written and fol.stats["unbacked_claims"] == 1
+    finally:
+        await fol.close()
+        s.publisher.close()
+        await gen.close()
