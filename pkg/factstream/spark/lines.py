@@ -8,7 +8,10 @@ number, timestamp, direction, Redis channel). A line the codec refuses comes
 out with the codec's message in ``error`` and the line itself in ``raw``;
 lines are never dropped, except blank lines (the protocol ignores them) and
 Redis capture chatter that carries no payload (subscribe confirmations,
-MONITOR entries other than PUBLISH).
+MONITOR entries other than PUBLISH). A recorder note
+(``<ts> # disconnected <reason>``) is no wire line: its row has command
+``#disconnected`` (``#`` and the note's first word), direction ``#`` and the
+rest of the note in ``data``.
 
 Archive formats (``FORMATS``) and their detection: :mod:`.formats`.
 """
