@@ -15,7 +15,7 @@ the events/caches row fields) and materialises every output column with the
 - ``factstream_files_header`` / ``_typed``: ``parse_archives`` (format auto).
 
 Each benchmark is one round (a run takes seconds to minutes); the whole set
-runs twice, interleaved, and the best rows/s of each variant and the ratios go
+runs twice (FACTSTREAM_BENCH_ROUNDS), interleaved, and the best rows/s of each variant and the ratios go
 to FACTSTREAM_BENCH_JSON (default build/bench-spark.json) with
 ``factstream.IMPL``, the CPU seconds the whole Spark process tree spent on
 each variant (JVM and Python workers; least of the rounds) and the same ratios
@@ -28,6 +28,7 @@ way it distorts wall time.
 Environment: FACTSTREAM_BENCH_LINES (default 1000000 per archive),
 FACTSTREAM_BENCH_DIR (default build/bench-archive), FACTSTREAM_BENCH_MASTER
 (default local[*]), FACTSTREAM_BENCH_ARCHIVES (default "recorded,unprefixed"),
+FACTSTREAM_BENCH_ROUNDS (default 2), FACTSTREAM_BENCH_JSON (where the summary goes),
 FACTSTREAM_BENCH_VARIANTS (default: the five above; add factstream_text_header,
 factstream_text_typed, factstream_pandas_udf_typed for the text-column flavours).
 """
@@ -71,6 +72,7 @@ ARCHIVES = os.environ.get("FACTSTREAM_BENCH_ARCHIVES", "recorded,unprefixed").sp
 MAIN_VARIANTS = ["native_header", "native_typed", "factstream_files_header", "factstream_files_typed", "python_udf_typed"]
 RUN_VARIANTS = os.environ.get("FACTSTREAM_BENCH_VARIANTS", ",".join(MAIN_VARIANTS)).split(",")
 RESULT_JSON = os.environ.get("FACTSTREAM_BENCH_JSON", "build/bench-spark.json")
+ROUNDS = int(os.environ.get("FACTSTREAM_BENCH_ROUNDS", "2"))
 
 
 def _archives() -> dict[str, dict[str, str]]:
@@ -152,7 +154,7 @@ def _write_summary() -> None:
             "recorded": "75% recorder-prefixed lines (6 files), 10% bare wire lines, 10% redis-cli MONITOR, 5% redis-cli --csv",
             "unprefixed": "bare wire lines, 8 files",
         },
-        "rounds": "2, interleaved; best wall-clock rows/s and least CPU seconds of the rounds",
+        "rounds": f"{ROUNDS}, interleaved; best wall-clock rows/s and least CPU seconds of the rounds",
         "rows_per_s": RESULTS,
         "ratios": ratios,
         "cpu_s": CPU,
@@ -434,7 +436,7 @@ VARIANTS: dict[str, Callable[[Any, str], Any]] = {
 @pytest.mark.parametrize("kind", ["plain", "gzip"])
 @pytest.mark.parametrize("variant", RUN_VARIANTS)
 @pytest.mark.parametrize("which", ARCHIVES)
-@pytest.mark.parametrize("rnd", [1, 2])
+@pytest.mark.parametrize("rnd", range(1, ROUNDS + 1))
 def test_parse(benchmark: Any, spark: Any, archive: dict[str, dict[str, str]], kind: str, variant: str, which: str,
                rnd: int) -> None:
     benchmark.group = f"spark-{which}-{kind}"
