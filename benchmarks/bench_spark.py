@@ -1,19 +1,36 @@
-"""Spark parsing throughput on a 5-million-line archive: native SQL vs Python UDF vs factstream's Arrow path.
+"""Spark parsing throughput: native SQL vs a Python UDF vs factstream's Arrow path, on two archives.
 
-Every variant reads the same archive (benchmarks/gen_archive.py, fixed seed;
-plain and gzip, 8 files) and materialises every output column with the
-``noop`` sink, so nothing is pruned. Each benchmark is one round (a run takes
-seconds to minutes); the whole set runs twice, interleaved, and the best
-rows/s of each variant and the ratios go to build/bench-spark.json, with the
-CPU seconds the whole Spark process tree spent on each variant (JVM and Python
-workers; least of the rounds) and the same ratios computed from CPU time,
-which another job on the machine does not distort the way it distorts wall time.
+Archives (benchmarks/gen_archive.py, fixed seed, each as plain and gzip files):
+``recorded`` looks like recorded traffic (75% of the lines behind the
+recorder's timestamp and direction prefix, 10% bare wire lines, 10% a
+redis-cli MONITOR capture, 5% a redis-cli --csv capture); ``unprefixed`` is
+bare wire lines only. Every variant does the same parse of every line
+(timestamp, direction and Redis channel included; the typed variants also
+the events/caches row fields) and materialises every output column with the
+``noop`` sink, so nothing is pruned:
 
-    PYTHONPATH=pkg .venv/bin/python -m pytest benchmarks/bench_spark.py -p no:cacheprovider \
+- ``native_header`` / ``native_typed``: Spark SQL string functions (and
+  ``from_json``) over ``spark.read.text``;
+- ``python_udf_typed``: a row-at-a-time Python UDF calling ``wire.parse_line``;
+- ``factstream_files_header`` / ``_typed``: ``parse_archives`` (format auto).
+
+Each benchmark is one round (a run takes seconds to minutes); the whole set
+runs twice (FACTSTREAM_BENCH_ROUNDS), interleaved, and the best rows/s of each variant and the ratios go
+to FACTSTREAM_BENCH_JSON (default build/bench-spark.json) with
+``factstream.IMPL``, the CPU seconds the whole Spark process tree spent on
+each variant (JVM and Python workers; least of the rounds) and the same ratios
+computed from CPU time, which another job on the machine does not distort the
+way it distorts wall time.
+
+    .venv/bin/python -m pytest benchmarks/bench_spark.py -p no:cacheprovider -p no:randomly \
         --benchmark-group-by=group --benchmark-columns=min,rounds -q
 
-Environment: FACTSTREAM_BENCH_LINES (default 5000000), FACTSTREAM_BENCH_DIR
-(default build/bench-archive), FACTSTREAM_BENCH_MASTER (default local[*]).
+Environment: FACTSTREAM_BENCH_LINES (default 1000000 per archive),
+FACTSTREAM_BENCH_DIR (default build/bench-archive), FACTSTREAM_BENCH_MASTER
+(default local[*]), FACTSTREAM_BENCH_ARCHIVES (default "recorded,unprefixed"),
+FACTSTREAM_BENCH_ROUNDS (default 2), FACTSTREAM_BENCH_JSON (where the summary goes),
+FACTSTREAM_BENCH_VARIANTS (default: the five above; add factstream_text_header,
+factstream_text_typed, factstream_pandas_udf_typed for the text-column flavours).
 """
 
 from __future__ import annotations
@@ -38,7 +55,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
 ]
 
-LINES = int(os.environ.get("FACTSTREAM_BENCH_LINES", "5000000"))
+LINES = int(os.environ.get("FACTSTREAM_BENCH_LINES", "1000000"))
 OUT = os.environ.get("FACTSTREAM_BENCH_DIR", "build/bench-archive")
 MASTER = os.environ.get("FACTSTREAM_BENCH_MASTER", "local[*]")
 RESULTS: dict[str, float] = {}
@@ -51,16 +68,28 @@ gen_archive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gen_archive)
 
 
-@pytest.fixture(scope="module")
-def archive(spark: Any) -> dict[str, str]:
+ARCHIVES = os.environ.get("FACTSTREAM_BENCH_ARCHIVES", "recorded,unprefixed").split(",")
+MAIN_VARIANTS = ["native_header", "native_typed", "factstream_files_header", "factstream_files_typed", "python_udf_typed"]
+RUN_VARIANTS = os.environ.get("FACTSTREAM_BENCH_VARIANTS", ",".join(MAIN_VARIANTS)).split(",")
+RESULT_JSON = os.environ.get("FACTSTREAM_BENCH_JSON", "build/bench-spark.json")
+ROUNDS = int(os.environ.get("FACTSTREAM_BENCH_ROUNDS", "2"))
+
+
+def _archives() -> dict[str, dict[str, str]]:
     plain, gz = gen_archive.ensure(OUT, LINES, 8)
-    return {"plain": plain, "gzip": gz}
+    rplain, rgz = gen_archive.ensure_recorded(OUT, LINES)
+    return {"unprefixed": {"plain": plain, "gzip": gz}, "recorded": {"plain": rplain, "gzip": rgz}}
+
+
+@pytest.fixture(scope="module")
+def archive(spark: Any) -> dict[str, dict[str, str]]:
+    return _archives()
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
-    gen_archive.ensure(OUT, LINES, 8)
+    _archives()
     from factstream.spark.session import make_session
 
     session = make_session(
@@ -76,13 +105,10 @@ def spark() -> Iterator[Any]:
         log_level="ERROR",
     )
     SESSION[:] = [session]
-    # warm up the JVM (code generation, JIT) and the Python workers on one small file,
-    # so that the first variant measured does not pay for start-up
-    warm = os.path.join(OUT, "warmup.log")
-    if not os.path.exists(warm):
-        with open(warm, "w") as fh:
-            fh.write("\n".join(gen_archive.generate(50_000, seed=1)) + "\n")
-    for name in ("native_typed", "factstream_files_typed", "factstream_text_typed", "python_udf_typed"):
+    # warm up the JVM (code generation, JIT) and the Python workers on a small recorded
+    # archive, so that the first variant measured does not pay for start-up
+    warm, _ = gen_archive.ensure_recorded(os.path.join(OUT, "warmup"), 40_000, seed=1)
+    for name in RUN_VARIANTS:
         VARIANTS[name](session, warm).write.format("noop").mode("overwrite").save()
     yield session
     _write_summary()
@@ -92,43 +118,52 @@ def spark() -> Iterator[Any]:
 def _write_summary() -> None:
     if not RESULTS:
         return
-    ratios = {}
-    cpu_ratios = {}
-    for kind in ("plain", "gzip"):
-        r = {k.split("/", 1)[1]: v for k, v in RESULTS.items() if k.startswith(kind + "/")}
-        c = {k.split("/", 1)[1]: v for k, v in CPU.items() if k.startswith(kind + "/")}
+    import factstream
 
-        def ratio(a: str, b: str) -> float | None:
-            return round(r[a] / r[b], 3) if a in r and b in r else None
+    ratios: dict[str, dict[str, float | None]] = {}
+    cpu_ratios: dict[str, dict[str, float | None]] = {}
+    for archive in ARCHIVES:
+        for kind in ("plain", "gzip"):
+            key = f"{archive}/{kind}"
+            r = {k.rsplit("/", 1)[1]: v for k, v in RESULTS.items() if k.startswith(key + "/")}
+            c = {k.rsplit("/", 1)[1]: v for k, v in CPU.items() if k.startswith(key + "/")}
 
-        def cpu_ratio(a: str, b: str) -> float | None:
-            return round(c[b] / c[a], 3) if a in c and b in c and c[a] > 0 else None
+            def ratio(a: str, b: str) -> float | None:
+                return round(r[a] / r[b], 3) if a in r and b in r else None
 
-        cpu_ratios[kind] = {
-            "header: factstream files / native": cpu_ratio("factstream_files_header", "native_header"),
-            "typed: factstream files / native from_json": cpu_ratio("factstream_files_typed", "native_typed"),
-            "typed: factstream files / python UDF": cpu_ratio("factstream_files_typed", "python_udf_typed"),
-        }
+            def cpu_ratio(a: str, b: str) -> float | None:
+                return round(c[b] / c[a], 3) if a in c and b in c and c[a] > 0 else None
 
-        ratios[kind] = {
-            "header: factstream files / native": ratio("factstream_files_header", "native_header"),
-            "header: factstream mapInArrow(text) / native": ratio("factstream_text_header", "native_header"),
-            "typed: factstream files / native from_json": ratio("factstream_files_typed", "native_typed"),
-            "typed: factstream mapInArrow(text) / native from_json": ratio("factstream_text_typed", "native_typed"),
-            "typed: factstream pandas UDF(text) / native from_json": ratio("factstream_pandas_udf_typed", "native_typed"),
-            "typed: factstream files / python UDF": ratio("factstream_files_typed", "python_udf_typed"),
-            "typed: mapInArrow / pandas UDF (text)": ratio("factstream_text_typed", "factstream_pandas_udf_typed"),
-        }
-    os.makedirs("build", exist_ok=True)
-    with open("build/bench-spark.json", "w") as fh:
-        json.dump(
-            {"lines": LINES, "master": MASTER, "rows_per_s": RESULTS, "ratios": ratios, "cpu_s": CPU,
-             "ratios_by_cpu_time": cpu_ratios},
-            fh,
-            indent=2,
-        )
-    print("\n" + json.dumps({"rows_per_s": RESULTS, "ratios": ratios, "cpu_s": CPU, "ratios_by_cpu_time": cpu_ratios},
-                             indent=2), file=sys.stderr)
+            pairs = {
+                "header: factstream files / native": ("factstream_files_header", "native_header"),
+                "typed: factstream files / native from_json": ("factstream_files_typed", "native_typed"),
+                "typed: factstream files / python UDF": ("factstream_files_typed", "python_udf_typed"),
+                "header: factstream mapInArrow(text) / native": ("factstream_text_header", "native_header"),
+                "typed: factstream mapInArrow(text) / native from_json": ("factstream_text_typed", "native_typed"),
+                "typed: factstream pandas UDF(text) / native from_json": ("factstream_pandas_udf_typed", "native_typed"),
+            }
+            ratios[key] = {name: ratio(a, b) for name, (a, b) in pairs.items() if ratio(a, b) is not None}
+            cpu_ratios[key] = {name: cpu_ratio(a, b) for name, (a, b) in pairs.items() if cpu_ratio(a, b) is not None}
+    doc = {
+        "impl": factstream.IMPL,
+        "lines_per_archive": LINES,
+        "master": MASTER,
+        "cpus": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+        "archives": {
+            "recorded": "75% recorder-prefixed lines (6 files), 10% bare wire lines, 10% redis-cli MONITOR, 5% redis-cli --csv",
+            "unprefixed": "bare wire lines, 8 files",
+        },
+        "rounds": f"{ROUNDS}, interleaved; best wall-clock rows/s and least CPU seconds of the rounds",
+        "rows_per_s": RESULTS,
+        "ratios": ratios,
+        "cpu_s": CPU,
+        "ratios_by_cpu_time": cpu_ratios,
+    }
+    os.makedirs(os.path.dirname(RESULT_JSON) or ".", exist_ok=True)
+    with open(RESULT_JSON, "w") as fh:
+        json.dump(doc, fh, indent=2)
+    print("\n" + json.dumps({"ratios": ratios, "ratios_by_cpu_time": cpu_ratios}, indent=2), file=sys.stderr)
 
 
 def _tree_cpu_seconds() -> float:
@@ -190,13 +225,54 @@ def _run(benchmark: Any, name: str, make_df: Callable[[], Any]) -> None:
 EV_FIELDS = ["event_id", "room_id", "type", "state_key", "redacts", "relates_to", "membership", "rejected", "outlier"]
 
 
+def _unquote(expr: str) -> str:
+    """SQL undoing redis-cli's quoting of a payload (the escapes a wire line can hold)."""
+    return f"replace(replace({expr}, '\\\\\"', '\"'), '\\\\\\\\', '\\\\')"
+
+
 def native_header(spark: Any, path: str) -> Any:
-    """Header parse in Spark SQL: split on the first spaces, try_cast the tokens."""
+    """The same parse in Spark SQL: the recorder's prefix or the redis-cli wrapping, then the wire line's header.
+
+    String functions only where they do the job (a regex per line would be
+    slower): a recorder line has '-' at 5 and 'T' at 11, a MONITOR line '.'
+    after its 10-digit unix time, a --csv line starts with "message".
+    """
     df = spark.read.text(path).selectExpr(
-        "input_file_name() AS source_file", "substring_index(value, ' ', 1) AS command", "split(value, ' ', 5) AS p"
+        "input_file_name() AS source_file",
+        "value",
+        "substring(value, 5, 1) = '-' AND substring(value, 11, 1) = 'T' AS _p",
+        "substring(value, 11, 1) = '.' AND substring(value, 1, 1) BETWEEN '0' AND '9' AS _m",
+        "startswith(value, '\"message\",') AS _c",
+    )
+    df = df.selectExpr(
+        "*",
+        "CASE WHEN _p THEN substring(value, instr(value, ' ') + 1) ELSE value END AS _rest",
+    )
+    df = df.selectExpr(
+        "source_file",
+        "CASE WHEN _p THEN try_cast(substring_index(value, ' ', 1) AS TIMESTAMP)"
+        " WHEN _m THEN timestamp_seconds(try_cast(substring_index(value, ' ', 1) AS DECIMAL(20,6))) END AS ts",
+        "CASE WHEN substring(_rest, 2, 1) = ' ' AND substring(_rest, 1, 1) IN ('>', '<', '#') THEN substring(_rest, 1, 1) END"
+        " AS direction",
+        "CASE WHEN _m THEN substring_index(substring_index(value, '\" \"', 2), '\" \"', -1)"
+        " WHEN _c THEN substring_index(substring_index(value, '\",\"', 2), '\",\"', -1) END AS channel",
+        "CASE WHEN _m THEN " + _unquote("substring_index(substring(value, 1, length(value) - 1), '\" \"', -1)")
+        + " WHEN _c THEN " + _unquote("substring_index(substring(value, 1, length(value) - 1), '\",\"', -1)")
+        + " WHEN substring(_rest, 2, 1) = ' ' AND substring(_rest, 1, 1) IN ('>', '<', '#') THEN substring(_rest, 3)"
+        " ELSE _rest END AS payload",
+    )
+    df = df.selectExpr(
+        "source_file", "ts", "to_date(ts) AS date", "direction", "channel",
+        "CASE WHEN direction = '#' THEN concat('#', substring_index(payload, ' ', 1))"
+        " ELSE substring_index(payload, ' ', 1) END AS command",
+        "split(payload, ' ', 5) AS p",
     )
     return df.selectExpr(
         "source_file",
+        "ts",
+        "date",
+        "direction",
+        "channel",
         "command",
         "CASE WHEN command IN ('RDATA', 'POSITION') THEN get(p, 1) END AS stream",
         "CASE WHEN command IN ('RDATA', 'POSITION') THEN get(p, 2) END AS instance",
@@ -239,10 +315,11 @@ def native_typed(spark: Any, path: str) -> Any:
 
 
 def python_udf_plain(spark: Any, path: str) -> Any:
-    """The same without going through parse_block: parse_line and a hand-built tuple (fairest plain UDF)."""
+    """A plain row-at-a-time Python UDF: the prefix or redis-cli wrapping taken off, then parse_line."""
     from pyspark.sql import functions as F
 
     ddl = (
+        "ts_micros bigint, direction string, channel string, "
         "command string, stream string, instance string, token bigint, prev_token bigint, row string, error string, "
         "ev_kind string, ev_event_id string, ev_room_id string, ev_type string, ev_state_key string, ev_redacts string, "
         "ev_relates_to string, ev_membership string, ev_rejected boolean, ev_outlier boolean, "
@@ -250,12 +327,32 @@ def python_udf_plain(spark: Any, path: str) -> Any:
     )
 
     def parse(value: bytes) -> tuple:  # noqa: ANN001
-        from factstream import wire
+        import datetime as dt
 
+        from factstream import wire
+        from factstream.spark.formats import split_csv, split_line, split_monitor
+        from factstream.spark.timestamps import timestamp_micros
+
+        if value[4:5] == b"-" or not value[:1].isdigit():
+            parts = split_line(value) if not value.startswith(b'"') else split_csv(value)
+        else:
+            parts = split_monitor(value)
+        if parts is None:
+            return (None,) * 23
+        ts, direction, channel, payload, problem = parts
+        where = (
+            timestamp_micros(ts.decode(), dt.timezone.utc) if ts else None,
+            direction.decode() if direction else None,
+            channel.decode() if channel else None,
+        )
+        if direction == b"#":
+            return where + ("#" + payload.split(b" ", 1)[0].decode(),) + (None,) * 19
         try:
-            cmd = wire.parse_line(value)
+            if problem:
+                raise wire.ProtocolError(problem)
+            cmd = wire.parse_line(payload)
         except wire.ProtocolError as err:
-            return (None,) * 6 + (str(err),) + (None,) * 13
+            return where + (None,) * 6 + (str(err),) + (None,) * 13
         name = cmd.NAME
         ev: tuple = (None,) * 10
         ca: tuple = (None,) * 3
@@ -271,16 +368,17 @@ def python_udf_plain(spark: Any, path: str) -> Any:
                     ev = (kind, None, d[0]) + (None,) * 7
             elif cmd.stream_name == "caches" and isinstance(row, list) and len(row) == 3:
                 ca = (row[0], row[1], row[2])
-            head = (name, cmd.stream_name, cmd.instance_name, cmd.token, None, value.split(b" ", 4)[4].decode(), None)
+            head = (name, cmd.stream_name, cmd.instance_name, cmd.token, None, payload.split(b" ", 4)[4].decode(), None)
         elif name == "POSITION":
             head = (name, cmd.stream_name, cmd.instance_name, cmd.new_token, cmd.prev_token, None, None)
         else:
             head = (name,) + (None,) * 6
-        return head + ev + ca
+        return where + head + ev + ca
 
     udf = F.udf(parse, ddl)
     df = spark.read.text(path).select(F.col("value").cast("binary").alias("value"))
-    return df.select(udf("value").alias("r")).select("r.*")
+    df = df.select(udf("value").alias("r")).select("r.*")
+    return df.selectExpr("timestamp_micros(ts_micros) AS ts", "to_date(timestamp_micros(ts_micros)) AS date", "*")
 
 
 def factstream_text(spark: Any, path: str, typed: bool) -> Any:
@@ -318,7 +416,7 @@ def factstream_files(spark: Any, path: str, typed: bool) -> Any:
     from factstream.spark.lines import ParseOptions
     from factstream.spark.pipeline import parse_archives
 
-    return parse_archives(spark, [path], ParseOptions(format="lines", typed=typed))
+    return parse_archives(spark, [path], ParseOptions(format="auto", typed=typed))
 
 
 VARIANTS: dict[str, Callable[[Any, str], Any]] = {
@@ -336,9 +434,11 @@ VARIANTS: dict[str, Callable[[Any, str], Any]] = {
 # Two rounds, interleaved (every variant once, then every variant again), best
 # of the two kept: the machine is shared, and load drifts over a run.
 @pytest.mark.parametrize("kind", ["plain", "gzip"])
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("rnd", [1, 2])
-def test_parse(benchmark: Any, spark: Any, archive: dict[str, str], kind: str, variant: str, rnd: int) -> None:
-    benchmark.group = f"spark-{kind}"
+@pytest.mark.parametrize("variant", RUN_VARIANTS)
+@pytest.mark.parametrize("which", ARCHIVES)
+@pytest.mark.parametrize("rnd", range(1, ROUNDS + 1))
+def test_parse(benchmark: Any, spark: Any, archive: dict[str, dict[str, str]], kind: str, variant: str, which: str,
+               rnd: int) -> None:
+    benchmark.group = f"spark-{which}-{kind}"
     benchmark.name = f"{variant} (round {rnd})"
-    _run(benchmark, f"{kind}/{variant}", lambda: VARIANTS[variant](spark, archive[kind]))
+    _run(benchmark, f"{which}/{kind}/{variant}", lambda: VARIANTS[variant](spark, archive[which][kind]))

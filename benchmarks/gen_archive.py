@@ -1,12 +1,23 @@
-"""Seeded generator of a large replication archive for benchmarks/bench_spark.py.
+"""Seeded generator of large replication archives for benchmarks/bench_spark.py.
 
-Writes the same lines twice, as plain files and as gzip files, split into
-``--files`` files (as a rotated capture would be). Lines look like Synapse's:
-events rows (``ev``/``state``/``state-all``) about half of them, caches rows,
-typing/receipts/presence/to_device rows, batches, POSITION, PING and about
-0.1% malformed lines. Big archives go under build/ or /tmp, never into git.
+Two archives, each written twice (plain files and gzip files):
 
-    python benchmarks/gen_archive.py --lines 5000000 --out build/bench-archive
+- *unprefixed* (``OUT/plain``, ``OUT/gzip``): bare wire lines split into
+  ``--files`` files, as a rotated capture of a raw stream would be;
+- *recorded* (``OUT/recorded/plain``, ``OUT/recorded/gzip``): what users
+  have: 75% of the lines in files written the way ``factstream record``
+  writes them (``2026-11-21T10:00:00.051Z > RDATA ...``; ``<`` for what the
+  client sent; ``# disconnected``/``# connected`` notes around a reconnect),
+  10% in a bare wire-line file, 10% in a ``redis-cli MONITOR`` capture and
+  5% in a ``redis-cli --csv SUBSCRIBE`` capture.
+
+Lines look like Synapse's: events rows (``ev``/``state``/``state-all``) about
+half of them, caches rows, typing/receipts/presence/to_device rows, batches,
+POSITION, PING, USER_SYNC and about 0.1% malformed lines. Big archives go under
+build/ or /tmp, never into git; each archive's MANIFEST.json sits next to its
+plain/ and gzip/ directories, not inside them.
+
+    python benchmarks/gen_archive.py --lines 1000000 --out build/bench-archive
 """
 
 from __future__ import annotations
@@ -113,6 +124,91 @@ def write(out: str, lines: int, files: int, seed: int = SEED, level: int = 6) ->
     return plain_dir, gz_dir
 
 
+# ------------------------------------------------------------ recorded traffic
+
+#: (kind, share of the lines) of the recorded archive's files.
+RECORDED_FILES = [("prefixed", 0.125)] * 6 + [("bare", 0.10), ("monitor", 0.10), ("csv", 0.05)]
+_CLIENT = ("USER_SYNC", "FEDERATION_ACK", "REPLICATE", "CLEAR_USER_SYNC", "USER_IP", "REMOTE_SERVER_UP")
+_START_MS = 1_795_255_200_000  # 2026-11-21T10:00:00Z
+
+
+def _redis_quote(line: str) -> str:
+    return '"' + line.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _iso(ms: int, cache: dict[int, str] = {}) -> str:  # noqa: B006 (a per-second cache)
+    sec, milli = divmod(ms, 1000)
+    head = cache.get(sec)
+    if head is None:
+        cache.clear()
+        head = cache[sec] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+    return f"{head}.{milli:03d}Z"
+
+
+def recorded_lines(kind: str, lines: list[str], start_ms: int, seed: int) -> list[str]:
+    """``lines`` as a file of ``kind`` would hold them (see RECORDED_FILES)."""
+    rng = random.Random(seed)
+    ms = start_ms
+    out = []
+    for i, line in enumerate(lines):
+        ms += rng.randrange(3)
+        if kind == "bare":
+            out.append(line)
+        elif kind == "monitor":
+            us = rng.randrange(1000)
+            out.append(f'{ms // 1000}.{ms % 1000:03d}{us:03d} [0 10.0.0.7:51234] "PUBLISH" "example.com" {_redis_quote(line)}')
+        elif kind == "csv":
+            out.append(f'"message","example.com",{_redis_quote(line)}')
+        else:
+            direction = "<" if line.startswith(_CLIENT) or (line.startswith("PING") and i % 2) else ">"
+            out.append(f"{_iso(ms)} {direction} {line}")
+            if i % 100_000 == 99_999:  # a reconnect now and then: the recorder's notes around the hole
+                ms += 2_000
+                out.append(f"{_iso(ms)} # disconnected connection reset by peer")
+                ms += 1_500
+                out.append(f"{_iso(ms)} # connected 10.0.0.4:9092")
+    if kind == "monitor":
+        out.insert(0, "OK")
+    elif kind == "csv":
+        out[:0] = ["Reading messages... (press Ctrl-C to quit)", '"subscribe","example.com",1']
+    return out
+
+
+def write_recorded(out: str, lines: int, seed: int = SEED, level: int = 6) -> tuple[str, str]:
+    """Write the recorded archive under ``out``/plain and ``out``/gzip; return both directories."""
+    plain_dir, gz_dir = os.path.join(out, "plain"), os.path.join(out, "gzip")
+    os.makedirs(plain_dir, exist_ok=True)
+    os.makedirs(gz_dir, exist_ok=True)
+    it = generate(lines, seed + 1)
+    left = lines
+    for f, (kind, share) in enumerate(RECORDED_FILES):
+        count = left if f == len(RECORDED_FILES) - 1 else round(lines * share)
+        left -= count
+        chunk = [next(it) for _ in range(count)]
+        name = {"prefixed": f"hs1-9092.{f:06d}.log", "bare": "raw-tcp.log", "monitor": "redis-monitor.txt",
+                "csv": "redis-subscribe.csv"}[kind]
+        data = ("\n".join(recorded_lines(kind, chunk, _START_MS + f * 3_600_000, seed + f)) + "\n").encode()
+        with open(os.path.join(plain_dir, name), "wb") as fh:
+            fh.write(data)
+        with gzip.open(os.path.join(gz_dir, name + ".gz"), "wb", compresslevel=level) as fh:
+            fh.write(data)
+    with open(os.path.join(out, "MANIFEST.json"), "w") as fh:
+        json.dump({"lines": lines, "seed": seed, "files": RECORDED_FILES}, fh)
+    return plain_dir, gz_dir
+
+
+def ensure_recorded(out: str, lines: int, seed: int = SEED) -> tuple[str, str]:
+    """Generate the recorded archive under ``out``/recorded unless it already holds the same one."""
+    root = os.path.join(out, "recorded")
+    try:
+        with open(os.path.join(root, "MANIFEST.json")) as fh:
+            if json.load(fh) == json.loads(json.dumps({"lines": lines, "seed": seed, "files": RECORDED_FILES})):
+                return os.path.join(root, "plain"), os.path.join(root, "gzip")
+    except (OSError, ValueError):
+        pass
+    return write_recorded(root, lines, seed)
+
+
 def ensure(out: str, lines: int, files: int, seed: int = SEED) -> tuple[str, str]:
     """Generate the archive unless ``out`` already holds the same one."""
     manifest = os.path.join(out, "MANIFEST.json")
@@ -127,14 +223,16 @@ def ensure(out: str, lines: int, files: int, seed: int = SEED) -> tuple[str, str
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lines", type=int, default=5_000_000)
+    p.add_argument("--lines", type=int, default=1_000_000)
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--out", default="build/bench-archive")
     args = p.parse_args()
     t = time.perf_counter()
     plain, gz = ensure(args.out, args.lines, args.files, args.seed)
-    print(f"{args.lines} lines in {plain} and {gz} ({time.perf_counter() - t:.1f} s)", file=sys.stderr)
+    rplain, rgz = ensure_recorded(args.out, args.lines, args.seed)
+    print(f"{args.lines} lines in {plain} and {gz}, recorded in {rplain} and {rgz} ({time.perf_counter() - t:.1f} s)",
+          file=sys.stderr)
     return 0
 
 

@@ -35,18 +35,19 @@ def archive_impl(impl: str) -> ModuleType:
     return twin("_archive", impl)
 
 
-def _table(mod: ModuleType, data: bytes, typed: bool, batch_rows: int = 1000) -> Any:
+def _table(mod: ModuleType, data: bytes, typed: bool, batch_rows: int = 1000, fmt: str = "lines") -> Any:
     """Everything the builder makes of ``data``, fed the way the pipeline feeds it."""
     cols = mod.ArchiveColumns(typed)
     names = [name for name, _ in mod.COLUMNS][: len(mod.COLUMNS) if typed else mod.HEADER_COLUMNS]
     batches = []
+    values = L.ROW_FUNCTIONS[fmt]
 
     def row_function(number: int, line: bytes) -> tuple[Any, ...] | None:
-        return L.line_values(number, line, typed)
+        return values(number, line, typed)
 
     pos, number = 0, 0
     while True:
-        pos, number = cols.feed(data, pos, number, batch_rows, row_function)
+        pos, number = cols.feed(data, pos, number, batch_rows, row_function, fmt)
         assert len(cols) <= batch_rows
         if len(cols) >= batch_rows or pos >= len(data):
             batches.append(pa.RecordBatch.from_arrays(cols.take(), names=names))
@@ -56,12 +57,12 @@ def _table(mod: ModuleType, data: bytes, typed: bool, batch_rows: int = 1000) ->
     return pa.Table.from_batches(batches)
 
 
-def _expected(data: bytes, typed: bool) -> list[tuple[Any, ...]]:
+def _expected(data: bytes, typed: bool, fmt: str = "lines") -> list[tuple[Any, ...]]:
     """The row function applied line by line: what every builder must hold."""
     out = []
     for number, line in enumerate(data.split(b"\n"), 1):
         if line:
-            values = L.line_values(number, line, typed)
+            values = L.ROW_FUNCTIONS[fmt](number, line, typed)
             if values is not None:
                 out.append(values)
     return out
@@ -259,3 +260,151 @@ def test_fuzz_twins_agree_on_any_bytes(lines: list[bytes], typed: bool, batch_ro
     py = _table(twin("_archive", "py"), data, typed, batch_rows)
     assert _rows(c) == _rows(py)
     assert _rows(py) == [_normalise(v) for v in _expected(data, typed)]
+
+
+
+# ------------------------------------------------- prefixes and redis-cli captures
+#
+# Recorded traffic: most lines carry the recorder's timestamp and direction,
+# redis-cli captures wrap the payload in quotes. The compiled builder reads
+# their common lines itself; the pure one asks the row function about each.
+
+TIMESTAMPS = st.one_of(
+    st.builds(
+        lambda d, sep, frac, zone: d.strftime("%Y-%m-%d") + sep + d.strftime("%H:%M:%S") + frac + zone,
+        st.datetimes(),
+        st.sampled_from(["T", " "]),
+        st.sampled_from(["", ".5", ",123", ".051", ".123456", ".1234567", ".123456789", ".1234567890", "."]),
+        st.sampled_from(["", "Z", "+01:00", "-0530", "+18:00", "+18:01", "-23:59", "+00:60", "+1", "z"]),
+    ),
+    st.sampled_from(["0000-01-01T00:00:00Z", "2026-02-29T00:00:00Z", "2024-02-29T23:59:59Z", "2026-13-01T00:00:00Z",
+                     "2026-11-31T00:00:00Z", "2026-11-21T24:00:00Z", "2026-11-21T23:60:00Z", "2026-11-21T23:59:60Z",
+                     "9999-12-30T00:00:00Z", "9999-12-29T23:59:59.999999Z", "0001-01-02T00:00:00Z",
+                     "0001-01-01T23:59:59.999999Z", "0001-01-02T00:00:00+01:00", "2026-11-21T10:00:00.051Z"]),
+)
+UNIX_TIMES = st.one_of(
+    st.builds(lambda i, f: f"{i}{f}", st.integers(0, 10**15), st.sampled_from(["", ".5", ".0000005", ".9999995", ".449548",
+                                                                          ".12345649", "."])),
+    st.sampled_from(["00000000001795310678.449548", "253402214399.9999995", "253402128000", "1e5", "-1", ""]),
+)
+DIRECTIONS = st.sampled_from([b"> ", b"< ", b"# ", b">  ", b"", b">", b"#"])
+
+
+def _prefixed(ts: str | None, sep: bytes, direction: bytes, payload: bytes) -> bytes:
+    return (ts.encode() + sep if ts is not None else b"") + direction + payload
+
+
+notes = st.builds(lambda word, text: word + text, st.sampled_from([b"disconnected", b"connected", b"x", b"\xc3\xa9t\xc3\xa9"]),
+                  st.sampled_from([b"", b" ", b" peer closed the connection", b" caf\xc3\xa9"]))
+prefixed_lines = st.builds(
+    _prefixed,
+    st.one_of(st.none(), TIMESTAMPS),
+    st.sampled_from([b" ", b"  ", b"", b"\t"]),
+    DIRECTIONS,
+    st.one_of(typed_lines, ws.lines, notes, st.just(b""), st.just(b"nonsense here")),
+)
+
+
+def _redis_quote(payload: bytes) -> bytes:
+    return spark_archives.redis_quote(payload)
+
+
+monitor_lines = st.one_of(
+    st.builds(
+        lambda t, client, verb, chan, payload: f"{t} [0 {client}] ".encode() + verb + b" " + _redis_quote(chan) + b" "
+        + _redis_quote(payload),
+        UNIX_TIMES, st.sampled_from(["127.0.0.1:42798", "lua", "unix:/tmp/r.sock"]),
+        st.sampled_from([b'"PUBLISH"', b'"publish"', b'"SPUBLISH"', b'"GET"']),
+        st.sampled_from([b"chan", b'ch"an', b"c\\h"]), st.one_of(typed_lines, ws.lines)),
+    st.sampled_from([b"OK", b"junk", b'1795310678.4 [0 lua] "PUBLISH" "c"', b'1795310678.4 [0 lua] "PUBLISH" "c" "PING 1" ']),
+)
+csv_lines = st.one_of(
+    st.builds(lambda chan, payload: b'"message",' + _redis_quote(chan) + b"," + _redis_quote(payload),
+              st.sampled_from([b"chan", b'ch"an']), st.one_of(typed_lines, ws.lines)),
+    st.builds(lambda chan, payload: b'"pmessage","ch*",' + _redis_quote(chan) + b"," + _redis_quote(payload),
+              st.sampled_from([b"chan", b"c,h"]), st.one_of(typed_lines, ws.lines)),
+    st.sampled_from([b'"subscribe","chan",1', b"Reading messages... (press Ctrl-C to quit)", b'"message","chan"',
+                     b'"message","chan","PING 1" ', b'"smessage","chan","PING 1"']),
+)
+FORMAT_LINES = {"lines": prefixed_lines, "monitor": monitor_lines, "redis-csv": csv_lines}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(FORMAT_LINES)).flatmap(lambda f: st.tuples(st.just(f), st.lists(FORMAT_LINES[f], max_size=20))),
+       st.booleans(), st.integers(1, 7))
+def test_fuzz_twins_agree_on_every_format(case: tuple[str, list[bytes]], typed: bool, batch_rows: int) -> None:
+    fmt, lines = case
+    data = b"\n".join(lines)
+    c = _table(twin("_archive", "c"), data, typed, batch_rows, fmt)
+    py = _table(twin("_archive", "py"), data, typed, batch_rows, fmt)
+    assert _rows(c) == _rows(py)
+    assert _rows(py) == [_normalise(v) for v in _expected(data, typed, fmt)]
+
+
+RDATA = b'RDATA events m 1 ["ev",["$e","!r","t",null,null,null,null,false,true]]'
+RECORDED = {
+    "lines": [
+        b"2026-11-21T10:00:00.051Z > " + RDATA,
+        b"2026-11-21T10:00:00.051123+01:00 < PING 5",
+        b"2026-11-21 10:00:00Z  >  POSITION events m 1 2",
+        b"> PING 6",
+        b"2026-11-21T10:00:01Z # disconnected peer closed the connection",
+        b"2026-11-21T10:00:02.5Z # connected 127.0.0.1:9092",
+        RDATA,
+    ],
+    "monitor": [b'1795310678.449548 [0 127.0.0.1:42798] "PUBLISH" "chan" ' + _redis_quote(RDATA),
+                b'1795310678 [0 lua] "PUBLISH" "c\x01" "PING 1"'],
+    "redis-csv": [b'"message","chan",' + _redis_quote(RDATA), b'"pmessage","ch*","chan","POSITION events m 1 2"'],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(RECORDED))
+def test_recorded_traffic_never_reaches_python_in_the_compiled_builder(archive_impl: ModuleType, fmt: str) -> None:
+    asked: list[bytes] = []
+
+    def row_function(number: int, line: bytes) -> tuple[Any, ...] | None:
+        asked.append(line)
+        return L.ROW_FUNCTIONS[fmt](number, line, True)
+
+    cols = archive_impl.ArchiveColumns(True)
+    data = b"\n".join(RECORDED[fmt])
+    cols.feed(data, 0, 0, 100, row_function, fmt)
+    assert len(cols) == len(RECORDED[fmt])
+    rows = list(zip(*[a.to_pylist() for a in cols.take()]))
+    assert rows == _expected(data, True, fmt)
+    assert asked == ([] if archive_impl.__name__.endswith("_c") else RECORDED[fmt])
+
+
+def test_recorder_notes_are_commands_not_errors() -> None:
+    values = L.line_values(7, b"2026-11-21T10:00:01Z # disconnected peer closed the connection", False)
+    assert values == (7, "2026-11-21T10:00:01Z", "#", None, "#disconnected", None, None, None, None, None,
+                      "peer closed the connection", None, None)
+    assert L.line_values(1, b"2026-11-21T10:00:01Z # connected", False)[4:11] == (  # type: ignore[index]
+        "#connected", None, None, None, None, None, None)
+    assert L.line_values(1, b"2026-11-21T10:00:01Z #", False)[11] == "recorder note without text"  # type: ignore[index]
+    assert L.line_values(1, b"# disconnected", False)[11].startswith("unknown command")  # type: ignore[index]
+
+
+# ---------------------------------------------------------------- timestamps
+
+OFFSETS = st.sampled_from([0, 3600, -5 * 3600 - 1800, 14 * 3600, -12 * 3600])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.none(), TIMESTAMPS, UNIX_TIMES, st.text(max_size=12),
+                          st.sampled_from(["\u0661\u0662", "2026-11-21T10:00:00\u0665Z"])), max_size=12), OFFSETS)
+def test_timestamp_twins_agree_with_timestamp_micros(texts: list[str | None], offset: int) -> None:
+    import datetime as dt
+
+    from factstream.spark.timestamps import _date, timestamp_micros
+
+    zone = dt.timezone(dt.timedelta(seconds=offset))
+    arr = pa.array(texts, pa.string())
+    want_micros = [None if t is None else timestamp_micros(t, zone) for t in texts]
+    want_days = [None if m is None else _date(m, zone) for m in want_micros]
+    for name in ("c", "py"):
+        for a in (arr, arr.slice(1)):
+            skip = len(texts) - len(a)
+            micros, days = twin("_archive", name).timestamp_columns(a, offset, lambda t: timestamp_micros(t, zone))
+            assert micros.to_pylist() == want_micros[skip:], name
+            assert days.to_pylist() == want_days[skip:], name

@@ -233,3 +233,94 @@ def test_real_redis_cli_captures(redis_url: str, channel_prefix: str, tmp_path: 
             assert row["row"].encode() == payload.split(b" ", 4)[4]
     if mode == "monitor":
         assert all(r["ts"] for r in mine)
+
+
+# ------------------------------------------- which files are archives (logs parse DIR)
+
+def test_detect_format_says_none_for_files_that_are_not_archives() -> None:
+    assert L.detect_format([b'{"lines": 5000000, "files": 8, "seed": 20261122}']) is None
+    assert L.detect_format([b"# Notes", b"", b"Captured on the staging homeserver.", b"- see the runbook"]) is None
+    assert L.detect_format([bytes(range(256))]) is None
+    assert L.detect_format([]) == "lines"  # an empty file: an archive without lines
+    assert L.detect_format([b"2026-11-24T11:00:00.051Z > RDATA events master 5 []"]) == "lines"
+    assert L.detect_format([b"2026-11-24T11:00:00.051Z # connected 127.0.0.1:9092"]) == "lines"
+    assert L.detect_format([b"nonsense here", b"> PING 5"]) == "lines"  # the first decisive line decides
+    assert L.detect_format([b"OK", b'1795310678.4 [0 lua] "PUBLISH" "c" "PING 1"']) == "monitor"
+
+
+def test_list_files_ignores_the_recorders_part_files(tmp_path: Path) -> None:
+    (tmp_path / "hs1-9092.20261124T110000123456Z.000000.log.gz").write_bytes(gzip.compress(b"PING 1\n"))
+    (tmp_path / "hs1-9092.20261124T110500123456Z.000001.log.gz.part").write_bytes(b"\x1f\x8b")
+    got = [os.path.basename(p) for p, _ in S.list_files([str(tmp_path)])]
+    assert got == ["hs1-9092.20261124T110000123456Z.000000.log.gz"]
+
+
+def test_archive_formats_skips_files_in_no_format_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "MANIFEST.json").write_text('{"lines": 3}\n')
+    (tmp_path / "README.md").write_text("# capture of hs1\n\nTaken during the outage.\n")
+    (tmp_path / "a.log").write_bytes(b"2026-11-24T11:00:00.051Z > PING 1\n")
+    (tmp_path / "b.log.gz").write_bytes(gzip.compress(b'"message","ch","PING 1"\n'))
+    cut = gzip.compress(b"2026-11-24T11:00:00.051Z > PING 1\n" * 20000)
+    (tmp_path / "c.log.gz").write_bytes(cut[: len(cut) // 2])  # truncated: detected from what is there
+    files = S.list_files([str(tmp_path)])
+    with caplog.at_level("WARNING"):
+        formats, skipped = S.archive_formats(files)
+    assert {os.path.basename(p): f for p, f in formats.items()} == {"a.log": "lines", "b.log.gz": "redis-csv",
+                                                                     "c.log.gz": "lines"}
+    assert sorted(os.path.basename(p) for p in skipped) == ["MANIFEST.json", "README.md"]
+    assert "skipped 2 file(s) whose format was not detected" in caplog.text and "MANIFEST.json" in caplog.text
+    assert S.archive_formats(files, "lines") == ({p: "lines" for p, _ in files}, [])  # the user said so
+    with pytest.raises(FileNotFoundError, match="no replication archives among 1 file"):
+        S.archive_formats(S.list_files([str(tmp_path / "MANIFEST.json")]))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_logs_parse_dir_skips_manifest_and_part_files(tmp_path: Path) -> None:
+    import subprocess
+
+    exe = Path(sys.executable).parent / "factstream"
+    assert exe.exists(), f"{exe} is missing: run 'make install'"
+    src = tmp_path / "capture"
+    src.mkdir()
+    (src / "MANIFEST.json").write_text('{"lines": 3, "files": 1}\n')
+    (src / "hs1.20261124T110000000000Z.000000.log.gz").write_bytes(gzip.compress(
+        b"2026-11-24T11:00:00.051Z > POSITION events master 1 2\n2026-11-24T11:00:00.052Z > PING 5\n"
+        b"2026-11-24T11:00:01Z # disconnected peer went away\n"))
+    (src / "hs1.20261124T110500000000Z.000001.log.gz.part").write_bytes(b"\x1f\x8b\x08")
+    out = tmp_path / "parquet"
+    res = subprocess.run(
+        [str(exe), "logs", "parse", str(src), "--out", str(out), "--master", "local[1]", "--conf", "spark.ui.enabled=false"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "skipped 1 file(s) whose format was not detected" in res.stderr and "MANIFEST.json" in res.stderr
+    assert "wrote 3 lines (0 malformed)" in res.stderr
+
+
+def _recorded_archives() -> dict[str, list[bytes]]:
+    """The same wire lines as the recorder, redis-cli MONITOR and --csv would have written them."""
+    rng = random.Random(17)
+    base = spark_archives.protocol_lines(9, 600)
+    zones = ["Z", "", "+01:00", "-0530", ".5Z", ",123456789+00:00"]
+    lines = [b"%s > %s" % (b"2026-%02d-%02dT%02d:00:00%s" % (rng.randint(1, 12), rng.randint(1, 28), rng.randint(0, 23),
+                                                               rng.choice(zones).encode()), p) for p in base]
+    lines[5:5] = [b"2026-11-24T11:00:00.051Z # disconnected reset", b"2026-11-24T11:00:03Z # connected 10.0.0.4:9092"]
+    monitor = [b"OK"] + [b'%d.%06d [0 127.0.0.1:1] "PUBLISH" "ch" ' % (rng.randint(0, 2 * 10**9), rng.randrange(10**6))
+                         + spark_archives.redis_quote(p) for p in base]
+    csv = [b'"subscribe","ch",1'] + [b'"message","ch",' + spark_archives.redis_quote(p) for p in base]
+    return {"lines": lines, "monitor": monitor, "redis-csv": csv}
+
+
+@pytest.mark.parametrize("zone", ["UTC", "+05:30", "Europe/Berlin"])
+@pytest.mark.parametrize("fmt", ["lines", "monitor", "redis-csv"])
+def test_recorded_archives_give_the_same_batches_on_both_builders(fmt: str, zone: str) -> None:
+    lines = _recorded_archives()[fmt]
+    for typed in (True, False):
+        got = {impl: pa.Table.from_batches(list(L.parse_block(lines, source="f", fmt=fmt, typed=typed, batch_rows=97,
+                                                               session_time_zone=zone, impl=impl)))
+               for impl in ("c", "python")}
+        assert got["c"].equals(got["python"])
+        assert got["c"].num_rows == len(lines) - (0 if fmt == "lines" else 1)  # OK / subscribe carry no payload
+        if fmt != "redis-csv":  # --csv output has no timestamps
+            assert got["c"].column("ts").null_count < got["c"].num_rows // 10

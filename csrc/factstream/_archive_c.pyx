@@ -5,10 +5,18 @@ Columns live in C buffers laid out as Arrow wants them (validity bitmaps,
 int32 offsets, value bytes), so a batch becomes Arrow arrays with one copy per
 buffer and no Python object per line. ``feed`` computes the columns of the
 common lines itself: all-ASCII RDATA (with the typed events/caches columns),
-POSITION and the commands whose body is free text. Everything else (prefixes,
-malformed lines, non-ASCII, escaped JSON strings in typed fields, rarer
-commands) goes to the row function, the specification both twins share; any
-doubt means stepping aside, never guessing.
+POSITION, USER_SYNC and the commands whose body is free text, bare or behind
+the recorder's ISO-8601 timestamp and direction prefix (recorder ``#`` notes
+too), or inside ``redis-cli MONITOR`` PUBLISH entries and ``--csv``
+messages (the ``fmt`` given to ``feed``). Everything else (malformed lines
+and prefixes, non-ASCII, escapes other than ``\\"`` and ``\\\\`` in redis-cli
+quoting, escaped JSON strings in typed fields, rarer commands) goes to the row
+function, the specification both twins share; any doubt means stepping aside,
+never guessing.
+
+``timestamp_columns`` turns the ``ts_text`` column into ``ts``/``date`` for a
+fixed-offset session time zone, exactly as ``spark.timestamps.timestamp_micros``
+does (non-ASCII text is handed to it).
 
 Invariants:
 - a row is either committed whole or rolled back (``_rollback`` undoes a
@@ -42,6 +50,9 @@ cdef enum:
 
 cdef enum:
     C_LINE = 0
+    C_TS_TEXT = 1
+    C_DIRECTION = 2
+    C_CHANNEL = 3
     C_COMMAND = 4
     C_STREAM = 5
     C_INSTANCE = 6
@@ -81,6 +92,16 @@ cdef struct Col:
 _KINDS = {"int64": K_I64, "string": K_STR, "bool": K_BOOL, "list<string>": K_LIST}
 assert [name for name, _ in COLUMNS].index("cache_invalidation_ts") == C_CACHE_TS
 assert len(COLUMNS) == N_COLUMNS
+assert [name for name, _ in COLUMNS][:4] == ["line_number", "ts_text", "direction", "channel"]
+
+cdef enum:
+    M_LINES = 0
+    M_MONITOR = 1
+    M_CSV = 2
+    M_OTHER = 3
+
+# Archive formats (spark.formats) whose lines this builder reads itself.
+_MODES = {"lines": M_LINES, "monitor": M_MONITOR, "redis-csv": M_CSV}
 
 # Commands whose columns are just the name and the free-text body.
 cdef tuple _TEXT_COMMANDS = tuple(
@@ -179,6 +200,8 @@ cdef class ArchiveColumns:
     cdef Py_ssize_t n
     cdef Py_ssize_t cap
     cdef Py_ssize_t total
+    cdef unsigned char* scratch  # a redis-cli payload, unquoted
+    cdef Py_ssize_t scap
     cdef readonly bint typed
 
     def __cinit__(self, bint typed):
@@ -199,6 +222,7 @@ cdef class ArchiveColumns:
             PyMem_Free(self.cols[k].offsets)
             PyMem_Free(self.cols[k].data)
             PyMem_Free(self.cols[k].coffsets)
+        PyMem_Free(self.scratch)
 
     def __len__(self):
         return self.n
@@ -561,8 +585,185 @@ cdef class ArchiveColumns:
                 return 1
         return 0
 
+    # ------------------------------------------------- prefixes and captures
+
+    cdef int _note(self, const unsigned char* p, const unsigned char* e, int64_t number) except -1:
+        """A recorder note ``<word> [text]`` (after ``<ts> # ``): command ``#<word>``, data the text."""
+        cdef const unsigned char* sp = <const unsigned char*>memchr(p, 32, e - p)
+        cdef Col* c = &self.cols[C_COMMAND]
+        self._i64(C_LINE, number)
+        self._bytes(c, b"#", 1)
+        self._bytes(c, <const char*>p, (sp - p) if sp != NULL else (e - p))
+        self._valid(c)
+        if sp != NULL:
+            self._str(C_DATA, sp + 1, e - sp - 1)
+        self._commit()
+        return 1
+
+    cdef int _prefixed(self, const unsigned char* p, Py_ssize_t n, int64_t number) except -1:
+        """A ``lines`` line with a timestamp and/or direction prefix (``spark.formats.split_line``)."""
+        cdef const unsigned char* e = p + n
+        cdef const unsigned char* q = p
+        cdef const unsigned char* ts = NULL
+        cdef Py_ssize_t tslen = 0
+        cdef unsigned char d = 0
+        cdef int done
+        if 48 <= p[0] <= 57:
+            tslen = _iso_len(p, e)
+            if tslen == 0:
+                return 0
+            ts = p
+            q = p + tslen
+            if q >= e or q[0] != 32:
+                return 0
+            while q < e and q[0] == 32:
+                q += 1
+            if q >= e:
+                return 0
+        if q[0] == 60 or q[0] == 62 or (q[0] == 35 and ts != NULL):  # '<' '>', '#' after a timestamp
+            d = q[0]
+            q += 1
+            if q >= e or q[0] != 32:
+                return 0
+            while q < e and q[0] == 32:
+                q += 1
+            if q >= e:
+                return 0
+        if ts == NULL and d == 0:
+            return 0
+        if d != 35 and not (65 <= q[0] <= 90):
+            return 0  # not a command name: the codec's error message is the row function's business
+        if ts != NULL:
+            self._str(C_TS_TEXT, ts, tslen)
+        if d != 0:
+            self._str(C_DIRECTION, &d, 1)
+        if d == 35:
+            done = self._note(q, e, number)
+        else:
+            done = self._fast(q, e - q, number)
+        if not done:
+            self._rollback()
+        return done
+
+    cdef Py_ssize_t _unquote(self, const unsigned char* p, const unsigned char* e) except -2:
+        """redis-cli's quoted string body ``[p, e)`` into ``scratch``: its length, -1 to step aside."""
+        cdef Py_ssize_t k = 0
+        cdef unsigned char c
+        if e - p > self.scap:
+            self.scap = max(e - p, 2 * self.scap, 4096)
+            self.scratch = <unsigned char*>_realloc(self.scratch, self.scap)
+        while p < e:
+            c = p[0]
+            if c == 92:
+                if p + 1 >= e:
+                    return -1  # the escape would take the closing quote
+                c = p[1]
+                if c != 34 and c != 92:
+                    return -1  # \n, \xNN, ...: the row function unquotes those
+                p += 2
+            elif c == 34:
+                return -1  # an unescaped quote ends the field early
+            else:
+                p += 1
+            self.scratch[k] = c
+            k += 1
+        return k
+
+    cdef int _channel_payload(self, const unsigned char* ts, Py_ssize_t tslen, const unsigned char* q,
+                              const unsigned char* e, unsigned char sep, int64_t number) except -1:
+        """``"<channel>"<sep>"<payload>"`` running to the end of the line (MONITOR and --csv)."""
+        cdef const unsigned char* c0
+        cdef const unsigned char* c1
+        cdef Py_ssize_t plen
+        cdef int done
+        if q >= e or q[0] != 34:
+            return 0
+        c0 = q + 1
+        c1 = c0
+        while c1 < e and c1[0] != 34:
+            if c1[0] == 92:
+                return 0
+            c1 += 1
+        q = c1 + 1
+        if e - q < 3 or q[0] != sep or q[1] != 34 or e[-1] != 34:
+            return 0
+        plen = self._unquote(q + 2, e - 1)
+        if plen <= 0 or not (65 <= self.scratch[0] <= 90):
+            return 0
+        if ts != NULL:
+            self._str(C_TS_TEXT, ts, tslen)
+        self._str(C_CHANNEL, c0, c1 - c0)
+        done = self._fast(self.scratch, plen, number)
+        if not done:
+            self._rollback()
+        return done
+
+    cdef int _monitor(self, const unsigned char* p, Py_ssize_t n, int64_t number) except -1:
+        """``<unix time> [<db> <client>] "PUBLISH" "<channel>" "<payload>"`` (``spark.formats.split_monitor``)."""
+        cdef const unsigned char* e = p + n
+        cdef const unsigned char* q = p
+        cdef const unsigned char* d
+        cdef const unsigned char* ts_end
+        while q < e and 48 <= q[0] <= 57:
+            q += 1
+        if q == p:
+            return 0
+        if q < e and q[0] == 46:
+            q += 1
+            d = q
+            while q < e and 48 <= q[0] <= 57:
+                q += 1
+            if q == d:
+                return 0
+        ts_end = q
+        if e - q < 2 or q[0] != 32 or q[1] != 91:
+            return 0
+        q = <const unsigned char*>memchr(q + 2, 93, e - q - 2)
+        if q == NULL:
+            return 0
+        q += 1
+        if e - q < 11 or memcmp(q, b' "PUBLISH" ', 11) != 0:
+            return 0
+        return self._channel_payload(p, ts_end - p, q + 11, e, 32, number)
+
+    cdef int _csv(self, const unsigned char* p, Py_ssize_t n, int64_t number) except -1:
+        """``"message","<channel>","<payload>"`` or ``"pmessage","<pattern>",...`` (``spark.formats.split_csv``)."""
+        cdef const unsigned char* e = p + n
+        cdef const unsigned char* q
+        if n > 10 and memcmp(p, b'"message",', 10) == 0:
+            q = p + 10
+        elif n > 11 and memcmp(p, b'"pmessage","', 12) == 0:
+            q = p + 12
+            while q < e and q[0] != 34:
+                if q[0] == 92:
+                    return 0
+                q += 1
+            if e - q < 2 or q[1] != 44:
+                return 0
+            q += 2
+        else:
+            return 0
+        return self._channel_payload(NULL, 0, q, e, 44, number)
+
+    cdef int _line(self, const unsigned char* p, Py_ssize_t n, int64_t number, int mode) except -1:
+        """Columns of one line in format ``mode``: 1 done, 0 step aside."""
+        cdef unsigned char c = p[0]
+        if mode == M_LINES:
+            if 65 <= c <= 90:
+                if _all_ascii(p, n):
+                    return self._fast(p, n, number)
+            elif (48 <= c <= 57 or c == 60 or c == 62) and _all_ascii(p, n):
+                return self._prefixed(p, n, number)
+        elif mode == M_MONITOR:
+            if 48 <= c <= 57 and _all_ascii(p, n):
+                return self._monitor(p, n, number)
+        elif mode == M_CSV:
+            if c == 34 and _all_ascii(p, n):
+                return self._csv(p, n, number)
+        return 0
+
     def feed(self, bytes data not None, Py_ssize_t pos, int64_t number, Py_ssize_t max_rows,
-             row_function) -> tuple:
+             row_function, str fmt="lines") -> tuple:
         """Add the lines of ``data[pos:]`` until ``max_rows`` rows are held (see the pure twin).
 
         Also stops early when the batch holds about 1 GiB of text, so
@@ -573,6 +774,7 @@ cdef class ArchiveColumns:
         cdef const unsigned char* lp
         cdef const unsigned char* nl
         cdef Py_ssize_t ln, lend
+        cdef int mode = _MODES.get(fmt, M_OTHER)
         if pos < 0:
             raise ValueError("pos must not be negative")
         while pos < size and self.n < max_rows and self.total < BYTES_LIMIT:
@@ -582,7 +784,7 @@ cdef class ArchiveColumns:
             ln = lend - pos
             number += 1
             if ln > 0:
-                if not (65 <= lp[0] <= 90 and _all_ascii(lp, ln) and self._fast(lp, ln, number)):
+                if not self._line(lp, ln, number, mode):
                     values = row_function(number, PyBytes_FromStringAndSize(<const char*>lp, ln))
                     if values is not None:
                         self.append(values)
@@ -654,3 +856,208 @@ cdef void* _realloc(void* p, Py_ssize_t n) except NULL:
     if q == NULL:
         raise MemoryError()
     return q
+
+
+# ------------------------------------------------------------- timestamps
+
+cdef int64_t DAY_MICROS = 86400000000
+
+
+cdef inline bint _dig(unsigned char c) noexcept nogil:
+    return 48 <= c <= 57
+
+
+cdef inline int _num(const unsigned char* p, int n) noexcept nogil:
+    cdef int v = 0
+    cdef int i
+    for i in range(n):
+        v = v * 10 + (p[i] - 48)
+    return v
+
+
+cdef int64_t _days_from_civil(int64_t y, int64_t m, int64_t d) noexcept nogil:
+    """Days since 1970-01-01 of a proleptic Gregorian date (year >= 1)."""
+    y -= m <= 2
+    cdef int64_t era = y // 400
+    cdef int64_t yoe = y - era * 400
+    cdef int64_t doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
+    cdef int64_t doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+cdef inline int64_t _floor_div(int64_t a, int64_t b) noexcept nogil:
+    cdef int64_t q = a // b  # C division (cdivision): truncates toward zero
+    if a % b != 0 and (a < 0) != (b < 0):
+        q -= 1
+    return q
+
+
+cdef int64_t LOWEST = _days_from_civil(1, 1, 2) * DAY_MICROS
+cdef int64_t HIGHEST = _days_from_civil(9999, 12, 30) * DAY_MICROS
+cdef int[13] MONTH_DAYS = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+
+
+cdef Py_ssize_t _iso_len(const unsigned char* p, const unsigned char* e) noexcept nogil:
+    """Length of the ISO-8601 timestamp at ``p`` in the archive prefix's form; 0 if there is none."""
+    cdef const unsigned char* q
+    cdef int k = 0
+    if e - p < 19:
+        return 0
+    if not (_dig(p[0]) and _dig(p[1]) and _dig(p[2]) and _dig(p[3]) and p[4] == 45 and _dig(p[5]) and _dig(p[6])
+            and p[7] == 45 and _dig(p[8]) and _dig(p[9]) and (p[10] == 84 or p[10] == 32) and _dig(p[11])
+            and _dig(p[12]) and p[13] == 58 and _dig(p[14]) and _dig(p[15]) and p[16] == 58 and _dig(p[17])
+            and _dig(p[18])):
+        return 0
+    q = p + 19
+    if q < e and (q[0] == 46 or q[0] == 44):
+        q += 1
+        while q < e and _dig(q[0]):
+            q += 1
+            k += 1
+        if k == 0 or k > 9:
+            return 0
+    if q < e:
+        if q[0] == 90:
+            q += 1
+        elif q[0] == 43 or q[0] == 45:
+            if e - q < 5 or not (_dig(q[1]) and _dig(q[2])):
+                return 0
+            q += 3
+            if q[0] == 58:
+                q += 1
+            if e - q < 2 or not (_dig(q[0]) and _dig(q[1])):
+                return 0
+            q += 2
+    return q - p
+
+
+cdef int _ts_micros(const unsigned char* p, Py_ssize_t n, int64_t zone_us, int64_t* out) noexcept nogil:
+    """Microseconds of one timestamp text (``timestamp_micros``): 1 set, 0 null, -1 not ASCII."""
+    cdef Py_ssize_t i = 0, j, k
+    cdef int64_t secs = 0, us = 0, v, local
+    cdef int digits = 0, year, month, day, hour, minute, second, dim, oh, om
+    cdef unsigned char zone
+    for j in range(n):
+        if p[j] >= 128:
+            return -1
+    while i < n and _dig(p[i]):
+        i += 1
+    if i > 0 and (i == n or p[i] == 46):  # unix seconds: DECIMAL(20,6), rounded half up
+        if i < n:
+            if i + 1 == n:
+                return 0
+            for k in range(i + 1, n):
+                if not _dig(p[k]):
+                    return 0
+        j = 0
+        while j < i and p[j] == 48:
+            j += 1
+        if i - j > 12:
+            return 0  # past 9999-12-30 (or DECIMAL(20,6)) either way
+        for k in range(j, i):
+            secs = secs * 10 + (p[k] - 48)
+        if i < n:
+            k = i + 1
+            while k < n and digits < 6:
+                us = us * 10 + (p[k] - 48)
+                k += 1
+                digits += 1
+            while digits < 6:
+                us *= 10
+                digits += 1
+            if i + 7 < n and p[i + 7] >= 53:
+                us += 1
+        v = secs * 1000000 + us
+    else:
+        if n < 19 or _iso_len(p, p + n) != n:
+            return 0
+        year = _num(p, 4)
+        month = _num(p + 5, 2)
+        day = _num(p + 8, 2)
+        hour = _num(p + 11, 2)
+        minute = _num(p + 14, 2)
+        second = _num(p + 17, 2)
+        i = 19
+        if i < n and (p[i] == 46 or p[i] == 44):
+            i += 1
+            while i < n and _dig(p[i]):
+                if digits < 6:
+                    us = us * 10 + (p[i] - 48)
+                    digits += 1
+                i += 1
+            while digits < 6:
+                us *= 10
+                digits += 1
+        if year < 1 or month < 1 or month > 12 or day < 1 or hour > 23 or minute > 59 or second > 59:
+            return 0
+        dim = MONTH_DAYS[month]
+        if month == 2 and year % 4 == 0 and (year % 100 != 0 or year % 400 == 0):
+            dim = 29
+        if day > dim:
+            return 0
+        local = _days_from_civil(year, month, day) * DAY_MICROS + ((hour * 60 + minute) * 60 + second) * <int64_t>1000000 + us
+        if i == n:
+            v = local - zone_us
+        elif p[i] == 90:
+            v = local
+        else:
+            oh = _num(p + i + 1, 2)
+            om = _num(p + n - 2, 2)
+            if om > 59 or oh * 60 + om > 18 * 60:
+                return 0
+            v = local - (oh * 60 + om) * <int64_t>60000000 if p[i] == 43 else local + (oh * 60 + om) * <int64_t>60000000
+    if v < LOWEST or v >= HIGHEST:
+        return 0
+    out[0] = v
+    return 1
+
+
+def timestamp_columns(ts_text, int64_t offset_seconds, micros_of) -> tuple:
+    """(micros since the epoch as int64, session-zone days as int32) of timestamp texts (see the pure twin)."""
+    import pyarrow as pa
+
+    cdef Py_ssize_t n = len(ts_text)
+    cdef Py_ssize_t off = ts_text.offset
+    cdef Py_ssize_t i, j, nulls = 0
+    cdef int r
+    cdef int64_t v
+    cdef int64_t zone_us = offset_seconds * 1000000
+    if ts_text.type != pa.string():
+        raise TypeError(f"expected a string array, got {ts_text.type}")
+    bufs = ts_text.buffers()
+    cdef const uint8_t* valid = NULL if bufs[0] is None else <const uint8_t*><size_t>bufs[0].address
+    cdef const int32_t* offs = <const int32_t*><size_t>bufs[1].address
+    cdef const unsigned char* chars = NULL if bufs[2] is None else <const unsigned char*><size_t>bufs[2].address
+    cdef bytes out_valid = PyBytes_FromStringAndSize(NULL, (n + 7) // 8)
+    cdef bytes out_micros = PyBytes_FromStringAndSize(NULL, n * 8)
+    cdef bytes out_days = PyBytes_FromStringAndSize(NULL, n * 4)
+    cdef uint8_t* ov = <uint8_t*>PyBytes_AS_STRING(out_valid)
+    cdef int64_t* om = <int64_t*>PyBytes_AS_STRING(out_micros)
+    cdef int32_t* od = <int32_t*>PyBytes_AS_STRING(out_days)
+    memset(ov, 0, (n + 7) // 8)
+    memset(om, 0, n * 8)
+    memset(od, 0, n * 4)
+    for i in range(n):
+        j = i + off
+        if valid != NULL and not (valid[j >> 3] >> (j & 7)) & 1:
+            nulls += 1
+            continue
+        r = _ts_micros(chars + offs[j], offs[j + 1] - offs[j], zone_us, &v) if chars != NULL else 0
+        if r < 0:
+            value = micros_of(PyBytes_FromStringAndSize(<const char*>chars + offs[j], offs[j + 1] - offs[j]).decode())
+            if value is None:
+                r = 0
+            else:
+                v = value
+                r = 1
+        if r == 0:
+            nulls += 1
+            continue
+        ov[i >> 3] |= <uint8_t>(1 << (i & 7))
+        om[i] = v
+        od[i] = <int32_t>_floor_div(v + zone_us, DAY_MICROS)
+    validity = pa.py_buffer(out_valid) if nulls else None
+    return (
+        pa.Array.from_buffers(pa.int64(), n, [validity, pa.py_buffer(out_micros)], nulls),
+        pa.Array.from_buffers(pa.int32(), n, [validity, pa.py_buffer(out_days)], nulls),
+    )

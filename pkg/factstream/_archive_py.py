@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["ArchiveColumns", "COLUMNS", "HEADER_COLUMNS", "RowFunction"]
+__all__ = ["ArchiveColumns", "COLUMNS", "HEADER_COLUMNS", "RowFunction", "timestamp_columns"]
 
 #: (name, Arrow type name) of every builder column, in order.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -111,13 +111,17 @@ class ArchiveColumns:
                 raise TypeError(f"expected {typ.__name__} for column {name}, got {type(value).__name__}")
         self._rows.append(values)
 
-    def feed(self, data: bytes, pos: int, number: int, max_rows: int, row_function: RowFunction) -> tuple[int, int]:
+    def feed(
+        self, data: bytes, pos: int, number: int, max_rows: int, row_function: RowFunction, fmt: str = "lines"
+    ) -> tuple[int, int]:
         """Add the lines of ``data[pos:]`` until ``max_rows`` rows are held.
 
         Lines end at ``\\n`` or at the end of ``data``; ``number`` is the
         number of the line before ``data[pos]``. Empty lines are skipped
         without calling ``row_function``. Returns ``(pos, number)`` to resume
-        from: ``pos == len(data)`` once every line was taken.
+        from: ``pos == len(data)`` once every line was taken. ``fmt`` names the
+        archive format ``row_function`` reads (the compiled twin's fast paths
+        follow it; this twin asks ``row_function`` about every line).
         """
         rows = self._rows
         size = len(data)
@@ -151,3 +155,23 @@ class ArchiveColumns:
             except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeEncodeError):
                 arrays.append(pa.array([_fix(v) for v in values], typ))
         return arrays
+
+
+_DAY_MICROS = 86_400_000_000
+
+
+def timestamp_columns(
+    ts_text: pa.Array, offset_seconds: int, micros_of: Callable[[str], int | None]
+) -> tuple[pa.Array, pa.Array]:
+    """(micros since the epoch as int64, session-zone days as int32) of timestamp texts.
+
+    ``micros_of`` is the specification (``spark.timestamps.timestamp_micros``
+    in the session zone); the zone is the fixed offset ``offset_seconds``, so
+    the date is a floor division. The compiled twin parses the text itself.
+    """
+    import pyarrow as pa
+
+    micros = [None if t is None else micros_of(t) for t in ts_text.to_pylist()]
+    shift = offset_seconds * 1_000_000
+    days = [None if m is None else (m + shift) // _DAY_MICROS for m in micros]
+    return pa.array(micros, pa.int64()), pa.array(days, pa.int32())

@@ -1,11 +1,20 @@
-"""``factstream decode``: read replication lines, report what they contain."""
+"""``factstream decode``: read replication lines, report what they contain.
+
+Reads every archive format ``logs parse`` reads (bare wire lines, the
+recorder's timestamp/direction prefixes and ``#`` notes, redis-cli MONITOR,
+``--csv`` and raw SUBSCRIBE output; gzip or plain), detected per input by the
+same detector (:mod:`factstream.spark.formats`, which imports neither pyarrow
+nor pyspark).
+"""
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import sys
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,6 +23,10 @@ from typing import IO, Any, cast
 
 from .. import wire
 from ..errors import ProtocolError
+from ..spark.formats import NOTE, detect_format, payloads
+
+#: Lines read ahead of parsing to detect an input's format.
+HEAD_LINES = 200
 
 
 def sample_log_path() -> str:
@@ -28,8 +41,13 @@ def register(subparsers: Any) -> None:
         description=(
             "Read replication protocol lines (one per line, as on the TCP wire or a Redis "
             "channel) and print per-command and per-stream counts, token ranges and every bad "
-            "line with its line number and reason. Files ending in .gz are decompressed. "
-            "Exit status 1 if any line was bad. Try it on the sample that ships with the package: "
+            "line with its line number and reason. Reads what 'logs parse' reads, format "
+            "detected per input: bare wire lines, lines prefixed with an ISO-8601 timestamp "
+            "and direction (what 'factstream record' writes; its '#' notes count as "
+            "#disconnected/#connected), redis-cli MONITOR, --csv and raw SUBSCRIBE output. "
+            "Files ending in .gz are decompressed. Exit status 1 if any line was bad, 2 if an "
+            "input could not be read (missing, truncated or corrupt gzip, not an archive); the "
+            "other inputs are still read. Try it on the sample that ships with the package: "
             "factstream decode --sample."
         ),
     )
@@ -60,6 +78,13 @@ class Summary:
     streams: dict[tuple[str, str], StreamStats] = field(default_factory=dict)
     errors: list[tuple[str, int, str]] = field(default_factory=list)
     error_count: int = 0
+    #: per input: (path, format or None, problem reading it or None)
+    inputs: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+
+    @property
+    def bad_inputs(self) -> list[tuple[str, str]]:
+        """(path, problem) of every input that could not be read to its end."""
+        return [(path, problem) for path, _, problem in self.inputs if problem is not None]
 
     def add(self, cmd: wire.Command) -> None:
         self.commands[cmd.NAME] += 1
@@ -85,38 +110,89 @@ class Summary:
             ],
             "error_count": self.error_count,
             "errors": [{"file": f, "line": n, "reason": r} for f, n, r in self.errors],
+            "inputs": [{"file": f, "format": fmt, "problem": p} for f, fmt, p in self.inputs],
         }
 
 
 def _open(path: str) -> IO[bytes]:
     if path == "-":
         return sys.stdin.buffer
-    if path.endswith(".gz"):
+    if path.endswith((".gz", ".gzip")):
         return cast(IO[bytes], gzip.open(path, "rb"))
     return open(path, "rb")
 
 
-def _lines(path: str) -> Iterator[tuple[int, bytes]]:
-    with _open(path) as fh:
-        for number, line in enumerate(fh, 1):
-            yield number, line.rstrip(b"\n")
+class _Lines:
+    """The lines of an open input without their newlines, counting how many were read."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.count = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for line in self.fh:
+            self.count += 1
+            yield line.rstrip(b"\n")
+
+
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def _read_problem(err: BaseException, where: int) -> str:
+    """What went wrong reading an input, and where."""
+    if isinstance(err, FileNotFoundError | PermissionError | IsADirectoryError):
+        return f"cannot read: {err.strerror}"
+    if isinstance(err, EOFError):
+        what = "truncated gzip (the file ends inside a compressed member)"
+    elif isinstance(err, gzip.BadGzipFile | zlib.error):
+        what = f"corrupt gzip ({err})"
+    else:
+        what = f"read error ({getattr(err, 'strerror', None) or err})"
+    return f"{what} after line {where}" if where else what
+
+
+def _summarise_one(path: str, summary: Summary, max_errors: int) -> None:
+    parse = wire.parse_line
+    fmt: str | None = None
+    lines: _Lines | None = None
+    try:
+        with _open(path) as fh:
+            lines = _Lines(fh)
+            it = iter(lines)
+            head = list(itertools.islice(it, HEAD_LINES))
+            fmt = detect_format(head)
+            if fmt is None:
+                summary.inputs.append((path, None, "not a replication archive (no line in a known format)"))
+                return
+            for number, payload, _ts, direction, _channel, problem in payloads(itertools.chain(head, it), fmt):
+                summary.lines += 1
+                if problem is None and direction == NOTE:  # a recorder note, e.g. "#disconnected"
+                    summary.commands["#" + payload.split(b" ", 1)[0].decode("utf-8", "replace")] += 1
+                    continue
+                try:
+                    if problem is not None:
+                        raise ProtocolError(problem)
+                    summary.add(parse(payload))
+                except ProtocolError as err:
+                    summary.error_count += 1
+                    if len(summary.errors) < max_errors:
+                        summary.errors.append((path, number, str(err)))
+    except _READ_ERRORS as err:
+        summary.inputs.append((path, fmt, _read_problem(err, lines.count if lines is not None else 0)))
+        return
+    summary.inputs.append((path, fmt, None))
 
 
 def summarise(paths: list[str], max_errors: int = 100) -> Summary:
-    """Parse every line of ``paths``; blank lines are skipped, bad ones recorded."""
+    """Parse every line of ``paths``; blank lines are skipped, bad ones recorded.
+
+    An input that cannot be read to its end (missing, truncated or corrupt
+    gzip, not an archive) is recorded in ``inputs`` with what went wrong and
+    where; the others are still read.
+    """
     summary = Summary()
-    parse = wire.parse_line
     for path in paths:
-        for number, line in _lines(path):
-            if not line.strip():
-                continue
-            summary.lines += 1
-            try:
-                summary.add(parse(line))
-            except ProtocolError as err:
-                summary.error_count += 1
-                if len(summary.errors) < max_errors:
-                    summary.errors.append((path, number, str(err)))
+        _summarise_one(path, summary, max_errors)
     return summary
 
 
@@ -136,19 +212,23 @@ def _print_text(summary: Summary, out: IO[str]) -> None:
             out.write(f"  {path}:{number}: {reason}\n")
         if summary.error_count > len(summary.errors):
             out.write(f"  ... and {summary.error_count - len(summary.errors)} more\n")
+    if summary.bad_inputs:
+        out.write("\ninputs not read to the end:\n")
+        for path, problem in summary.bad_inputs:
+            out.write(f"  {path}: {problem}\n")
 
 
 def run(args: argparse.Namespace) -> int:
     paths = list(args.files) + ([sample_log_path()] if getattr(args, "sample", False) else [])
     paths = paths or ["-"]
-    try:
-        summary = summarise(paths, args.max_errors)
-    except OSError as err:
-        print(f"factstream decode: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
-        return 2
+    summary = summarise(paths, args.max_errors)
+    for path, problem in summary.bad_inputs:
+        print(f"factstream decode: {path}: {problem}", file=sys.stderr)
     if args.json:
         json.dump(summary.as_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_text(summary, sys.stdout)
+    if summary.bad_inputs:
+        return 2
     return 1 if summary.error_count else 0

@@ -1,18 +1,268 @@
-"""Names of the archive formats (kept free of heavy imports for the CLI's --help)."""
+"""Archive formats: what a file of captured replication traffic looks like, and its payloads.
+
+One detector and one splitter for every reader of archives: ``logs parse``
+(through :mod:`.lines`, which turns the payloads into columns) and
+``factstream decode``. Kept free of pyarrow and pyspark (only ``re``), so the
+CLI's ``--help`` and ``decode`` stay light.
+
+Formats (``FORMATS``; ``FORMATS_HELP`` is the user's version):
+
+``lines``
+    one protocol line per line, optionally prefixed by an ISO-8601 timestamp
+    and/or a direction marker (``>`` server to client, ``<`` client to
+    server): ``2026-11-22T01:02:03.456Z > RDATA events master 5 [...]``. The
+    direction ``#`` after a timestamp marks a recorder note
+    (``<ts> # disconnected <reason>``), never a wire line.
+``monitor``
+    ``redis-cli MONITOR`` output: ``<unix-time> [db addr] "PUBLISH" "<channel>" "<payload>"``.
+``redis-csv``
+    ``redis-cli --csv SUBSCRIBE``/``PSUBSCRIBE`` output: ``"message","<channel>","<payload>"``.
+``redis-raw``
+    ``redis-cli SUBSCRIBE`` piped to a file: ``message``, channel and payload on
+    three lines (records span lines, so such files are never split).
+"""
 
 from __future__ import annotations
 
-__all__ = ["FORMATS", "FORMATS_HELP"]
+import re
+from collections.abc import Iterable, Iterator
+
+__all__ = [
+    "FORMATS",
+    "FORMATS_HELP",
+    "NOTE",
+    "Payload",
+    "detect_format",
+    "payloads",
+    "redis_unquote",
+    "split_csv",
+    "split_line",
+    "split_monitor",
+]
 
 #: Archive formats understood by the parser; "auto" sniffs each file.
 FORMATS: tuple[str, ...] = ("auto", "lines", "monitor", "redis-csv", "redis-raw")
 
 FORMATS_HELP = """\
   lines      one protocol line per line, optionally prefixed by an ISO-8601 timestamp
-             and/or a direction marker ('>' server to client, '<' client to server):
+             and/or a direction marker ('>' server to client, '<' client to server;
+             '#' a recorder note such as '<ts> # disconnected <reason>'):
              2026-11-22T01:02:03.456Z > RDATA events master 54 ["ev",[...]]
   monitor    redis-cli MONITOR output: <unix time> [db addr] "PUBLISH" "<channel>" "<payload>"
   redis-csv  redis-cli --csv SUBSCRIBE/PSUBSCRIBE output: "message","<channel>","<payload>"
   redis-raw  redis-cli SUBSCRIBE piped to a file: message, channel, payload on three lines
-  auto       detect the format of each file from its first lines (default)
+  auto       detect the format of each file from its first lines (default); files whose
+             format is not recognised (a MANIFEST.json, a README) are skipped with a warning
 """
+
+#: The direction of a recorder note line (see docs/spark.md).
+NOTE = b"#"
+
+#: (line number, protocol line, timestamp text, direction, channel, problem);
+#: ``problem`` names what is wrong with the capture record itself, else None.
+Payload = tuple[int, bytes, "bytes | None", "bytes | None", "bytes | None", "str | None"]
+
+_PREFIX = re.compile(
+    rb"(?:(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?)(?: +|$))?(?:([<>#])(?: +|$))?"
+)
+_MONITOR = re.compile(rb'(\d+(?:\.\d+)?) \[[^\]]*\] (.*)')
+_QUOTED = re.compile(rb'"((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|.)", re.DOTALL)
+_SIMPLE_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"a": b"\a", b"b": b"\b"}
+# A protocol command name (what a `lines` archive's payloads start with).
+_COMMAND = re.compile(rb"[A-Z][A-Z_]*(?: |$)")
+_CSV_KINDS = (b'"message",', b'"pmessage",', b'"subscribe",', b'"psubscribe",', b'"smessage",', b'"ssubscribe",')
+_RAW_KINDS = (b"subscribe", b"psubscribe", b"message", b"pmessage", b"ssubscribe", b"smessage")
+_SUBSCRIBE_KINDS = (b"subscribe", b"psubscribe", b"ssubscribe", b"unsubscribe", b"punsubscribe")
+
+
+def _unescape(match: re.Match[bytes]) -> bytes:
+    code = match.group(1)
+    if len(code) == 3:
+        return bytes((int(code[1:], 16),))
+    return _SIMPLE_ESCAPES.get(code, code)
+
+
+def redis_unquote(text: bytes) -> bytes:
+    """Undo redis-cli's quoting of one string (the body between the quotes)."""
+    if b"\\" not in text:
+        return text
+    return _ESCAPE.sub(_unescape, text)
+
+
+def _quoted_fields(text: bytes) -> list[bytes] | None:
+    """The quoted, comma- or space-separated strings of a redis-cli line; None if it is not one."""
+    fields = []
+    pos = 0
+    n = len(text)
+    while pos < n:
+        m = _QUOTED.match(text, pos)
+        if m is None:
+            # --csv prints integers bare (e.g. the subscription count)
+            end = text.find(b",", pos)
+            end = n if end < 0 else end
+            fields.append(text[pos:end])
+            pos = end
+        else:
+            fields.append(redis_unquote(m.group(1)))
+            pos = m.end()
+        if pos < n:
+            if text[pos] not in (0x2C, 0x20):  # ',' or ' '
+                return None
+            pos += 1
+    return fields
+
+
+# ------------------------------------------------------------- detection
+
+
+def _looks_like(line: bytes) -> str | None:
+    """The format one line belongs to, if it is unmistakably one; None if it says nothing."""
+    if _MONITOR.match(line) and b'"' in line:
+        return "monitor"
+    if line.startswith(_CSV_KINDS):
+        return "redis-csv"
+    if line in _RAW_KINDS:
+        return "redis-raw"
+    m = _PREFIX.match(line)
+    assert m is not None  # every group of _PREFIX is optional: it always matches
+    if m.group(2) == NOTE:
+        return "lines" if m.group(1) is not None and m.end() < len(line) else None
+    if _COMMAND.match(line, m.end()):
+        return "lines"
+    return None
+
+
+def detect_format(head: Iterable[bytes], lines_to_try: int = 50) -> str | None:
+    """The format of an archive from its first lines, or None if it is not an archive.
+
+    The first line (of the first ``lines_to_try`` non-blank ones) that is
+    unmistakably one format decides; a file without any (a MANIFEST.json, a
+    README, binary data) has no format. An empty file is a (``lines``) archive
+    without lines.
+    """
+    tried = 0
+    for line in head:
+        line = line.rstrip(b"\r\n")
+        if not line.strip() or line == b"OK" or line.startswith(b"Reading messages"):
+            continue  # MONITOR's first reply, redis-cli --csv's banner: not decisive
+        fmt = _looks_like(line)
+        if fmt is not None:
+            return fmt
+        tried += 1
+        if tried >= lines_to_try:
+            return None
+    return "lines" if tried == 0 else None
+
+
+# ------------------------------------------------------------- splitting
+#
+# Per line: (timestamp, direction, channel, protocol line, problem), or None for
+# a line that carries no payload (blank, MONITOR's other commands, subscribe
+# confirmations). These are the specification the compiled column builder
+# (factstream._archive_c) follows for its fast lines.
+
+Split = tuple["bytes | None", "bytes | None", "bytes | None", bytes, "str | None"]
+
+
+def split_line(line: bytes) -> Split | None:
+    """One line of a ``lines`` archive: its prefix taken apart."""
+    if line and 65 <= line[0] <= 90:  # starts with a command name: no prefix
+        return None, None, None, line, None
+    m = _PREFIX.match(line)
+    assert m is not None  # every group of _PREFIX is optional: it always matches
+    ts, direction = m.group(1), m.group(2)
+    if direction == NOTE and ts is None:
+        return None, None, None, line, None  # a recorder note always has a timestamp: this is no prefix
+    payload = line[m.end():] if m.end() else line
+    if not payload.strip():
+        if ts is None and direction is None:
+            return None  # blank line
+        what = "recorder note without text" if direction == NOTE else "prefix without a replication line"
+        return ts, direction, None, payload, what
+    return ts, direction, None, payload, None
+
+
+def split_monitor(line: bytes) -> Split | None:
+    """One line of ``redis-cli MONITOR`` output (PUBLISH entries carry payloads)."""
+    if not line.strip() or line == b"OK":
+        return None
+    m = _MONITOR.match(line)
+    fields = _quoted_fields(m.group(2)) if m else None
+    if not fields:
+        return None, None, None, line, "not a redis-cli MONITOR line"
+    assert m is not None  # fields is None when m is None
+    verb = fields[0].upper()
+    if verb not in (b"PUBLISH", b"SPUBLISH"):
+        return None  # other Redis traffic: not replication data
+    if len(fields) != 3:
+        return m.group(1), None, None, line, "PUBLISH without channel and payload"
+    return m.group(1), None, fields[1], fields[2], None
+
+
+def split_csv(line: bytes) -> Split | None:
+    """One line of ``redis-cli --csv`` SUBSCRIBE/PSUBSCRIBE output."""
+    if not line.strip() or line.startswith(b"Reading messages"):
+        return None
+    fields = _quoted_fields(line)
+    if not fields:
+        return None, None, None, line, "not a redis-cli --csv line"
+    kind = fields[0]
+    if kind in (b"message", b"smessage") and len(fields) == 3:
+        return None, None, fields[1], fields[2], None
+    if kind == b"pmessage" and len(fields) == 4:
+        return None, None, fields[2], fields[3], None
+    if kind in _SUBSCRIBE_KINDS:
+        return None
+    return None, None, None, line, "not a redis-cli --csv message"
+
+
+#: The per-line splitter of each format whose records are single lines.
+SPLITTERS = {"lines": split_line, "monitor": split_monitor, "redis-csv": split_csv}
+
+
+def _raw_records(lines: Iterable[bytes], first_line: int) -> Iterator[Payload]:
+    """``redis-cli SUBSCRIBE`` output: records of three (pmessage: four) lines."""
+    number = first_line - 1
+    it = iter(lines)
+    for line in it:
+        number += 1
+        if not line.strip():
+            continue
+        if line in (b"message", b"smessage", b"pmessage"):
+            extra = 2 if line == b"pmessage" else 1
+            parts = []
+            for _ in range(extra + 1):
+                nxt = next(it, None)
+                if nxt is None:
+                    break
+                number += 1
+                parts.append(nxt)
+            if len(parts) != extra + 1:
+                yield number, line, None, None, None, "redis-cli message record cut short"
+                continue
+            yield number, parts[-1], None, None, parts[-2], None
+        elif line in _SUBSCRIBE_KINDS:
+            for _ in range(2):
+                if next(it, None) is not None:
+                    number += 1
+        else:
+            yield number, line, None, None, None, "not part of a redis-cli message record"
+
+
+def payloads(lines: Iterable[bytes], fmt: str, first_line: int = 1) -> Iterator[Payload]:
+    """(line number, protocol line, ts, direction, channel, problem) per payload-bearing line.
+
+    ``lines`` have no newline; ``fmt`` is a detected format (not "auto").
+    """
+    if fmt == "redis-raw":
+        yield from _raw_records(lines, first_line)
+        return
+    split = SPLITTERS.get(fmt)
+    if split is None:
+        raise ValueError(f"cannot parse format {fmt!r} here; detect it first")
+    for number, line in enumerate(lines, first_line):
+        parts = split(line)
+        if parts is not None:
+            ts, direction, channel, payload, problem = parts
+            yield number, payload, ts, direction, channel, problem

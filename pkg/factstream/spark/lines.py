@@ -8,30 +8,18 @@ number, timestamp, direction, Redis channel). A line the codec refuses comes
 out with the codec's message in ``error`` and the line itself in ``raw``;
 lines are never dropped, except blank lines (the protocol ignores them) and
 Redis capture chatter that carries no payload (subscribe confirmations,
-MONITOR entries other than PUBLISH).
+MONITOR entries other than PUBLISH). A recorder note
+(``<ts> # disconnected <reason>``) is no wire line: its row has command
+``#disconnected`` (``#`` and the note's first word), direction ``#`` and the
+rest of the note in ``data``.
 
-Archive formats (``FORMATS``):
-
-``lines``
-    one protocol line per line, optionally prefixed by an ISO-8601 timestamp
-    and/or a direction marker (``>`` server to client, ``<`` client to server):
-    ``2026-11-22T01:02:03.456Z > RDATA events master 5 [...]``.
-``monitor``
-    ``redis-cli MONITOR`` output: ``<unix-time> [db addr] "PUBLISH" "<channel>" "<payload>"``.
-``redis-csv``
-    ``redis-cli --csv SUBSCRIBE``/``PSUBSCRIBE`` output: ``"message","<channel>","<payload>"``.
-``redis-raw``
-    ``redis-cli SUBSCRIBE`` piped to a file: ``message``, channel and payload on
-    three lines (records span lines, so such files are never split).
-``auto``
-    sniff each file's first lines and pick one of the above.
+Archive formats (``FORMATS``) and their detection: :mod:`.formats`.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +30,7 @@ from .._archive_py import HEADER_COLUMNS
 from .._compat import load
 from ..commands import FederationAckCommand, PositionCommand, RdataCommand
 from ..errors import ProtocolError
-from .formats import FORMATS
+from .formats import FORMATS, NOTE, SPLITTERS, detect_format, payloads, redis_unquote, split_csv, split_line, split_monitor
 from .timestamps import TS_TYPE, timestamp_columns
 
 __all__ = [
@@ -53,6 +41,9 @@ __all__ = [
     "TYPED_COLUMNS",
     "detect_format",
     "line_values",
+    "monitor_values",
+    "csv_values",
+    "ROW_FUNCTIONS",
     "command_values",
     "parse_block",
     "parse_blocks",
@@ -124,73 +115,6 @@ class ParseOptions:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise ValueError(f"unknown archive format {self.format!r}; choose one of {', '.join(FORMATS)}")
-
-
-# ----------------------------------------------------------------- prefixes
-
-_PREFIX = re.compile(
-    rb"(?:(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?)(?: +|$))?(?:([<>])(?: +|$))?"
-)
-_MONITOR = re.compile(rb'(\d+(?:\.\d+)?) \[[^\]]*\] (.*)')
-_QUOTED = re.compile(rb'"((?:[^"\\]|\\.)*)"')
-_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|.)", re.DOTALL)
-_SIMPLE_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"a": b"\a", b"b": b"\b"}
-
-
-def _unescape(match: re.Match[bytes]) -> bytes:
-    code = match.group(1)
-    if len(code) == 3:
-        return bytes((int(code[1:], 16),))
-    return _SIMPLE_ESCAPES.get(code, code)
-
-
-def redis_unquote(text: bytes) -> bytes:
-    """Undo redis-cli's quoting of one string (the body between the quotes)."""
-    if b"\\" not in text:
-        return text
-    return _ESCAPE.sub(_unescape, text)
-
-
-def _quoted_fields(text: bytes) -> list[bytes] | None:
-    """The quoted, comma- or space-separated strings of a redis-cli line; None if it is not one."""
-    fields = []
-    pos = 0
-    n = len(text)
-    while pos < n:
-        m = _QUOTED.match(text, pos)
-        if m is None:
-            # --csv prints integers bare (e.g. the subscription count)
-            end = text.find(b",", pos)
-            end = n if end < 0 else end
-            fields.append(text[pos:end])
-            pos = end
-        else:
-            fields.append(redis_unquote(m.group(1)))
-            pos = m.end()
-        if pos < n:
-            if text[pos] not in (0x2C, 0x20):  # ',' or ' '
-                return None
-            pos += 1
-    return fields
-
-
-def detect_format(head: list[bytes]) -> str:
-    """Guess an archive's format from its first lines (see the module docstring)."""
-    for line in head:
-        if not line.strip():
-            continue
-        if _MONITOR.match(line) and b'"' in line:
-            return "monitor"
-        if line.startswith((b'"message",', b'"pmessage",', b'"subscribe",', b'"psubscribe",', b'"smessage",')):
-            return "redis-csv"
-        if line.startswith(b"Reading messages"):
-            return "redis-csv"
-        if line in (b"subscribe", b"psubscribe", b"message", b"pmessage", b"ssubscribe", b"smessage"):
-            return "redis-raw"
-        if line in (b"OK",):  # MONITOR's first reply
-            continue
-        return "lines"
-    return "lines"
 
 
 # --------------------------------------------------------------- row values
@@ -271,12 +195,17 @@ def command_values(
     """
     where = (number, _text(ts), _text(direction), _text(channel))
     cmd: Any = None
+    head: tuple[Any, ...]
+    if direction == NOTE and problem is None:  # a recorder note: "#<word>" and its text
+        note = payload.split(b" ", 1)
+        text = note[1].decode("utf-8", "replace") if len(note) == 2 else None
+        head = ("#" + note[0].decode("utf-8", "replace"), None, None, None, None, None, text, None, None)
+        return where + head + _TYPED_NONE if typed else where + head
     if problem is None:
         try:
             cmd = wire.parse_line(payload)
         except ProtocolError as err:
             problem = str(err)
-    head: tuple[Any, ...]
     if cmd is None:
         head = (None, None, None, None, None, None, None, problem, payload.decode("utf-8", "replace"))
         return where + head + _TYPED_NONE if typed else where + head
@@ -302,98 +231,48 @@ def command_values(
     return where + head + typed_values if typed else where + head
 
 
+def _split_values(split: Callable[[bytes], Any], number: int, line: bytes, typed: bool) -> tuple[Any, ...] | None:
+    parts = split(line)
+    if parts is None:
+        return None
+    ts, direction, channel, payload, problem = parts
+    return command_values(number, payload, typed, ts, direction, channel, problem)
+
+
 def line_values(number: int, line: bytes, typed: bool) -> tuple[Any, ...] | None:
     """The column values of one line of a ``lines`` archive (None for a blank line)."""
     if line and 65 <= line[0] <= 90:  # starts with a command name: no prefix
         return command_values(number, line, typed)
-    m = _PREFIX.match(line)
-    assert m is not None  # every group of _PREFIX is optional: it always matches
-    ts, direction = m.group(1), m.group(2)
-    payload = line[m.end():] if m.end() else line
-    if not payload.strip():
-        if ts is None and direction is None:
-            return None  # blank line
-        return command_values(number, payload, typed, ts, direction, problem="prefix without a replication line")
-    return command_values(number, payload, typed, ts, direction)
+    return _split_values(split_line, number, line, typed)
+
+
+def monitor_values(number: int, line: bytes, typed: bool) -> tuple[Any, ...] | None:
+    """The column values of one line of ``redis-cli MONITOR`` output (None: no payload)."""
+    return _split_values(split_monitor, number, line, typed)
+
+
+def csv_values(number: int, line: bytes, typed: bool) -> tuple[Any, ...] | None:
+    """The column values of one line of ``redis-cli --csv`` output (None: no payload)."""
+    return _split_values(split_csv, number, line, typed)
+
+
+#: The row function of each format whose records are single lines (the others: ``payloads``).
+ROW_FUNCTIONS: dict[str, Callable[[int, bytes, bool], "tuple[Any, ...] | None"]] = {
+    "lines": line_values,
+    "monitor": monitor_values,
+    "redis-csv": csv_values,
+}
+assert set(ROW_FUNCTIONS) == set(SPLITTERS)
 
 
 # ------------------------------------------------------------------ parsing
 
 
-def _payloads(lines: Iterable[bytes], first_line: int, fmt: str) -> Iterator[tuple[int, bytes, Any, Any, Any, str | None]]:
-    """(line number, protocol line, ts_text, direction, channel, error) per payload-bearing line."""
-    number = first_line - 1
-    # ("lines" archives never come here: line_values does their prefixes)
-    if fmt == "monitor":
-        for line in lines:
-            number += 1
-            if not line.strip() or line == b"OK":
-                continue
-            m = _MONITOR.match(line)
-            fields = _quoted_fields(m.group(2)) if m else None
-            if not fields:
-                yield number, line, None, None, None, "not a redis-cli MONITOR line"
-                continue
-            assert m is not None  # fields is None when m is None
-            verb = fields[0].upper()
-            if verb not in (b"PUBLISH", b"SPUBLISH"):
-                continue  # other Redis traffic: not replication data
-            if len(fields) != 3:
-                yield number, line, m.group(1), None, None, "PUBLISH without channel and payload"
-                continue
-            yield number, fields[2], m.group(1), None, fields[1], None
-    elif fmt == "redis-csv":
-        for line in lines:
-            number += 1
-            if not line.strip() or line.startswith(b"Reading messages"):
-                continue
-            fields = _quoted_fields(line)
-            if not fields:
-                yield number, line, None, None, None, "not a redis-cli --csv line"
-                continue
-            kind = fields[0]
-            if kind in (b"message", b"smessage") and len(fields) == 3:
-                yield number, fields[2], None, None, fields[1], None
-            elif kind == b"pmessage" and len(fields) == 4:
-                yield number, fields[3], None, None, fields[2], None
-            elif kind in (b"subscribe", b"psubscribe", b"ssubscribe", b"unsubscribe", b"punsubscribe"):
-                continue
-            else:
-                yield number, line, None, None, None, "not a redis-cli --csv message"
-    elif fmt == "redis-raw":
-        it = iter(lines)
-        for line in it:
-            number += 1
-            if not line.strip():
-                continue
-            if line in (b"message", b"smessage", b"pmessage"):
-                extra = 2 if line == b"pmessage" else 1
-                parts = []
-                for _ in range(extra + 1):
-                    nxt = next(it, None)
-                    if nxt is None:
-                        break
-                    number += 1
-                    parts.append(nxt)
-                if len(parts) != extra + 1:
-                    yield number, line, None, None, None, "redis-cli message record cut short"
-                    continue
-                yield number, parts[-1], None, None, parts[-2], None
-            elif line in (b"subscribe", b"psubscribe", b"ssubscribe", b"unsubscribe", b"punsubscribe"):
-                for _ in range(2):
-                    if next(it, None) is not None:
-                        number += 1
-            else:
-                yield number, line, None, None, None, "not part of a redis-cli message record"
-    else:
-        raise ValueError(f"cannot parse format {fmt!r} here; detect it first")
-
-
-def _batch(columns: Any, source: str, session_time_zone: str) -> pa.RecordBatch:
+def _batch(columns: Any, source: str, session_time_zone: str, impl: str | None) -> pa.RecordBatch:
     """One output batch from the builder's columns (see ``_archive_py.COLUMNS`` for their order)."""
     arrays = columns.take()
     n = len(arrays[0])
-    ts, date = timestamp_columns(arrays[1], session_time_zone)
+    ts, date = timestamp_columns(arrays[1], session_time_zone, impl)
     out = [pa.repeat(pa.scalar(source, pa.string()), n), arrays[0], ts, date, *arrays[2:]]
     if len(arrays) == HEADER_COLUMNS:  # header-only: the typed columns are null
         out.extend(pa.nulls(n, typ) for _, typ in _TYPED_NULLS)
@@ -409,32 +288,38 @@ def parse_blocks(
     *,
     source: str,
     first_line: int = 1,
+    fmt: str = "lines",
     typed: bool = True,
     batch_rows: int = 65536,
     session_time_zone: str = "UTC",
     impl: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Parse a ``lines`` archive given as blocks of whole lines, numbered on from ``first_line``.
+    """Parse an archive of one-line records (``ROW_FUNCTIONS``) given as blocks of whole lines.
 
-    The fast path: the column builder walks the bytes itself (the compiled
-    twin computes common lines' columns without Python objects) and calls
-    :func:`line_values` for the rest. Yields batches of at most ``batch_rows`` rows.
+    Lines are numbered on from ``first_line``. The fast path: the column
+    builder walks the bytes itself (the compiled twin computes the columns of
+    the common lines of every such format without Python objects) and calls
+    the format's row function for the rest. Yields batches of at most
+    ``batch_rows`` rows.
     """
+    values = ROW_FUNCTIONS.get(fmt)
+    if values is None:
+        raise ValueError(f"format {fmt!r} has records spanning lines; use parse_block")
     columns = _builder(typed, impl)
 
     def row_function(number: int, line: bytes) -> tuple[Any, ...] | None:
-        return line_values(number, line, typed)
+        return values(number, line, typed)
 
     number = first_line - 1
     for data in blocks:
         pos = 0
         while True:
-            pos, number = columns.feed(data, pos, number, batch_rows, row_function)
+            pos, number = columns.feed(data, pos, number, batch_rows, row_function, fmt)
             if pos >= len(data):
                 break
-            yield _batch(columns, source, session_time_zone)  # full: max rows, or the compiled twin's byte cap
+            yield _batch(columns, source, session_time_zone, impl)  # full: max rows, or the compiled twin's byte cap
     if len(columns):
-        yield _batch(columns, source, session_time_zone)
+        yield _batch(columns, source, session_time_zone, impl)
 
 
 def parse_block(
@@ -455,32 +340,28 @@ def parse_block(
     as Spark would in ``session_time_zone``. ``impl`` picks the column
     builder twin ("c" or "python"; default: the active one).
     """
-    if fmt == "lines":
+    options = dict(source=source, typed=typed, batch_rows=batch_rows, session_time_zone=session_time_zone, impl=impl)
+    if fmt in ROW_FUNCTIONS:
         if not isinstance(lines, list):
             lines = list(lines)
         data = b"\n".join(lines)
         if data.count(b"\n") == len(lines) - 1:  # no line holds a newline: parse the bytes in one go
             if lines:
-                yield from parse_blocks(
-                    [data], source=source, first_line=first_line, typed=typed, batch_rows=batch_rows,
-                    session_time_zone=session_time_zone, impl=impl,
-                )
+                yield from parse_blocks([data], first_line=first_line, fmt=fmt, **options)  # type: ignore[arg-type]
             return
-        payloads: Iterator[tuple[Any, ...]] = (
-            (n, line, None, None, None, None) for n, line in enumerate(lines, first_line)
+        row_values = ROW_FUNCTIONS[fmt]
+        rows: Iterator[tuple[Any, ...] | None] = (
+            row_values(n, line, typed) for n, line in enumerate(lines, first_line)
         )
     else:
-        payloads = _payloads(lines, first_line, fmt)
+        rows = (command_values(n, payload, typed, ts, direction, channel, problem)
+                for n, payload, ts, direction, channel, problem in payloads(lines, fmt, first_line))
     columns = _builder(typed, impl)
-    for number, payload, ts, direction, channel, problem in payloads:
-        if fmt == "lines":
-            values = line_values(number, payload, typed)
-            if values is None:
-                continue
-        else:
-            values = command_values(number, payload, typed, ts, direction, channel, problem)
+    for values in rows:
+        if values is None:
+            continue
         columns.append(values)
         if len(columns) >= batch_rows:
-            yield _batch(columns, source, session_time_zone)
+            yield _batch(columns, source, session_time_zone, impl)
     if len(columns):
-        yield _batch(columns, source, session_time_zone)
+        yield _batch(columns, source, session_time_zone, impl)

@@ -14,16 +14,16 @@ from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from .lines import SPARK_DDL, ParseOptions, detect_format, parse_block, parse_blocks
+from .lines import SPARK_DDL, ParseOptions, parse_block, parse_blocks
 from .sources import (
     DEFAULT_CHUNK_BYTES,
     Chunk,
+    archive_formats,
     count_newlines,
     list_files,
     plan_chunks,
     read_chunk_blocks,
     read_chunk_lines,
-    read_head,
 )
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ def plan(
 ) -> list[tuple[str, int, int, int, int, str]]:
     """The task rows (see TASK_DDL) for ``inputs``: files found, formats detected, chunks numbered."""
     files = list_files(inputs)
-    formats = {path: (detect_format(read_head(path)) if fmt == "auto" else fmt) for path, _ in files}
+    formats, _ = archive_formats(files, fmt)  # files in no known format are skipped with a warning
+    files = [(path, size) for path, size in files if path in formats]
     chunks: list[Chunk] = []
     for path, size in files:
         if formats[path] == "redis-raw":  # records span lines: never split

@@ -7,20 +7,40 @@ offsets can number lines exactly. Plain files are cut into chunks of about
 ``chunk_bytes`` at any byte; a chunk owns the lines that *start* inside it, so
 a line is never split or read twice. gzip files are not splittable and are one
 chunk each, decompressed as a stream.
+
+Which files are archives: everything found except hidden files (``.x``,
+``_SUCCESS``), the recorder's in-progress ``*.part`` files, and (with format
+``auto``) files whose first lines are in no archive format (a MANIFEST.json,
+a README): those are skipped with a warning (:func:`archive_formats`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import gzip
+import logging
 import os
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import pyarrow.fs as pafs
 
-__all__ = ["Chunk", "list_files", "plan_chunks", "read_chunk_blocks", "read_chunk_lines", "count_newlines", "read_head"]
+from .formats import detect_format
+
+__all__ = [
+    "Chunk",
+    "archive_formats",
+    "count_newlines",
+    "list_files",
+    "plan_chunks",
+    "read_chunk_blocks",
+    "read_chunk_lines",
+    "read_head",
+]
+
+_log = logging.getLogger(__name__)
 
 #: Default plain-file chunk size: small enough to spread work over cores,
 #: large enough that per-task overhead stays small.
@@ -62,7 +82,7 @@ def _glob_match(path: str, pattern: str) -> bool:
 
 def _is_data_file(name: str) -> bool:
     base = os.path.basename(name)
-    return not base.startswith((".", "_"))
+    return not base.startswith((".", "_")) and not base.endswith(".part")  # .part: the recorder is still writing it
 
 
 def list_files(inputs: Sequence[str]) -> list[tuple[str, int]]:
@@ -134,16 +154,66 @@ def count_newlines(chunk: Chunk) -> int:
 
 
 def read_head(path: str, nbytes: int = 65536) -> list[bytes]:
-    """The first complete lines of a file (decompressed if gzip), for format detection."""
+    """The first complete lines of a file (decompressed if gzip), for format detection.
+
+    A gzip file that is truncated or corrupt gives the lines before the damage
+    (perhaps none): detection looks at what is there, the parse reports the damage.
+    """
     fs, local = _fs(path)
     with fs.open_input_stream(local, compression=None) as raw:
         if path.endswith((".gz", ".gzip")):
-            with gzip.GzipFile(fileobj=raw) as fh:
-                data = fh.read(nbytes)
+            data = _gunzip_head(raw, nbytes)
         else:
             data = raw.read(nbytes)
     lines = data.split(b"\n")
     return lines[:-1] if len(lines) > 1 else lines
+
+
+def _gunzip_head(raw: pafs.NativeFile, nbytes: int) -> bytes:
+    inflate = zlib.decompressobj(wbits=31)
+    out = b""
+    try:
+        while len(out) < nbytes:
+            block = raw.read(65536)
+            if not block:
+                break
+            out += inflate.decompress(block, nbytes - len(out))
+            if inflate.eof:
+                break
+    except zlib.error:
+        pass
+    return out
+
+
+def archive_formats(files: Sequence[tuple[str, int]], fmt: str = "auto") -> tuple[dict[str, str], list[str]]:
+    """The format of each archive file, and the files skipped because their format was not detected.
+
+    With ``fmt`` other than "auto" every file is taken as that format. A
+    skipped file is logged as a warning; if every file is skipped,
+    FileNotFoundError says so (nothing to parse is the user's mistake, not an
+    empty result).
+    """
+    if fmt != "auto":
+        return {path: fmt for path, _ in files}, []
+    formats: dict[str, str] = {}
+    skipped: list[str] = []
+    for path, _ in files:
+        found = detect_format(read_head(path))
+        if found is None:
+            skipped.append(path)
+        else:
+            formats[path] = found
+    if skipped:
+        _log.warning(
+            "skipped %d file(s) whose format was not detected (not replication archives): %s",
+            len(skipped), ", ".join(skipped),
+        )
+    if skipped and not formats:
+        raise FileNotFoundError(
+            f"no replication archives among {len(skipped)} file(s): {', '.join(skipped[:5])}"
+            f"{' ...' if len(skipped) > 5 else ''} (no line in a known format; see --format)"
+        )
+    return formats, skipped
 
 
 def read_chunk_blocks(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> tuple[int, Iterator[bytes]]:

@@ -30,6 +30,8 @@ from functools import lru_cache
 
 import pyarrow as pa
 
+from .._compat import load
+
 __all__ = ["TS_TYPE", "timestamp_columns", "timestamp_micros"]
 
 #: Arrow type of ``ts`` (Spark reads it as TimestampType whatever the zone label).
@@ -111,12 +113,24 @@ def _date(micros: int, zone: dt.tzinfo) -> int:
     return (local.date() - _EPOCH.date()).days
 
 
-def timestamp_columns(ts_text: pa.Array, session_time_zone: str) -> tuple[pa.Array, pa.Array]:
-    """``ts`` and ``date`` arrays for a batch's timestamp texts (all-null texts cost nothing)."""
+def timestamp_columns(ts_text: pa.Array, session_time_zone: str, impl: str | None = None) -> tuple[pa.Array, pa.Array]:
+    """``ts`` and ``date`` arrays for a batch's timestamp texts (all-null texts cost nothing).
+
+    In a fixed-offset session time zone (UTC, the default, or +hh:mm) the
+    archive builder twin computes them (the compiled one in C, exactly as
+    :func:`timestamp_micros` does, asking it only about non-ASCII text);
+    region zones go row by row through :func:`timestamp_micros`.
+    """
     n = len(ts_text)
     if ts_text.null_count == n:
         return pa.nulls(n, TS_TYPE), pa.nulls(n, pa.date32())
     zone = _zone(session_time_zone)
-    micros = [timestamp_micros(t, zone) for t in ts_text.to_pylist()]
-    days = [None if m is None else _date(m, zone) for m in micros]
-    return pa.array(micros, pa.int64()).cast(TS_TYPE), pa.array(days, pa.date32())
+    if isinstance(zone, dt.timezone):
+        offset = zone.utcoffset(None)
+        micros, days = load("_archive", impl).timestamp_columns(
+            ts_text, offset.days * 86_400 + offset.seconds, lambda text: timestamp_micros(text, zone)
+        )
+        return micros.cast(TS_TYPE), days.cast(pa.date32())
+    micros_list = [timestamp_micros(t, zone) for t in ts_text.to_pylist()]
+    day_list = [None if m is None else _date(m, zone) for m in micros_list]
+    return pa.array(micros_list, pa.int64()).cast(TS_TYPE), pa.array(day_list, pa.date32())
