@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -120,41 +121,47 @@ async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: 
             "--port", str(server.port), "--name", f"reader{i}", "--users", str(users), "--seed", str(seed + i + 1),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         ))
-    say(f"{readers} reader processes following on 127.0.0.1:{server.port}; database {db_url}")
-    gen = _RoomGen(random.Random(seed), rooms, names)
-    start = time.perf_counter()
-    await store.persist_events(gen.create_all())
-    done = 0
-    while done < events:
-        n = min(gen.rng.randint(1, 20), events - done)
-        await store.persist_events([gen.random_event() for _ in range(n)])
-        done += n
-        await asyncio.sleep(0.002)
-    elapsed = time.perf_counter() - start
-    final = store.current_token()
-    await pub.flush()
-    say(f"persisted {gen.n} events in {elapsed:.2f}s ({gen.n / elapsed:,.0f}/s); final position {final}")
-    reports = []
-    for proc in procs:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(f"stop {final}\n".encode())
-        await proc.stdin.drain()
-    for proc in procs:
-        assert proc.stdout is not None
-        out, _ = await proc.communicate()
-        reports.append(json.loads(out.decode().strip().splitlines()[-1]))
-    ok = True
-    for rep in reports:
-        wrong = 0
-        for user, since, upto, ids in rep["log"]:
-            got = await store.get_new_events_for_user(user, since, upto, limit=BIG)
-            wrong += sorted(e for v in got.values() for e in v.event_ids) != ids
-        rep["writer_mismatches"] = wrong
-        events_seen = sum(len(q[3]) for q in rep["log"])
-        ok = ok and not wrong and rep["self_check"]
-        say(f"{rep['name']}: {rep['queries']} queries ({events_seen} events returned); re-asked without caches "
-            f"{'OK' if rep['self_check'] else 'FAILED ' + json.dumps(rep['mismatches'])}; "
-            f"writer agrees {'OK' if not wrong else f'FAILED on {wrong}'}")
+    try:
+        say(f"{readers} reader processes following on 127.0.0.1:{server.port}; database {db_url}")
+        gen = _RoomGen(random.Random(seed), rooms, names)
+        start = time.perf_counter()
+        await store.persist_events(gen.create_all())
+        done = 0
+        while done < events:
+            n = min(gen.rng.randint(1, 20), events - done)
+            await store.persist_events([gen.random_event() for _ in range(n)])
+            done += n
+            await asyncio.sleep(0.002)
+        elapsed = time.perf_counter() - start
+        final = store.current_token()
+        await pub.flush()
+        say(f"persisted {gen.n} events in {elapsed:.2f}s ({gen.n / elapsed:,.0f}/s); final position {final}")
+        reports = []
+        for proc in procs:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(f"stop {final}\n".encode())
+            await proc.stdin.drain()
+        for proc in procs:
+            assert proc.stdout is not None
+            out, _ = await proc.communicate()
+            reports.append(json.loads(out.decode().strip().splitlines()[-1]))
+        ok = True
+        for rep in reports:
+            wrong = 0
+            for user, since, upto, ids in rep["log"]:
+                got = await store.get_new_events_for_user(user, since, upto, limit=BIG)
+                wrong += sorted(e for v in got.values() for e in v.event_ids) != ids
+            rep["writer_mismatches"] = wrong
+            events_seen = sum(len(q[3]) for q in rep["log"])
+            ok = ok and not wrong and rep["self_check"]
+            say(f"{rep['name']}: {rep['queries']} queries ({events_seen} events returned); re-asked without caches "
+                f"{'OK' if rep['self_check'] else 'FAILED ' + json.dumps(rep['mismatches'])}; "
+                f"writer agrees {'OK' if not wrong else f'FAILED on {wrong}'}")
+    finally:
+        for proc in procs:  # interrupted or failed: no reader outlives the writer
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()
     await server.stop()
     await store.close()
     await db.close()
@@ -163,7 +170,7 @@ async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: 
 
 
 
-async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -> dict[str, Any]:
+async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -> dict[str, Any] | None:
     """Follow the events stream and serve incremental queries until told the final position."""
     from ...replication import Follower, ReplicationHub
     from ...transport.tcp import TcpClient
@@ -195,7 +202,14 @@ async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -
         for user in rng.sample(names, min(5, len(names))):
             await serve(user, pos)
         await asyncio.sleep(0.005)
-    final = int((await stop).split()[1])
+    order = (await stop).split()
+    if len(order) < 2:  # stdin closed: the writer is gone (interrupted); stop quietly
+        await client.stop()
+        await fol.close()
+        await store.close()
+        await db.close()
+        return None
+    final = int(order[1])
     await fol.wait_for_position("events", "master", final, timeout=60)
     for user in names:
         await serve(user, final)
@@ -231,8 +245,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the demo (or, with ``--reader``, one reader process); exit status 1 on a mismatch."""
     if args.reader:
+        # Ctrl-C reaches the whole process group: the writer decides when its readers stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         report = asyncio.run(run_reader(args.db, args.port, args.name, args.users, args.seed))
-        print(json.dumps(report), flush=True)
+        if report is not None:
+            print(json.dumps(report), flush=True)
         return 0
     with tempfile.TemporaryDirectory(prefix="factstream-events-demo-") as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'events.db'}"
