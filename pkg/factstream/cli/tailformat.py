@@ -122,7 +122,7 @@ def _typed_fields(stream: bytes, row: bytes) -> dict[str, Any]:
 
     reg = _typed_fields.__dict__.setdefault("registry", default_registry())
     try:
-        typed = reg.parse_row(stream.decode(), _json.loads(row))
+        typed = reg.parse_row(stream.decode(), _json.loads(row.decode()))
     except Exception:  # noqa: BLE001 - an unknown stream or malformed row just has no fields
         return {}
     return asdict(typed) if is_dataclass(typed) and not isinstance(typed, type) else {}
