@@ -148,7 +148,7 @@ def _why(err: BaseException, opts: LinkOptions) -> LinkError:
     if isinstance(err, OSError) and err.errno == errno.ECONNREFUSED:
         return LinkError(f"cannot connect to {target}: connection refused (is a replication listener "
                          "running there? e.g. factstream serve --port PORT)")
-    return LinkError(f"cannot connect to {target}: {err.strerror or err}")
+    return LinkError(f"cannot connect to {target}: {getattr(err, 'strerror', None) or err}")
 
 
 async def _greeting(reader: asyncio.StreamReader, opts: LinkOptions, deadline: float) -> str:

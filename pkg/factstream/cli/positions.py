@@ -142,8 +142,8 @@ async def db_positions(url: str) -> tuple[str, dict[tuple[str, str], dict[str, i
             for stream, inst, sid in await db.fetchall(
                 "SELECT stream_name, instance_name, stream_id FROM stream_positions", ()
             ):
-                wire = SYNAPSE_DB_NAMES.get(stream, stream) if synapse else stream
-                out.setdefault((wire, inst), {})["recorded"] = int(sid)
+                wire = SYNAPSE_DB_NAMES.get(str(stream), str(stream)) if synapse else str(stream)
+                out.setdefault((wire, str(inst)), {})["recorded"] = int(sid)
         for stream, sources in STREAM_TABLES.items():
             for table, col in sources:
                 column = col.lstrip("-")
@@ -226,7 +226,7 @@ async def redis_positions(args: argparse.Namespace) -> dict[tuple[str, str], int
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
             if msg and isinstance(msg.get("data"), bytes):
                 _positions_from([msg["data"]], got)
-        await pubsub.aclose()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: PubSub.aclose is unannotated
     finally:
         await client.aclose()
     return got

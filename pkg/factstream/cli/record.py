@@ -206,7 +206,7 @@ async def record_redis(args: argparse.Namespace, rec: Recorder, stop: asyncio.Ev
                 pass
         finally:
             try:
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: PubSub.aclose is unannotated
                 await client.aclose()
             except (RedisError, OSError):
                 pass

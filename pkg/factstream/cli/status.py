@@ -93,7 +93,7 @@ async def watch_tcp(args: argparse.Namespace, tally: Tally) -> str:
         raise SystemExit(1) from None
     finally:
         await link.close()
-    return link.server_name
+    return str(link.server_name)
 
 
 async def watch_redis(args: argparse.Namespace, tally: Tally) -> str:
@@ -112,10 +112,10 @@ async def watch_redis(args: argparse.Namespace, tally: Tally) -> str:
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
             if msg and isinstance(msg.get("data"), bytes):
                 tally.lines([msg["data"]])
-        await pubsub.aclose()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: PubSub.aclose is unannotated
     finally:
         await client.aclose()
-    return args.server_name
+    return str(args.server_name)
 
 
 def readers_from_metrics(where: str, timeout: float) -> list[dict[str, Any]]:

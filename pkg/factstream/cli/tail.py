@@ -29,6 +29,8 @@ from typing import IO, Any
 from .. import _json, transport
 from ..streams.rows import Row
 from .link import LinkError, LinkOptions, open_link, parse_target, utc_stamp
+
+__all__ = ["register", "run", "add_link_options", "connect_within", "link_options", "parse_target", "positive_int"]
 from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat
 
 log = logging.getLogger("factstream.tail")
@@ -298,16 +300,16 @@ async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[b
             await link.close()
         if output.done.is_set():
             return 130 if interrupted else 0
-        err = reader.exception() if not reader.cancelled() else None
-        if not isinstance(err, LinkError):
-            if err is not None:
-                raise err
+        lost = reader.exception() if not reader.cancelled() else None
+        if not isinstance(lost, LinkError):
+            if lost is not None:
+                raise lost
             return 0
         failures += 1
         if failures > args.retry:
-            print(f"{PROG}: {err}", file=sys.stderr)
+            print(f"{PROG}: {lost}", file=sys.stderr)
             return 1
-        log.warning("%s; reconnecting (attempt %d)", err, failures)
+        log.warning("%s; reconnecting (attempt %d)", lost, failures)
 
 
 async def _pump(link: Any, tail: RawTail) -> None:

@@ -502,7 +502,7 @@ _LISTENING: weakref.WeakSet[TcpServer] = weakref.WeakSet()
 def _register_reader_collector() -> None:
     from prometheus_client import REGISTRY
 
-    REGISTRY.register(_ReaderCollector())  # type: ignore[arg-type]  # a duck-typed Collector
+    REGISTRY.register(_ReaderCollector())
 
 
 _register_reader_collector()
