@@ -241,6 +241,9 @@ class RawTail:
         parts: list[bytes] = []
         rows = 0
         room = None if out.count is None else out.count - out.seen
+        if self.fast:
+            self._default_lines(data, room)
+            return
         for line in data.split(b"\n"):
             if not line.startswith(b"RDATA "):
                 if line.startswith(b"ERROR "):
@@ -265,6 +268,34 @@ class RawTail:
                     out.write(b"".join(parts), rows)
                     return
         out.write(b"".join(parts), rows)
+
+
+    def _default_lines(self, data: bytes, room: int | None) -> None:
+        """The default format without filters: each line minus 'RDATA ', batches given their token."""
+        parts: list[bytes] = []
+        append = parts.append
+        batches = self.batches
+        for line in data.split(b"\n"):
+            if not line.startswith(b"RDATA "):
+                if line.startswith(b"ERROR "):
+                    print(f"{PROG}: the server reported: {line[6:].decode('utf-8', 'replace')}", file=sys.stderr)
+                continue
+            f = line.split(b" ", 4)
+            if len(f) < 5:
+                self.errors += 1
+                continue
+            if f[3] == b"batch":
+                batches.setdefault((f[1], f[2]), []).append(f[4])
+                continue
+            if batches:
+                held = batches.pop((f[1], f[2]), None)
+                if held:
+                    head = f[1] + b" " + f[2] + b" " + f[3] + b" "
+                    parts.extend(head + r + b"\n" for r in held)
+            append(line[6:] + b"\n")
+        if room is not None and len(parts) > room:
+            del parts[room:]
+        self.output.write(b"".join(parts), len(parts))
 
 
 async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[bool]) -> int:
@@ -298,9 +329,10 @@ async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[b
             if not reader.done():
                 reader.cancel()
             await link.close()
+            await asyncio.wait({reader})  # collected here, whatever it ended with
+        lost = reader.exception() if not reader.cancelled() else None
         if output.done.is_set():
             return 130 if interrupted else 0
-        lost = reader.exception() if not reader.cancelled() else None
         if not isinstance(lost, LinkError):
             if lost is not None:
                 raise lost

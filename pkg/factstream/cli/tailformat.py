@@ -80,7 +80,7 @@ class RowFormat:
             return (head + b'"stream":' + _name(stream) + b',"writer":' + _name(writer) + b',"token":' + token
                     + b',"row":' + row + b"}\n")
         out = []
-        typed: dict[str, Any] | None = None
+        typed: Any = _UNSET
         for kind, lit in self.parts:
             if kind == "lit":
                 out.append(lit)
@@ -97,9 +97,9 @@ class RowFormat:
             elif kind == "time":
                 out.append(stamp)
             else:
-                if typed is None:
-                    typed = _typed_fields(stream, row)
-                value = typed.get(kind[6:], "")
+                if typed is _UNSET:
+                    typed = _typed_row(stream, row)
+                value = getattr(typed, kind[6:], "")
                 out.append(value.encode() if isinstance(value, str) else _json.dumps(value).encode())
         return b"".join(out)
 
@@ -114,15 +114,17 @@ def _name(word: bytes) -> bytes:
     return got
 
 
-def _typed_fields(stream: bytes, row: bytes) -> dict[str, Any]:
-    """The fields of the typed row (Synapse's names); empty when the stream or row is unknown/malformed."""
-    from dataclasses import asdict, is_dataclass
+_UNSET: Any = object()
+_REGISTRY: list[Any] = []
 
-    from ..streams.registry import default_registry
 
-    reg = _typed_fields.__dict__.setdefault("registry", default_registry())
+def _typed_row(stream: bytes, row: bytes) -> Any:
+    """The typed row (fields by Synapse's names); None when the stream or row is unknown/malformed."""
+    if not _REGISTRY:
+        from ..streams.registry import default_registry
+
+        _REGISTRY.append(default_registry())
     try:
-        typed = reg.parse_row(stream.decode(), _json.loads(row.decode()))
+        return _REGISTRY[0].parse_row(stream.decode(), _json.loads(row.decode()))
     except Exception:  # noqa: BLE001 - an unknown stream or malformed row just has no fields
-        return {}
-    return asdict(typed) if is_dataclass(typed) and not isinstance(typed, type) else {}
+        return None
