@@ -215,3 +215,33 @@ def test_ctrl_c_exits_130_without_traceback(writer: tuple[str, int]) -> None:
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and no_traceback(err) and out
+
+
+def test_closed_stdout_is_quiet_for_other_commands_too(tmp_path: Any) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_text("NOT A COMMAND line\n" * 100_000)
+    out = subprocess.run(f"'{FACTSTREAM}' decode '{bad}' --max-errors 1000000 | head -1; echo status=${{PIPESTATUS[0]}}",
+                         shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.stdout.splitlines()[-1] == "status=0" and out.stderr == "", out
+
+
+def test_redis_count_is_exact_under_a_flood(redis_url: str, channel_prefix: str) -> None:
+    import redis
+
+    proc = start("tail", "--redis", redis_url, "--server-name", channel_prefix, "--count", "2")
+    r = redis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + 30
+        while r.pubsub_numsub(channel_prefix)[0][1] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pipe = r.pipeline(transaction=False)
+        for i in range(2000):
+            pipe.publish(channel_prefix, f"POSITION caches w1 {i} {i + 1}")
+        pipe.execute()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        r.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.splitlines() == ["POSITION caches w1 0 1", "POSITION caches w1 1 2"]
