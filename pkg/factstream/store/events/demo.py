@@ -121,47 +121,42 @@ async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: 
             "--port", str(server.port), "--name", f"reader{i}", "--users", str(users), "--seed", str(seed + i + 1),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         ))
-    try:
-        say(f"{readers} reader processes following on 127.0.0.1:{server.port}; database {db_url}")
-        gen = _RoomGen(random.Random(seed), rooms, names)
-        start = time.perf_counter()
-        await store.persist_events(gen.create_all())
-        done = 0
-        while done < events:
-            n = min(gen.rng.randint(1, 20), events - done)
-            await store.persist_events([gen.random_event() for _ in range(n)])
-            done += n
-            await asyncio.sleep(0.002)
-        elapsed = time.perf_counter() - start
-        final = store.current_token()
-        await pub.flush()
-        say(f"persisted {gen.n} events in {elapsed:.2f}s ({gen.n / elapsed:,.0f}/s); final position {final}")
-        reports = []
-        for proc in procs:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(f"stop {final}\n".encode())
-            await proc.stdin.drain()
-        for proc in procs:
-            assert proc.stdout is not None
-            out, _ = await proc.communicate()
-            reports.append(json.loads(out.decode().strip().splitlines()[-1]))
-        ok = True
-        for rep in reports:
-            wrong = 0
-            for user, since, upto, ids in rep["log"]:
-                got = await store.get_new_events_for_user(user, since, upto, limit=BIG)
-                wrong += sorted(e for v in got.values() for e in v.event_ids) != ids
-            rep["writer_mismatches"] = wrong
-            events_seen = sum(len(q[3]) for q in rep["log"])
-            ok = ok and not wrong and rep["self_check"]
-            say(f"{rep['name']}: {rep['queries']} queries ({events_seen} events returned); re-asked without caches "
-                f"{'OK' if rep['self_check'] else 'FAILED ' + json.dumps(rep['mismatches'])}; "
-                f"writer agrees {'OK' if not wrong else f'FAILED on {wrong}'}")
-    finally:
-        for proc in procs:  # interrupted or failed: no reader outlives the writer
-            if proc.returncode is None:
-                proc.terminate()
-                await proc.wait()
+        _CHILDREN.append(procs[-1])
+    say(f"{readers} reader processes following on 127.0.0.1:{server.port}; database {db_url}")
+    gen = _RoomGen(random.Random(seed), rooms, names)
+    start = time.perf_counter()
+    await store.persist_events(gen.create_all())
+    done = 0
+    while done < events:
+        n = min(gen.rng.randint(1, 20), events - done)
+        await store.persist_events([gen.random_event() for _ in range(n)])
+        done += n
+        await asyncio.sleep(0.002)
+    elapsed = time.perf_counter() - start
+    final = store.current_token()
+    await pub.flush()
+    say(f"persisted {gen.n} events in {elapsed:.2f}s ({gen.n / elapsed:,.0f}/s); final position {final}")
+    reports = []
+    for proc in procs:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"stop {final}\n".encode())
+        await proc.stdin.drain()
+    for proc in procs:
+        assert proc.stdout is not None
+        out, _ = await proc.communicate()
+        reports.append(json.loads(out.decode().strip().splitlines()[-1]))
+    ok = True
+    for rep in reports:
+        wrong = 0
+        for user, since, upto, ids in rep["log"]:
+            got = await store.get_new_events_for_user(user, since, upto, limit=BIG)
+            wrong += sorted(e for v in got.values() for e in v.event_ids) != ids
+        rep["writer_mismatches"] = wrong
+        events_seen = sum(len(q[3]) for q in rep["log"])
+        ok = ok and not wrong and rep["self_check"]
+        say(f"{rep['name']}: {rep['queries']} queries ({events_seen} events returned); re-asked without caches "
+            f"{'OK' if rep['self_check'] else 'FAILED ' + json.dumps(rep['mismatches'])}; "
+            f"writer agrees {'OK' if not wrong else f'FAILED on {wrong}'}")
     await server.stop()
     await store.close()
     await db.close()
@@ -228,6 +223,21 @@ async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -
             "log": log}
 
 
+_CHILDREN: list[asyncio.subprocess.Process] = []  # reader processes, stopped however the writer ends
+
+
+async def _stopping_children(main: Any) -> Any:
+    """Await ``main``; then (Ctrl-C, an error, or done) terminate and reap the readers still running."""
+    try:
+        return await main
+    finally:
+        for proc in _CHILDREN:
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()
+        _CHILDREN.clear()
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's options (shared by ``python -m`` and ``factstream events-demo``)."""
     p.add_argument("--db", default=None, help="database URL (default: a SQLite file in a temp directory)")
@@ -253,8 +263,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="factstream-events-demo-") as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'events.db'}"
-        summary = asyncio.run(run_writer(url, readers=args.readers, rooms=args.rooms, events=args.events,
-                                         users=args.users, seed=args.seed))
+        summary = asyncio.run(_stopping_children(run_writer(url, readers=args.readers, rooms=args.rooms,
+                                                            events=args.events, users=args.users, seed=args.seed)))
     print(json.dumps(summary) if args.json else
           f"event store demo: {summary['events']} events, {len(summary['readers'])} readers, "
           f"{'all answers verified' if summary['ok'] else 'MISMATCH'}")
