@@ -69,9 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not part of this build
             raise
         module.register(subparsers)
+    _add_to_subcommands(subparsers)
+    return parser
+
+
+def _add_to_subcommands(subparsers: Any) -> None:
+    """-v/--debug on every subcommand, nested ones too (``logs parse ... -v``)."""
     for sub in list(subparsers.choices.values()):
         _add_common_options(sub, "_sub")
-    return parser
+        for action in sub._actions:  # noqa: SLF001 - argparse has no public list of nested subparsers
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                _add_to_subcommands(action)
 
 
 class RedactingFormatter(logging.Formatter):
