@@ -146,3 +146,21 @@ def test_status_shows_tokens_rates_and_connected_readers(tmp_path: Any) -> None:
         stop(proc)
     down = cli("status", f"127.0.0.1:{port}", "--connect-timeout", "0.5")
     assert down.returncode == 1 and "connection refused" in down.stderr and no_traceback(down.stderr)
+
+
+def test_status_over_redis(tmp_path: Any, redis_url: str, channel_prefix: str) -> None:
+    writer = start("serve", "--db", f"sqlite:///{tmp_path}/r.db", "--redis", redis_url, "--server-name", channel_prefix,
+                   "--produce", "--rate", "300", "--status")
+    try:
+        assert writer.stdout is not None
+        json.loads(writer.stdout.readline())  # listening
+        out = cli("status", "--redis", redis_url, "--server-name", channel_prefix, "--json", "--interval", "1.5")
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        streams = {r["stream"]: r for r in doc["streams"]}
+        assert set(streams) == {"caches", "receipts", "to_device"}
+        assert all(r["token"] > 0 and r["rows_per_s"] > 10 for r in streams.values()) and "readers" not in doc
+    finally:
+        stop(writer)
+    out = cli("status", "--redis", redis_url, "--server-name", channel_prefix, "--metrics", "127.0.0.1:1")
+    assert out.returncode == 2 and "not visible" in out.stderr

@@ -141,3 +141,19 @@ def test_a_recorded_redis_run_reports_what_was_sent(tmp_path: Any, redis_url: st
     assert doc["lines"] == len(lines)
     markers = sum(line.split(" ", 2)[1] == "#" for line in lines)
     assert doc["malformed"] <= markers  # nothing but recorder notes may be refused
+
+
+def test_rotation_by_size(tmp_path: Any) -> None:
+    proc, port = serve(f"sqlite:///{tmp_path}/w.db", "--produce", "--rate", "500")
+    rec_dir = tmp_path / "rec"
+    try:
+        out = cli("record", f"127.0.0.1:{port}", "--dir", str(rec_dir), "--rotate-size", "4k",
+                  "--flush-interval", "0.2s", "--duration", "4s")
+    finally:
+        stop(proc)
+    assert out.returncode == 0, out.stderr
+    files = sorted(os.listdir(rec_dir))
+    assert len(files) >= 3, files
+    sizes = [os.path.getsize(rec_dir / f) for f in files]
+    assert all(s < 4096 + 16384 for s in sizes[:-1]), sizes  # rotated once past 4k (plus the member in progress)
+    assert rdata_rows(capture_lines(rec_dir))
