@@ -150,3 +150,45 @@ def test_ctrl_c_on_a_signal_to_the_parent_alone_stops_children() -> None:
     assert proc.returncode == 130 and no_traceback(err), err
     time.sleep(0.5)
     assert kids and not [k for k in kids if _alive(k)]
+
+
+@pytest.mark.parametrize("cmd", [["demo", "--duration", "30"], ["events-demo", "--events", "500000"]])
+def test_ctrl_c_in_a_terminal(cmd: list[str]) -> None:
+    """A real ^C typed into a pseudo-terminal: the terminal signals the foreground process group."""
+    import pty
+    import select
+
+    from cli_run import ENV, FACTSTREAM
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal
+        os.execve(FACTSTREAM, [FACTSTREAM, *cmd], ENV)
+    output = b""
+
+    def read_for(seconds: float) -> None:
+        nonlocal output
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                output += chunk
+
+    try:
+        read_for(6)
+        kids = _children(pid)
+        os.write(fd, b"\x03")  # ^C
+        read_for(30)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    text = output.decode("utf-8", "replace")
+    assert os.waitstatus_to_exitcode(status) == 130, text[-2000:]
+    assert "Traceback" not in text and "IndexError" not in text, text[-2000:]
+    time.sleep(0.5)
+    assert kids and not [k for k in kids if _alive(k)]
