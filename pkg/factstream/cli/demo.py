@@ -349,6 +349,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
     readers: list[Child] = []
     started = time.monotonic()
     result = 1
+    interrupted = False
     try:
         await writer.start()
         port = (await writer.wait("listening", 30))["port"]
@@ -425,12 +426,17 @@ async def orchestrate(args: argparse.Namespace) -> int:
     except Exception as err:  # report, clean up, fail
         print(f"factstream demo: FAILED: {err}", file=sys.stderr)
         result = 1
+    except asyncio.CancelledError:  # Ctrl-C: stop the children, leave nothing behind, exit 130
+        interrupted = True
+        raise
     finally:
         for r in readers:
             await r.terminate(2)
         await writer.terminate(5)
-        if not args.workdir and result == 0:
+        if not args.workdir and (result == 0 or interrupted):
             shutil.rmtree(workdir, ignore_errors=True)
+        elif interrupted:
+            pass
         elif result != 0:
             print(f"factstream demo: logs kept in {workdir}", file=sys.stderr)
     return result

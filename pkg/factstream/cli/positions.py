@@ -1,9 +1,11 @@
-"""``factstream positions``: stream x writer positions, from the database and from a writer.
+"""``factstream positions``: stream x writer positions, from a database and from live writers.
 
-From the database: each writer's recorded position (``stream_positions``)
-and the highest stream id in each stream table. From a live writer
-(``--connect HOST:PORT``): what a freshly connected reader is told in answer
-to REPLICATE.
+It reads, never writes: a database that does not exist is an error, not a
+new empty file. On a factstream or a Synapse database it shows every
+stream by its wire name (``device_lists``, not ``device_lists_stream``),
+with the position each writer last recorded (``stream_positions``) and the
+highest id in the stream's own tables; the replication column comes from writers
+answering REPLICATE over TCP (``--connect``) or Redis (``--redis``).
 """
 
 from __future__ import annotations
@@ -11,88 +13,287 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from .. import transport
-from .serve import DEFAULT_DB
+from ..redaction import redact_url
+
+PROG = "factstream positions"
+
+COLUMNS_HELP = (
+    "Columns: 'recorded' is the position the writer last saved in the stream_positions table (where a restarted "
+    "writer resumes); 'max_stream_id' is the highest stream id of that writer in the stream's own table(s) (ids above "
+    "'recorded' are facts written since); 'replication' is the position the running writer announces to a reader "
+    "that sends REPLICATE (--connect or --redis), read at the time printed in the header. '-' means none."
+)
+
+#: Synapse's ``stream_positions.stream_name`` -> the stream's wire name.
+SYNAPSE_DB_NAMES: dict[str, str] = {
+    "events": "events", "backfill": "backfill", "presence_stream": "presence", "receipts": "receipts",
+    "push_rules_stream": "push_rules", "pushers": "pushers", "caches": "caches",
+    "device_lists_stream": "device_lists", "to_device": "to_device", "account_data": "account_data",
+    "thread_subscriptions": "thread_subscriptions", "profile_updates": "profile_updates",
+    "sticky_events": "sticky_events", "quarantined_media": "quarantined_media",
+    "un_partial_stated_room_stream": "un_partial_stated_room",
+    "un_partial_stated_event_stream": "un_partial_stated_event",
+}
+
+#: Wire stream -> (table, id column) pairs holding its facts (Synapse's layout; factstream's own tables too).
+STREAM_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "events": (("events", "stream_ordering"), ("current_state_delta_stream", "stream_id"),
+               ("ex_outlier_stream", "event_stream_ordering")),
+    "backfill": (("events", "-stream_ordering"),),
+    "presence": (("presence_stream", "stream_id"),),
+    "receipts": (("receipts_linearized", "stream_id"), ("demo_receipts", "stream_id")),
+    "push_rules": (("push_rules_stream", "stream_id"),),
+    "pushers": (("pushers", "id"), ("deleted_pushers", "stream_id")),
+    "caches": (("cache_invalidation_stream_by_instance", "stream_id"), ("demo_caches", "stream_id")),
+    "device_lists": (("device_lists_stream", "stream_id"), ("user_signature_stream", "stream_id"),
+                     ("device_lists_outbound_pokes", "stream_id"), ("device_lists_changes_in_room", "stream_id"),
+                     ("device_lists_remote_pending", "stream_id")),
+    "to_device": (("device_inbox", "stream_id"), ("device_federation_outbox", "stream_id"),
+                  ("demo_to_device", "stream_id")),
+    "account_data": (("room_account_data", "stream_id"), ("room_tags_revisions", "stream_id"),
+                     ("account_data", "stream_id")),
+    "thread_subscriptions": (("thread_subscriptions", "stream_id"),),
+    "profile_updates": (("profile_updates", "stream_id"),),
+    "sticky_events": (("sticky_events", "stream_id"),),
+    "quarantined_media": (("quarantined_media_changes", "stream_id"),),
+    "un_partial_stated_room": (("un_partial_stated_room_stream", "stream_id"),),
+    "un_partial_stated_event": (("un_partial_stated_event_stream", "stream_id"),),
+}
+
+FACTSTREAM_MARKERS = {"demo_to_device", "demo_receipts", "demo_caches", "event_store_counters"}
+SYNAPSE_MARKERS = {"event_forward_extremities", "room_memberships", "device_lists_stream", "receipts_linearized"}
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "positions",
-        help="show stream positions per writer (database and/or live writer)",
-        description="Print a stream x writer table of positions from the database and as a connected reader sees them.",
+        help="show stream positions per writer (database and/or live writers)",
+        description="Print a stream x writer table of positions from a database (read only: it is never created) "
+                    "and as live writers announce them. " + COLUMNS_HELP,
+        epilog="example: factstream positions --db sqlite:///factstream.db --connect 127.0.0.1:9092",
     )
-    p.add_argument("--db", default=None, help=f"database URL (e.g. {DEFAULT_DB})")
-    p.add_argument("--connect", metavar="HOST:PORT", help="also ask a writer's replication listener (REPLICATE)")
+    p.add_argument("--db", default=None, help="database URL (sqlite:///file.db or postgresql://...); read only")
+    p.add_argument("--connect", metavar="HOST:PORT", help="also ask a writer's TCP replication listener (REPLICATE)")
+    p.add_argument("--redis", metavar="URL", help="also ask a Redis deployment's writers (needs --server-name)")
+    p.add_argument("--server-name", help="with --redis: the deployment's channel; with --connect: the expected name")
     p.add_argument("--wait", type=float, default=1.0, help="seconds to collect POSITION answers (default 1)")
+    p.add_argument("--connect-timeout", type=float, default=10.0, help="give up connecting after this long (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
 
-async def db_positions(url: str) -> dict[tuple[str, str], dict[str, int]]:
-    """(stream, writer) -> {"recorded": ..., "max_stream_id": ...} from the database."""
-    from ..replication.tables import DEMO_TABLES
-    from ..store.database import connect
+class Foreign(Exception):
+    """Not a factstream or Synapse database."""
 
-    out: dict[tuple[str, str], dict[str, int]] = {}
-    db = await connect(url)
-    try:
-        try:
-            for stream, inst, sid in await db.fetchall("SELECT stream_name, instance_name, stream_id FROM stream_positions", ()):
-                out.setdefault((stream, inst), {})["recorded"] = int(sid)
-        except Exception:
-            pass  # no id generator ever ran on this database
-        for t in DEMO_TABLES:
-            try:
-                rows = await db.fetchall(f"SELECT instance_name, MAX(stream_id) FROM {t.table} GROUP BY instance_name", ())
-            except Exception:
-                continue
-            for inst, mx in rows:
-                out.setdefault((t.stream, inst), {})["max_stream_id"] = int(mx)
-    finally:
-        await db.close()
+
+def check_sqlite_exists(url: str) -> None:
+    """A SQLite URL must name an existing file: positions never creates one."""
+    if urlsplit(url).scheme.lower() != "sqlite":
+        return
+    rest = url[len("sqlite://"):]
+    path = rest[1:] if rest.startswith("/") else ""
+    if path == ":memory:":
+        raise SystemExit(f"{PROG}: sqlite:///:memory: is always empty; give the file of a writer's database")
+    if not path or not os.path.isfile(path):
+        print(f"{PROG}: no database at {path or url!r} (positions never creates one); "
+              "give the writer's --db URL", file=sys.stderr)
+        raise SystemExit(1)
+
+
+async def _tables(db: Any) -> dict[str, set[str]]:
+    """Table name -> its column names."""
+    out: dict[str, set[str]] = {}
+    if db.engine == "sqlite":
+        for (name,) in await db.fetchall("SELECT name FROM sqlite_master WHERE type = 'table'", ()):
+            cols = await db.fetchall(f'PRAGMA table_info("{name}")', ())
+            out[name] = {c[1] for c in cols}
+    else:
+        for name, col in await db.fetchall(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()", ()
+        ):
+            out.setdefault(name, set()).add(col)
     return out
 
 
-async def live_positions(target: str, wait: float) -> dict[tuple[str, str], int]:
-    """(stream, writer) -> position announced by the writer at ``target``."""
-    from ..replication import ReplicationHub
-    from ..replication.follower import Follower
-    from ..transport.tcp import TcpClient
-    from .tail import parse_target
+async def db_positions(url: str) -> tuple[str, dict[tuple[str, str], dict[str, int]], list[str]]:
+    """(kind, (stream, writer) -> {"recorded", "max_stream_id"}, streams to list even without rows)."""
+    from ..store.database import connect
 
-    host, port = parse_target(target)
-    fol = Follower(typed=False)
-    client = await TcpClient(ReplicationHub("factstream-positions", follower=fol), host, port,
-                             client_name="factstream-positions").start()
+    check_sqlite_exists(url)
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    db = await connect(url)
     try:
-        await client.wait_connected(wait + 5)
-    except TimeoutError:
-        raise SystemExit(f"factstream positions: cannot connect to {target}") from None
-    await asyncio.sleep(wait)
-    await client.stop()
-    return {k: v for k, v in fol.positions().items() if v is not None}
+        tables = await _tables(db)
+        if not tables:
+            raise Foreign(f"{redact_url(url)} is empty: no tables at all (not a factstream or Synapse database)")
+        synapse = bool(SYNAPSE_MARKERS & tables.keys())
+        ours = bool(FACTSTREAM_MARKERS & tables.keys())
+        if not synapse and not ours and "stream_positions" not in tables:
+            raise Foreign(f"{redact_url(url)} is not a factstream or Synapse database (no stream tables among its "
+                          f"{len(tables)} tables)")
+        if "stream_positions" in tables:
+            for stream, inst, sid in await db.fetchall(
+                "SELECT stream_name, instance_name, stream_id FROM stream_positions", ()
+            ):
+                wire = SYNAPSE_DB_NAMES.get(str(stream), str(stream)) if synapse else str(stream)
+                out.setdefault((wire, str(inst)), {})["recorded"] = int(sid)
+        for stream, sources in STREAM_TABLES.items():
+            for table, col in sources:
+                column = col.lstrip("-")
+                if table not in tables or column not in tables[table]:
+                    continue
+                who = "COALESCE(instance_name, 'master')" if "instance_name" in tables[table] else "'master'"
+                if col.startswith("-"):
+                    sql = f"SELECT {who}, -MIN({column}) FROM {table} WHERE {column} < 0 GROUP BY 1"
+                else:
+                    sql = f"SELECT {who}, MAX({column}) FROM {table} WHERE {column} > 0 GROUP BY 1"
+                for inst, mx in await db.fetchall(sql, ()):
+                    if mx is None:
+                        continue
+                    cell = out.setdefault((stream, inst), {})
+                    cell["max_stream_id"] = max(int(mx), cell.get("max_stream_id", 0))
+    finally:
+        await db.close()
+    from ..streams.registry import SYNAPSE_STREAMS
+
+    listed = [d.name for d in SYNAPSE_STREAMS] if synapse else []
+    return ("synapse" if synapse else "factstream"), out, listed
+
+
+async def live_positions(args: argparse.Namespace) -> dict[tuple[str, str], int]:
+    """(stream, writer) -> position announced by the writer at --connect, after REPLICATE."""
+    from .link import LinkError, LinkOptions, open_link, parse_target
+
+    host, port = parse_target(args.connect, PROG)
+    opts = LinkOptions(host, port, client_name="factstream-positions", expected_server_name=args.server_name,
+                       connect_timeout=args.connect_timeout)
+    try:
+        link = await open_link(opts)
+    except LinkError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    got: dict[tuple[str, str], int] = {}
+    deadline = time.monotonic() + args.wait
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                chunk = await asyncio.wait_for(link.read(), left)
+            except TimeoutError:
+                break
+            _positions_from(chunk.split(b"\n"), got)
+    except LinkError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        await link.close()
+    return got
+
+
+def _positions_from(lines: list[bytes], got: dict[tuple[str, str], int]) -> None:
+    for line in lines:
+        if line.startswith(b"POSITION "):
+            f = line.decode("utf-8", "replace").split(" ")
+            if len(f) >= 5 and f[4].lstrip("-").isdigit():
+                got[(f[1], f[2])] = int(f[4])
+        elif line.startswith(b"RDATA "):
+            f = line.decode("utf-8", "replace").split(" ", 4)
+            if len(f) >= 4 and f[3].lstrip("-").isdigit():
+                got[(f[1], f[2])] = max(int(f[3]), got.get((f[1], f[2]), 0))
+
+
+async def redis_positions(args: argparse.Namespace) -> dict[tuple[str, str], int]:
+    """(stream, writer) -> position, from the POSITION answers to one REPLICATE published on the channel."""
+    import redis.asyncio as aioredis
+
+    from .serve import check_redis
+
+    await check_redis(args.redis, args.server_name, PROG)
+    got: dict[tuple[str, str], int] = {}
+    client = aioredis.from_url(args.redis)
+    try:
+        pubsub = client.pubsub()
+        await pubsub.subscribe(args.server_name)
+        await client.publish(args.server_name, b"REPLICATE ")
+        deadline = time.monotonic() + args.wait
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            if msg and isinstance(msg.get("data"), bytes):
+                _positions_from([msg["data"]], got)
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: PubSub.aclose is unannotated
+    finally:
+        await client.aclose()
+    return got
 
 
 async def positions(args: argparse.Namespace) -> int:
-    if not args.db and not args.connect:
-        args.db = DEFAULT_DB
+    if args.redis and not args.server_name:
+        print(f"{PROG}: --redis needs --server-name NAME (the deployment's channel)", file=sys.stderr)
+        return 2
+    if not args.db and not args.connect and not args.redis:
+        if not os.path.isfile("factstream.db"):
+            print(f"{PROG}: say what to read: --db URL (a writer's database), --connect HOST:PORT or "
+                  "--redis URL --server-name NAME (there is no ./factstream.db here)", file=sys.stderr)
+            return 2
+        args.db = "sqlite:///factstream.db"
     table: dict[tuple[str, str], dict[str, Any]] = {}
-    if args.db:
-        for k, v in (await db_positions(args.db)).items():
+    header: dict[str, Any] = {}
+    listed: list[str] = []
+    status = 0
+
+    async def from_db() -> None:
+        nonlocal listed
+        kind, rows, listed = await db_positions(args.db)
+        header["database"] = {"url": redact_url(args.db), "kind": kind, "read_at": _now()}
+        for k, v in rows.items():
             table.setdefault(k, {}).update(v)
-    if args.connect:
-        for k, pos in (await live_positions(args.connect, args.wait)).items():
+
+    async def from_live() -> None:
+        live = await (redis_positions(args) if args.redis else live_positions(args))
+        header["live"] = {"from": redact_url(args.redis) if args.redis else args.connect, "read_at": _now()}
+        for k, pos in live.items():
             table.setdefault(k, {})["replication"] = pos
+
+    jobs = ([from_db()] if args.db else []) + ([from_live()] if args.connect or args.redis else [])
+    try:
+        await asyncio.gather(*jobs)  # database and live writers read at the same moment
+    except Foreign as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    for stream in listed:
+        if not any(s == stream for s, _ in table):
+            table[(stream, "-")] = {}
     if args.json:
-        print(json.dumps([{"stream": s, "writer": w, **v} for (s, w), v in sorted(table.items())]))
-        return 0
+        print(json.dumps([{"stream": s, "writer": w, **v} for (s, w), v in sorted(table.items())],
+                         separators=(",", ":")))
+        return status
+    from ..streams.registry import SYNAPSE_STREAMS
+
+    in_memory = {d.name for d in SYNAPSE_STREAMS if d.in_memory}
+    for what, h in header.items():
+        print(f"# {what}: {h.get('url') or h.get('from')} ({h.get('kind', 'writers')}), read at {h['read_at']}")
+    if not any(table.values()):
+        print(f"# no positions: {'the database has no facts yet' if args.db else 'no writer answered'}")
     cols = ["recorded", "max_stream_id", "replication"]
-    print(f"{'stream':<24} {'writer':<14} " + " ".join(f"{c:>14}" for c in cols))
+    print(f"{'stream':<26} {'writer':<14} " + " ".join(f"{c:>13}" for c in cols))
     for (s, w), v in sorted(table.items()):
-        print(f"{s:<24} {w:<14} " + " ".join(f"{str(v.get(c, '-')):>14}" for c in cols))
-    return 0
+        cells = [str(v.get(c, "-")) for c in cols]
+        if s in in_memory and not v:
+            cells = ["in memory", "-", "-"]
+        print(f"{s:<26} {w:<14} " + " ".join(f"{c:>13}" for c in cells))
+    return status
+
+
+def _now() -> str:
+    from .link import utc_stamp
+
+    return utc_stamp()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,29 +1,77 @@
 """``factstream tail HOST:PORT`` / ``tail --redis URL --server-name NAME``: print what arrives.
 
-Over TCP it connects like any reader (NAME, PING, REPLICATE), keeps the
-connection alive and reconnects with backoff, and prints each fact as it is
-delivered. Without ``--db`` it starts live from the writer's current
-positions; with ``--db`` (the writer's database) it repairs gaps from the
-stream tables, and ``--from-start`` replays everything first.
+Over TCP it connects like any reader (NAME, PING, REPLICATE) and prints each
+row as it arrives, from the wire bytes it received (no decoding unless
+``--format`` asks for row fields). It finishes (``--count``), fails (one line
+and a non-zero exit when the peer is unreachable after ``--connect-timeout``,
+is not a replication listener, or has another server name), or, with
+``--retry``, keeps going and says so (a WARNING per failed attempt). With
+``--db`` (the writer's database) it follows as a full reader instead: gaps
+are repaired from the stream tables, and ``--from-start`` / ``--from TOKEN``
+replay stored facts first.
 
 Over Redis (``--redis``) it shows a deployment's traffic as it is, by
-default: every command heard on the channel, decoded, in arrival order,
-without publishing anything (a Synapse deployment's too). Nothing is
-hidden, reordered or repaired, which is what one wants when looking at a
-live system. With ``--db`` it instead follows as a reader, exactly like the
-TCP tail: it publishes REPLICATE, prints facts, and catches up from the
-stream tables.
+default: every command heard on the channel, as its wire line, in arrival
+order, without publishing anything (a Synapse deployment's too). With
+``--db`` it follows as a reader, exactly like the TCP tail with ``--db``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
+import logging
+import signal
 import sys
-from typing import Any
+import time
+from typing import IO, Any
 
-from .. import transport
+from .. import _json, transport
 from ..streams.rows import Row
+from .link import LinkError, LinkOptions, open_link, parse_target, utc_stamp
+
+__all__ = ["register", "run", "add_link_options", "connect_within", "link_options", "parse_target", "positive_int"]
+from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat
+
+log = logging.getLogger("factstream.tail")
+PROG = "factstream tail"
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value} (leave it out to run until stopped)")
+    return value
+
+
+def retry_count(text: str) -> float:
+    """argparse type for --retry: a number of reconnects, or 'forever'."""
+    if text in ("forever", "inf", "always"):
+        return float("inf")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of attempts or 'forever', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return float(value)
+
+
+def add_link_options(p: argparse.ArgumentParser) -> None:
+    """How to reach a TCP listener (shared by tail, record, status, pub)."""
+    p.add_argument("--server-name", help="TCP: refuse a server announcing another name; --redis: the channel")
+    p.add_argument("--tls", action="store_true", help="connect with TLS (verifying the server)")
+    p.add_argument("--cafile", help="CA certificate to verify the server with (implies --tls)")
+    p.add_argument("--insecure", action="store_true", help="with --tls: do not verify the certificate (not recommended)")
+    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="give up connecting after this long (default 10; a refused connection is retried until then)")
+    p.add_argument("--ping-interval", type=float, default=5.0, help="seconds between keepalive PINGs (default 5)")
+    p.add_argument("--timeout", type=float, default=15.0, help="a server silent this long after its PING is lost (default 15)")
+    p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")
 
 
 def register(subparsers: Any) -> None:
@@ -31,140 +79,331 @@ def register(subparsers: Any) -> None:
         "tail",
         help="follow a writer over TCP, or watch a deployment's Redis traffic, and print what arrives",
         description=(
-            "TCP (HOST:PORT): connect to a replication listener as a reader and print every fact delivered, "
-            "as 'stream writer token row-json'. "
-            "Redis (--redis URL --server-name NAME): print every command heard on the deployment's channel, "
-            "decoded, as its wire line (e.g. 'RDATA caches master 42 [...]', 'POSITION ...', 'USER_SYNC ...'), in "
-            "arrival order; tail only listens (it publishes nothing unless --replicate), so it is safe on a live "
-            "Synapse deployment and shows exactly what travels, gaps included. "
-            "Redis with --db: follow as a reader instead (publishes REPLICATE), printing facts like the TCP tail, "
-            "with missed facts fetched from the stream tables: complete and in order, but what you see is the "
-            "reader's view, not the traffic."
+            "TCP (HOST:PORT): connect to a replication listener as a reader and print every row delivered, "
+            "as 'stream writer token row-json' (or --json, or your --format). Fails with one line when nothing "
+            "answers within --connect-timeout, when the peer does not speak the protocol, or when it has another "
+            "--server-name; --retry keeps a long-running tail going, warning on every failed attempt. "
+            "Redis (--redis URL --server-name NAME): print every command heard on the deployment's channel as its "
+            "wire line (e.g. 'RDATA caches master 42 [...]', 'POSITION ...', 'USER_SYNC ...'), in arrival order; "
+            "tail only listens (it publishes nothing unless --replicate), so it is safe on a live Synapse "
+            "deployment. With --db (either carrier): follow as a reader, missed facts fetched from the stream "
+            "tables: complete and in order, but the reader's view, not the traffic."
         ),
+        epilog="example: factstream tail 127.0.0.1:9092 --stream caches --count 10 --format '%T %s %t %r'",
     )
     p.add_argument("target", metavar="HOST:PORT", nargs="?", help="the writer's replication listener (TCP; not with --redis)")
     p.add_argument("--redis", metavar="URL", help="watch replication over Redis pub/sub at URL (needs --server-name)")
     p.add_argument("--stream", action="append", dest="streams", metavar="S",
                    help="only this stream (repeatable; with --redis and no --db, other commands still show)")
-    p.add_argument("--json", action="store_true", help="one JSON object per row (per command with --redis)")
-    p.add_argument("--db", help="database URL for catch-up from the stream tables (with --redis: print facts, see above)")
+    p.add_argument("--writer", action="append", dest="writers", metavar="NAME", help="only rows of this writer (repeatable)")
+    p.add_argument("--json", action="store_true",
+                   help='one compact JSON object per row: {"stream","writer","token","row"} (per command with --redis)')
+    p.add_argument("--format", metavar="TEMPLATE",
+                   help=r"print each row with this template: %%s stream, %%w writer, %%t token, %%r row JSON, "
+                        r"%%l wire line, %%T arrival time, %%{field} a typed row field, \n \t "
+                        f"(default {DEFAULT_FORMAT.replace('%', '%%')!r})")
+    p.add_argument("--timestamps", action="store_true", help="prefix each row with its arrival time (ISO-8601 UTC)")
+    p.add_argument("--db", help="database URL: follow as a full reader, catching up from the stream tables")
     p.add_argument("--from-start", action="store_true", help="with --db: replay every stored fact first")
-    p.add_argument("--count", type=int, default=0, help="exit after this many rows (commands with --redis)")
+    p.add_argument("--from", dest="from_token", type=int, metavar="TOKEN",
+                   help="with --db: replay the stored facts after TOKEN first, then follow")
+    p.add_argument("--count", type=positive_int, default=None, metavar="N",
+                   help="exit after N rows (N commands with --redis and no --db); default: run until stopped")
+    p.add_argument("--retry", type=retry_count, default=0.0, metavar="N|forever",
+                   help="after a lost or failed connection, try again up to N times (or forever), warning each time "
+                        "(default 0: fail)")
     p.add_argument("--user-ip", action="store_true", help="with --redis: also show the <server-name>/USER_IP channel")
     p.add_argument("--replicate", action="store_true",
                    help="with --redis: publish one REPLICATE so that writers announce their positions")
     p.add_argument("--name", default="factstream-tail", help="client name sent in NAME (instance name with --redis --db)")
-    p.add_argument("--server-name", help="TCP: refuse a server announcing another name; --redis: the channel to watch")
-    p.add_argument("--tls", action="store_true", help="connect with TLS (verifying the server)")
-    p.add_argument("--cafile", help="CA certificate to verify the server with (implies --tls)")
-    p.add_argument("--insecure", action="store_true", help="with --tls: do not verify the certificate (not recommended)")
-    p.add_argument("--ping-interval", type=float, default=5.0)
-    p.add_argument("--timeout", type=float, default=15.0)
-    p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")
+    add_link_options(p)
     p.set_defaults(func=run)
 
 
-def parse_target(target: str) -> tuple[str, int]:
-    """``HOST:PORT`` -> (host, port), with a clear error."""
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit():
-        raise SystemExit(f"factstream tail: expected HOST:PORT, got {target!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+def usage(message: str) -> None:
+    from .serve import cli_error
+
+    cli_error(PROG, message, 2)
 
 
 def check_target(args: argparse.Namespace) -> None:
     """Exactly one of HOST:PORT and --redis, and what each needs (usage errors exit 2)."""
-    from .serve import cli_error
-
-    prog = "factstream tail"
     if args.redis and args.target:
-        cli_error(prog, "give either HOST:PORT (TCP) or --redis URL, not both", 2)
+        usage("give either HOST:PORT (TCP) or --redis URL, not both")
     if not args.redis and not args.target:
-        cli_error(prog, "say where to listen: HOST:PORT of a TCP replication listener, "
-                        "or --redis redis://HOST:PORT --server-name NAME", 2)
+        usage("say where to listen: HOST:PORT of a TCP replication listener, "
+              "or --redis redis://HOST:PORT --server-name NAME")
+    if (args.from_start or args.from_token is not None) and not args.db:
+        usage(f"{'--from-start' if args.from_start else '--from'} needs --db: the facts are replayed from the stream tables")
+    if args.from_start and args.from_token is not None:
+        usage("give --from-start or --from TOKEN, not both")
+    if args.json and args.format:
+        usage("give --json or --format, not both")
     if args.redis:
         if not args.server_name:
-            cli_error(prog, "--redis needs --server-name NAME: the deployment's server name is the channel to watch", 2)
+            usage("--redis needs --server-name NAME: the deployment's server name is the channel to watch")
         if args.tls or args.cafile or args.insecure:
-            cli_error(prog, "--tls/--cafile/--insecure apply to TCP; for Redis over TLS use a rediss:// URL "
-                            "(e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)", 2)
-        if args.from_start and not args.db:
-            cli_error(prog, "--from-start needs --db: the facts are replayed from the stream tables", 2)
+            usage("--tls/--cafile/--insecure apply to TCP; for Redis over TLS use a rediss:// URL "
+                  "(e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)")
         if args.db and (args.user_ip or args.replicate):
-            cli_error(prog, "--user-ip and --replicate show raw traffic; they do not combine with --db "
-                            "(which follows as a reader and already publishes REPLICATE)", 2)
+            usage("--user-ip and --replicate show raw traffic; they do not combine with --db "
+                  "(which follows as a reader and already publishes REPLICATE)")
+        if not args.db and (args.format or args.writers):
+            usage("--format and --writer apply to rows; without --db, --redis shows every command as its wire line")
     else:
-        parse_target(args.target)
+        parse_target(args.target, PROG)
         if args.user_ip or args.replicate:
-            cli_error(prog, "--user-ip and --replicate need --redis", 2)
+            usage("--user-ip and --replicate need --redis")
 
 
-async def tail_traffic(args: argparse.Namespace) -> int:
+def link_options(args: argparse.Namespace, client_name: str, *, replicate: bool = True) -> LinkOptions:
+    """The LinkOptions of a TCP target given on the command line."""
+    from ..transport.tcp import client_ssl_context
+
+    host, port = parse_target(args.target, f"factstream {args.command}")
+    ssl = None
+    if args.tls or args.cafile or args.insecure:
+        ssl = client_ssl_context(args.cafile, verify=not args.insecure)
+    return LinkOptions(host, port, client_name=client_name, expected_server_name=args.server_name, ssl=ssl,
+                       connect_timeout=args.connect_timeout, ping_interval=args.ping_interval,
+                       timeout=args.timeout, replicate=replicate)
+
+
+async def connect_within(opts: LinkOptions, *, quiet: bool = False) -> Any:
+    """open_link, retrying a refused/failed connect with backoff until ``connect_timeout``; LinkError after."""
+    deadline = time.monotonic() + opts.connect_timeout
+    delay = 0.05
+    while True:
+        try:
+            return await open_link(opts)
+        except LinkError as err:
+            left = deadline - time.monotonic()
+            if err.permanent or left <= delay:
+                raise
+            if not quiet:
+                log.info("%s; retrying for %.1fs more", err, left)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+class Output:
+    """Rows to stdout's bytes: counts them, stops at --count, notices a closed pipe."""
+
+    def __init__(self, fmt: RowFormat, count: int | None, out: IO[bytes] | None = None) -> None:
+        self.fmt = fmt
+        self.count = count
+        self.seen = 0
+        self.out = out or sys.stdout.buffer
+        self.done = asyncio.Event()
+        self.broken = False
+
+    @property
+    def full(self) -> bool:
+        return self.count is not None and self.seen >= self.count
+
+    def write(self, data: bytes, rows: int) -> None:
+        if not data:
+            return
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except BrokenPipeError:
+            self.broken = True
+            self.done.set()
+            return
+        self.seen += rows
+        if self.full:
+            self.done.set()
+
+
+class RawTail:
+    """The TCP tail without --db: rows printed from the bytes that arrived."""
+
+    def __init__(self, args: argparse.Namespace, output: Output) -> None:
+        self.output = output
+        self.fmt = output.fmt
+        self.streams = {s.encode() for s in args.streams} if args.streams else None
+        self.writers = {w.encode() for w in args.writers} if args.writers else None
+        self.fast = self.fmt.default and not self.streams and not self.writers
+        self.batches: dict[tuple[bytes, bytes], list[bytes]] = {}
+        self.errors = 0
+
+    def chunk(self, data: bytes) -> None:
+        """Print the rows in ``data`` (complete lines)."""
+        out = self.output
+        if self.fast and data.startswith(b"RDATA ") and b" batch " not in data:
+            body = b"\n" + data
+            n = data.count(b"\n")
+            if body.count(b"\nRDATA ") == n and (out.count is None or out.seen + n <= out.count):
+                out.write(body.replace(b"\nRDATA ", b"\n")[1:], n)
+                return
+        stamp = utc_stamp().encode() if self.fmt.needs_time else b""
+        parts: list[bytes] = []
+        rows = 0
+        room = None if out.count is None else out.count - out.seen
+        if self.fast:
+            self._default_lines(data, room)
+            return
+        for line in data.split(b"\n"):
+            if not line.startswith(b"RDATA "):
+                if line.startswith(b"ERROR "):
+                    print(f"{PROG}: the server reported: {line[6:].decode('utf-8', 'replace')}", file=sys.stderr)
+                continue
+            f = line.split(b" ", 4)
+            if len(f) < 5:
+                self.errors += 1
+                continue
+            _, stream, writer, token, row = f
+            if (self.streams is not None and stream not in self.streams) or (
+                    self.writers is not None and writer not in self.writers):
+                continue
+            if token == b"batch":
+                self.batches.setdefault((stream, writer), []).append(row)
+                continue
+            held = self.batches.pop((stream, writer), None)
+            for r in (*held, row) if held else (row,):
+                parts.append(self.fmt.render(stream, writer, token, r, stamp))
+                rows += 1
+                if room is not None and rows >= room:
+                    out.write(b"".join(parts), rows)
+                    return
+        out.write(b"".join(parts), rows)
+
+
+    def _default_lines(self, data: bytes, room: int | None) -> None:
+        """The default format without filters: each line minus 'RDATA ', batches given their token."""
+        parts: list[bytes] = []
+        append = parts.append
+        batches = self.batches
+        for line in data.split(b"\n"):
+            if not line.startswith(b"RDATA "):
+                if line.startswith(b"ERROR "):
+                    print(f"{PROG}: the server reported: {line[6:].decode('utf-8', 'replace')}", file=sys.stderr)
+                continue
+            f = line.split(b" ", 4)
+            if len(f) < 5:
+                self.errors += 1
+                continue
+            if f[3] == b"batch":
+                batches.setdefault((f[1], f[2]), []).append(f[4])
+                continue
+            if batches:
+                held = batches.pop((f[1], f[2]), None)
+                if held:
+                    head = f[1] + b" " + f[2] + b" " + f[3] + b" "
+                    parts.extend(head + r + b"\n" for r in held)
+            append(line[6:] + b"\n")
+        if room is not None and len(parts) > room:
+            del parts[room:]
+        self.output.write(b"".join(parts), len(parts))
+
+
+async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[bool]) -> int:
+    """TCP without --db: connect (or fail), print rows, reconnect only with --retry."""
+    opts = link_options(args, args.name)
+    tail = RawTail(args, output)
+    failures = 0
+    ever = False
+    while True:
+        try:
+            link = await connect_within(opts)
+        except LinkError as err:
+            failures += 1
+            if err.permanent or failures > args.retry:
+                print(f"{PROG}: {err}", file=sys.stderr)
+                return 1
+            log.warning("attempt %d failed: %s; trying again", failures, err)
+            await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
+            continue
+        if ever:
+            log.warning("reconnected to %s; rows sent while disconnected are not shown (use --db to catch up)",
+                        opts.target)
+        ever = True
+        failures = 0
+        reader = asyncio.ensure_future(_pump(link, tail))
+        stopper = asyncio.ensure_future(output.done.wait())
+        try:
+            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not reader.done():
+                reader.cancel()
+            await link.close()
+            await asyncio.wait({reader})  # collected here, whatever it ended with
+        lost = reader.exception() if not reader.cancelled() else None
+        if output.done.is_set():
+            return 130 if interrupted else 0
+        if not isinstance(lost, LinkError):
+            if lost is not None:
+                raise lost
+            return 0
+        failures += 1
+        if failures > args.retry:
+            print(f"{PROG}: {lost}", file=sys.stderr)
+            return 1
+        log.warning("%s; reconnecting (attempt %d)", lost, failures)
+
+
+async def _pump(link: Any, tail: RawTail) -> None:
+    while True:
+        tail.chunk(await link.read())
+
+
+async def tail_traffic(args: argparse.Namespace, output: Output) -> int:
     """``--redis`` without ``--db``: print every command heard on the channel until --count or a signal."""
-    import asyncio
-    import signal
-
     from ..transport.redis import tail_redis
 
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, done.set)
+    class Lines:
+        def write(self, text: str) -> None:
+            if not output.full and not output.done.is_set():
+                output.write(text.encode(), 1)
+
+        def flush(self) -> None:
+            pass
+
     stats = await tail_redis(
         args.redis, args.server_name, args.streams or (), args.json,
-        user_ip=args.user_ip, replicate=args.replicate, limit=args.count or None, stop=done,
+        user_ip=args.user_ip, replicate=args.replicate, out=Lines(), stop=output.done,  # type: ignore[arg-type]
     )
     if stats.invalid:
-        print(f"factstream tail: skipped {stats.invalid} messages that are not replication commands", file=sys.stderr)
+        print(f"{PROG}: skipped {stats.invalid} messages that are not replication commands", file=sys.stderr)
     return 0
 
 
-def row_json(row: Any) -> Any:
-    return row.to_wire() if isinstance(row, Row) else row
+def _row_bytes(row: Any) -> bytes:
+    return _json.dumps(row.to_wire() if isinstance(row, Row) else row).encode()
 
 
-async def tail(args: argparse.Namespace) -> int:
-    import asyncio
-
+async def tail_follow(args: argparse.Namespace, output: Output) -> int:
+    """With --db: a full reader (Follower) over TCP or Redis, catching up from the stream tables."""
     from ..replication import Follower, ReplicationHub
     from ..replication.tables import DEMO_TABLES
-    from .serve import check_redis
 
-    check_target(args)
-    if args.redis:
-        await check_redis(args.redis, args.server_name, "factstream tail")
-        if not args.db:
-            return await tail_traffic(args)
-    sources: dict[str, Any] = {}
-    db = None
-    if args.db:
-        from ..store.database import connect
+    if not args.redis:
+        opts = link_options(args, args.name, replicate=False)
+        try:
+            probe = await connect_within(opts)  # fail fast and clearly before the forever-retrying reader starts
+        except LinkError as err:
+            print(f"{PROG}: {err}", file=sys.stderr)
+            return 1
+        await probe.close()
+    from ..store.database import connect
 
-        db = await connect(args.db)
-        sources = {t.stream: t.source(db) for t in DEMO_TABLES}
-    fol = Follower(
-        sources=sources,
-        start_position=0 if args.from_start else None,
-        streams=set(args.streams) if args.streams else None,
-    )
-    done = asyncio.Event()
-    seen = 0
-    out = sys.stdout
+    db = await connect(args.db)
+    sources = {t.stream: t.source(db) for t in DEMO_TABLES}
+    start = 0 if args.from_start else args.from_token
+    fol = Follower(sources=sources, start_position=start, streams=set(args.streams) if args.streams else None,
+                   typed=output.fmt.typed)
+    writers = set(args.writers) if args.writers else None
+    fmt = output.fmt
 
     def show(stream: str, writer: str, token: int, rows: list[Any]) -> None:
-        nonlocal seen
-        if done.is_set():
+        if output.done.is_set() or (writers is not None and writer not in writers):
             return
-        for row in rows:
-            if args.json:
-                out.write(json.dumps({"stream": stream, "writer": writer, "token": token, "row": row_json(row)}) + "\n")
-            else:
-                out.write(f"{stream} {writer} {token} {json.dumps(row_json(row))}\n")
-            seen += 1
-            if args.count and seen >= args.count:
-                done.set()
-                break
-        out.flush()
+        s, w, t = stream.encode(), writer.encode(), str(token).encode()
+        stamp = utc_stamp().encode() if fmt.needs_time else b""
+        room = len(rows) if output.count is None else min(len(rows), output.count - output.seen)
+        output.write(b"".join(fmt.render(s, w, t, _row_bytes(r), stamp) for r in rows[:room]), room)
 
     fol.add_handler(show)
     hub = ReplicationHub(args.name, follower=fol)
@@ -177,27 +416,89 @@ async def tail(args: argparse.Namespace) -> int:
             ping_interval=args.ping_interval, ping_timeout=args.timeout,
         ).start()
     else:
-        from ..transport.tcp import TcpClient, client_ssl_context
+        from ..transport.tcp import TcpClient
 
-        host, port = parse_target(args.target)
-        ssl = None
-        if args.tls or args.cafile:
-            ssl = client_ssl_context(args.cafile, verify=not args.insecure)
         client = await TcpClient(
-            hub, host, port, client_name=args.name, expected_server_name=args.server_name, ssl=ssl,
-            server_hostname=host if ssl else None, ping_interval=args.ping_interval, timeout=args.timeout,
+            hub, opts.host, opts.port, client_name=args.name, expected_server_name=args.server_name, ssl=opts.ssl,
+            server_hostname=opts.host if opts.ssl else None, ping_interval=args.ping_interval, timeout=args.timeout,
+            connect_timeout=args.connect_timeout,
         ).start()
-    import signal
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, done.set)
-    await done.wait()
-    await client.stop()
-    await fol.close()
-    if db is not None:
+    status = 0
+    try:
+        if args.redis:
+            await output.done.wait()
+        else:
+            status = await _watch_tcp(client, args, output)
+    finally:
+        await client.stop()
+        await fol.close()
         await db.close()
+    return status
+
+
+async def _watch_tcp(client: Any, args: argparse.Namespace, output: Output) -> int:
+    """Until done: notice a lost connection; fail, or with --retry warn on every failed attempt."""
+    target = f"{client.host}:{client.port}"
+    was_up = False
+    attempts_seen = client.attempts
+    failures = 0
+    started = time.monotonic()
+    while not output.done.is_set():
+        try:
+            await asyncio.wait_for(output.done.wait(), 0.1)
+            break
+        except TimeoutError:
+            pass
+        up = client.connected
+        why = None
+        if was_up and not up:
+            why = f"connection to {target} lost ({client.close_reasons[-1] if client.close_reasons else 'closed'})"
+            attempts_seen = client.attempts
+        elif not up and client.attempts > attempts_seen + 1:
+            why = f"reconnecting to {target} failed"
+            attempts_seen = client.attempts - 1
+        elif not up and not client.connects and time.monotonic() - started > args.connect_timeout + 1:
+            why = f"cannot connect to {target} within {args.connect_timeout:g}s (--connect-timeout)"
+            started = time.monotonic()
+        if why is not None:
+            failures += 1
+            if failures > args.retry:
+                print(f"{PROG}: {why}", file=sys.stderr)
+                return 1
+            log.warning("%s; trying again (attempt %d)", why, failures)
+        was_up = up
     return 0
+
+
+async def tail(args: argparse.Namespace) -> int:
+    check_target(args)
+    try:
+        fmt = RowFormat(args.format or DEFAULT_FORMAT, json_output=args.json, timestamps=args.timestamps)
+    except FormatError as err:
+        usage(str(err))
+    output = Output(fmt, args.count)
+    interrupted: list[bool] = []
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: int) -> None:
+        if sig == signal.SIGINT:
+            interrupted.append(True)
+        output.done.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    if args.redis:
+        from .serve import check_redis
+
+        await check_redis(args.redis, args.server_name, PROG)
+        status = await (tail_follow(args, output) if args.db else tail_traffic(args, output))
+    elif args.db:
+        status = await tail_follow(args, output)
+    else:
+        status = await tail_raw(args, output, interrupted)
+    if output.broken:
+        return 0
+    return 130 if interrupted else status
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -120,6 +121,7 @@ async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: 
             "--port", str(server.port), "--name", f"reader{i}", "--users", str(users), "--seed", str(seed + i + 1),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         ))
+        _CHILDREN.append(procs[-1])
     say(f"{readers} reader processes following on 127.0.0.1:{server.port}; database {db_url}")
     gen = _RoomGen(random.Random(seed), rooms, names)
     start = time.perf_counter()
@@ -163,7 +165,7 @@ async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: 
 
 
 
-async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -> dict[str, Any]:
+async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -> dict[str, Any] | None:
     """Follow the events stream and serve incremental queries until told the final position."""
     from ..replication import Follower, ReplicationHub
     from ..transport.tcp import TcpClient
@@ -195,7 +197,14 @@ async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -
         for user in rng.sample(names, min(5, len(names))):
             await serve(user, pos)
         await asyncio.sleep(0.005)
-    final = int((await stop).split()[1])
+    order = (await stop).split()
+    if len(order) < 2:  # stdin closed: the writer is gone (interrupted); stop quietly
+        await client.stop()
+        await fol.close()
+        await store.close()
+        await db.close()
+        return None
+    final = int(order[1])
     await fol.wait_for_position("events", "master", final, timeout=60)
     for user in names:
         await serve(user, final)
@@ -212,6 +221,21 @@ async def run_reader(db_url: str, port: int, name: str, users: int, seed: int) -
     await db.close()
     return {"name": name, "queries": len(log), "self_check": not mismatches, "mismatches": mismatches[:5],
             "log": log}
+
+
+_CHILDREN: list[asyncio.subprocess.Process] = []  # reader processes, stopped however the writer ends
+
+
+async def _stopping_children(main: Any) -> Any:
+    """Await ``main``; then (Ctrl-C, an error, or done) terminate and reap the readers still running."""
+    try:
+        return await main
+    finally:
+        for proc in _CHILDREN:
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()
+        _CHILDREN.clear()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -231,13 +255,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the demo (or, with ``--reader``, one reader process); exit status 1 on a mismatch."""
     if args.reader:
+        # Ctrl-C reaches the whole process group: the writer decides when its readers stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         report = asyncio.run(run_reader(args.db, args.port, args.name, args.users, args.seed))
-        print(json.dumps(report), flush=True)
+        if report is not None:
+            print(json.dumps(report), flush=True)
         return 0
     with tempfile.TemporaryDirectory(prefix="factstream-events-demo-") as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'events.db'}"
-        summary = asyncio.run(run_writer(url, readers=args.readers, rooms=args.rooms, events=args.events,
-                                         users=args.users, seed=args.seed))
+        summary = asyncio.run(_stopping_children(run_writer(url, readers=args.readers, rooms=args.rooms,
+                                                            events=args.events, users=args.users, seed=args.seed)))
     print(json.dumps(summary) if args.json else
           f"event store demo: {summary['events']} events, {len(summary['readers'])} readers, "
           f"{'all answers verified' if summary['ok'] else 'MISMATCH'}")

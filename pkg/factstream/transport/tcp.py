@@ -32,6 +32,7 @@ import logging
 import random
 import ssl as _ssl
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -138,6 +139,11 @@ class TcpConnection(asyncio.Protocol, Connection):
         self.handshake_done = False
         self.closed: asyncio.Future[str] = asyncio.get_event_loop().create_future()
         self.description = "tcp"
+        #: For ``TcpServer.connections_info`` (``factstream status``): peer address, when it connected (epoch
+        #: seconds) and when it last sent PING (None: never).
+        self.peer_address = ""
+        self.connected_at: float | None = None
+        self.last_ping_at: float | None = None
 
     # ------------------------------------------------------------ asyncio.Protocol
 
@@ -149,6 +155,8 @@ class TcpConnection(asyncio.Protocol, Connection):
             transport.abort()  # type: ignore[attr-defined]
             return
         peer = transport.get_extra_info("peername")
+        self.peer_address = f"{peer[0]}:{peer[1]}" if peer else ""
+        self.connected_at = time.time()
         side = "from" if self.is_server else "to"
         self.description = f"tcp {side} {peer[0]}:{peer[1]}" if peer else "tcp"
         if self.is_server:
@@ -316,6 +324,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             return
         if name == "PING":
             self._peer_pinged = True
+            self.last_ping_at = time.time()
             return
         if name == "SERVER":
             server_name = cmd.data  # type: ignore[attr-defined]
@@ -411,6 +420,14 @@ class TcpServer:
         self._server: asyncio.Server | None = None
         self.connections: set[TcpConnection] = set()
 
+    def connections_info(self) -> list[dict[str, Any]]:
+        """The connected readers, read only: name, address, connected since, commands buffered, last PING."""
+        return [
+            {"name": c.peer_name, "address": c.peer_address, "connected_since": c.connected_at,
+             "buffered": c.buffered, "last_ping": c.last_ping_at}
+            for c in list(self.connections) if c.connected_at is not None
+        ]
+
     def _protocol(self) -> TcpConnection:
         conn = TcpConnection(
             self.sink, is_server=True, local_name=self.server_name, on_close=self.connections.discard, **self.opts
@@ -423,6 +440,7 @@ class TcpServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._protocol, self.host, self.port, ssl=self.ssl, reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
+        _LISTENING.add(self)
         log.info("replication listening on %s:%d%s", self.host, self.port, " (TLS)" if self.ssl else "")
         return self
 
@@ -449,6 +467,45 @@ class TcpServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+class _ReaderCollector:
+    """Per connected reader of every listening TcpServer, at scrape time: ``factstream_reader_*`` gauges."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["server", "name", "address"]
+        since = GaugeMetricFamily("factstream_reader_connected_since_seconds",
+                                  "When a reader connected (Unix time)", labels=labels)
+        buffered = GaugeMetricFamily("factstream_reader_buffered_commands",
+                                     "Commands waiting for a slow reader's socket", labels=labels)
+        ping = GaugeMetricFamily("factstream_reader_last_ping_seconds",
+                                 "When a reader last sent PING (Unix time; 0: never)", labels=labels)
+        for server in list(_LISTENING):
+            for info in server.connections_info():
+                key = [server.server_name, str(info["name"] or ""), info["address"]]
+                since.add_metric(key, info["connected_since"])
+                buffered.add_metric(key, info["buffered"])
+                ping.add_metric(key, info["last_ping"] or 0)
+        yield since
+        yield buffered
+        yield ping
+
+
+_LISTENING: weakref.WeakSet[TcpServer] = weakref.WeakSet()
+
+
+def _register_reader_collector() -> None:
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(_ReaderCollector())
+
+
+_register_reader_collector()
 
 
 # ====================================================================== client

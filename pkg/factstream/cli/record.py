@@ -1,0 +1,272 @@
+"""``factstream record``: a flight recorder for replication traffic.
+
+It follows a TCP replication listener (as a reader: NAME, PING, REPLICATE)
+or a Redis deployment's channels (only listening), and writes every line it
+sends or receives, with its time and direction, into rotating gzip capture
+files that ``factstream logs parse`` reads (see :mod:`.capture`). It rides
+out disconnects: each one becomes a ``# disconnected`` marker line (and a
+WARNING), and the reconnect a ``# connected`` line, so a report shows the
+hole instead of an unexplained gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from .. import transport
+from ..redaction import redact_url
+from .capture import CaptureWriter, prefix_lines
+from .link import LinkError, open_link, utc_stamp
+from .tail import add_link_options, connect_within, link_options, parse_target
+
+log = logging.getLogger("factstream.record")
+PROG = "factstream record"
+
+
+def size_bytes(text: str) -> int:
+    """argparse type: 100, 64k, 16M, 1G -> bytes."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    mult = units.get(t[-1:], 1)
+    try:
+        value = int(float(t[:-1] if t[-1:] in units else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 64M or 500k, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """argparse type: 90, 90s, 15m, 1h -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t[-1:] in units else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a duration like 30s, 15m or 1h, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "record",
+        help="record a writer's (TCP) or a deployment's (Redis) traffic into rotating gzip files for 'logs parse'",
+        description=(
+            "A flight recorder: follow a TCP replication listener (HOST:PORT, as a reader) or a Redis deployment "
+            "(--redis URL --server-name NAME, listening only) and write every line with its UTC time and direction "
+            "('>' received, '<' sent, '#' a recorder note) into DIR/<capture>.<start>.<seq>.log.gz. Files rotate by "
+            "size and by time; the gzip member in progress is finished every --flush-interval, on rotation and on "
+            "SIGTERM, so a crash loses at most that member. Disconnects are written as '# disconnected' lines and "
+            "the recorder reconnects (with a WARNING per failed attempt). Read the files with "
+            "'factstream logs parse DIR --out PARQUET'."
+        ),
+        epilog="example: factstream record 127.0.0.1:9092 --dir /var/log/factstream --rotate-size 64M --rotate-time 1h",
+    )
+    p.add_argument("target", metavar="HOST:PORT", nargs="?", help="the writer's replication listener (TCP)")
+    p.add_argument("--redis", metavar="URL", help="record a Redis deployment's channels instead (needs --server-name)")
+    p.add_argument("--dir", default=".", help="directory of the capture files (default: the current one)")
+    p.add_argument("--name", dest="capture", help="capture name, the files' first part (default HOST-PORT or "
+                                                  "redis-SERVER_NAME)")
+    p.add_argument("--rotate-size", type=size_bytes, default=64 << 20, metavar="SIZE",
+                   help="start a new file when the current one reaches SIZE on disk (default 64M)")
+    p.add_argument("--rotate-time", type=seconds, default=3600.0, metavar="DURATION",
+                   help="start a new file after DURATION (default 1h)")
+    p.add_argument("--flush-interval", type=seconds, default=1.0, metavar="DURATION",
+                   help="finish the gzip member in progress this often (default 1s): the most a crash can lose")
+    p.add_argument("--duration", type=seconds, default=None, metavar="DURATION", help="stop after DURATION")
+    p.add_argument("--user-ip", action="store_true", help="with --redis: also record the <server-name>/USER_IP channel")
+    p.add_argument("--client-name", default="factstream-record", help="name sent in NAME (TCP)")
+    add_link_options(p)
+    p.set_defaults(func=run)
+
+
+class Recorder:
+    """Lines in, prefixed lines out to the capture files; counts for the summary."""
+
+    def __init__(self, writer: CaptureWriter) -> None:
+        self.writer = writer
+        self.disconnects = 0
+
+    def received(self, chunk: bytes) -> None:
+        self.writer.write(prefix_lines(utc_stamp().encode(), b">", chunk), chunk.count(b"\n"))
+
+    def sent(self, lines: list[bytes]) -> None:
+        chunk = b"".join(line + b"\n" for line in lines)
+        self.writer.write(prefix_lines(utc_stamp().encode(), b"<", chunk), len(lines))
+
+    def note(self, text: str) -> None:
+        self.writer.write(f"{utc_stamp()} # {text}\n".encode(), 1)
+
+
+async def record_tcp(args: argparse.Namespace, rec: Recorder, stop: asyncio.Event) -> int:
+    opts = link_options(args, args.client_name)
+    try:
+        link = await connect_within(opts)
+    except LinkError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    failures = 0
+    while True:
+        rec.note(f"connected tcp {opts.target} server {link.server_name}")
+        rec.sent(link.sent[:2])
+        rec.received(f"SERVER {link.server_name}\n".encode())
+        if len(link.sent) > 2:
+            rec.sent(link.sent[2:])
+        link.on_sent.append(rec.sent)
+        why = await _pump(link, rec, stop)
+        await link.close()
+        if why is None:
+            return 0
+        rec.note(f"disconnected {why}")
+        rec.disconnects += 1
+        log.warning("%s; reconnecting", why)
+        while True:
+            if stop.is_set():
+                return 0
+            try:
+                link = await open_link(opts)
+                failures = 0
+                break
+            except LinkError as err:
+                failures += 1
+                if err.permanent:
+                    print(f"{PROG}: {err}", file=sys.stderr)
+                    return 1
+                log.warning("reconnect attempt %d to %s failed: %s", failures, opts.target, err)
+                try:
+                    await asyncio.wait_for(stop.wait(), min(30.0, 0.25 * 2 ** min(failures, 7)))
+                except TimeoutError:
+                    pass
+
+
+async def _pump(link: Any, rec: Recorder, stop: asyncio.Event) -> str | None:
+    """Record until stopped (None) or the link ends (the reason)."""
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            reader = asyncio.ensure_future(link.read())
+            done, _ = await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if reader not in done:
+                reader.cancel()
+                return None
+            try:
+                rec.received(reader.result())
+            except LinkError as err:
+                return str(err)
+    finally:
+        stopper.cancel()
+
+
+async def record_redis(args: argparse.Namespace, rec: Recorder, stop: asyncio.Event) -> int:
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+
+    from ..transport.redis import RedisChannels
+    from .serve import check_redis
+
+    await check_redis(args.redis, args.server_name, PROG)
+    channels = RedisChannels.for_server(args.server_name)
+    names = [channels.main] + ([channels.user_ip] if args.user_ip else [])
+    shown = redact_url(args.redis)
+    failures = 0
+    while not stop.is_set():
+        client = aioredis.from_url(args.redis, socket_connect_timeout=args.connect_timeout)
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(*names)
+            rec.note(f"connected redis {shown} channels {' '.join(names)}")
+            failures = 0
+            while not stop.is_set():
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+                if msg is None:
+                    rec.writer.tick()
+                    continue
+                data = msg.get("data")
+                if isinstance(data, bytes):
+                    rec.received(data.replace(b"\n", b" ") + b"\n")
+        except (RedisError, OSError) as err:
+            failures += 1
+            why = f"Redis {shown}: {err}"
+            if failures == 1:
+                rec.note(f"disconnected {why}")
+                rec.disconnects += 1
+            log.warning("%s; reconnecting (attempt %d)", why, failures)
+            try:
+                await asyncio.wait_for(stop.wait(), min(30.0, 0.25 * 2 ** min(failures, 7)))
+            except TimeoutError:
+                pass
+        finally:
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: PubSub.aclose is unannotated
+                await client.aclose()
+            except (RedisError, OSError):
+                pass
+    return 0
+
+
+async def record(args: argparse.Namespace) -> int:
+    if bool(args.redis) == bool(args.target):
+        print(f"{PROG}: give HOST:PORT (TCP) or --redis URL --server-name NAME (exactly one)", file=sys.stderr)
+        return 2
+    if args.redis and not args.server_name:
+        print(f"{PROG}: --redis needs --server-name NAME (the deployment's channel)", file=sys.stderr)
+        return 2
+    if args.target:
+        host, port = parse_target(args.target, PROG)
+        capture = args.capture or f"{host.replace('.', '_').replace(':', '_')}-{port}"
+    else:
+        capture = args.capture or f"redis-{args.server_name.replace('.', '_').replace('/', '_')}"
+    try:
+        writer = CaptureWriter(args.dir, capture, rotate_bytes=args.rotate_size, rotate_seconds=args.rotate_time,
+                               flush_interval=args.flush_interval)
+    except ValueError as err:
+        print(f"{PROG}: --name: {err}", file=sys.stderr)
+        return 2
+    for path in writer.recovered:
+        log.warning("finished %s left behind by an earlier recorder (complete gzip members kept)", path)
+    rec = Recorder(writer)
+    stop = asyncio.Event()
+    interrupted: list[int] = []
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: int) -> None:
+        interrupted.append(sig)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    if args.duration:
+        loop.call_later(args.duration, stop.set)
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(min(0.5, args.flush_interval))
+            writer.tick()
+
+    tick = asyncio.ensure_future(ticker())
+    started = time.monotonic()
+    try:
+        status = await (record_redis(args, rec, stop) if args.redis else record_tcp(args, rec, stop))
+    finally:
+        tick.cancel()
+        if writer.lines and stop.is_set():
+            rec.note("disconnected recorder stopped")
+        writer.close()
+    print(f"{PROG}: {writer.lines} lines in {len(writer.files)} file(s) under {args.dir} "
+          f"({rec.disconnects} disconnects, {time.monotonic() - started:.1f}s)", file=sys.stderr)
+    if interrupted and interrupted[0] == signal.SIGINT:
+        return 130
+    return status
+
+
+def run(args: argparse.Namespace) -> int:
+    return transport.run(lambda: record(args), use_uvloop=not args.no_uvloop)

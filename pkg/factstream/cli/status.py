@@ -1,0 +1,195 @@
+"""``factstream status``: what ``kafka-consumer-groups --describe`` shows, for a replication deployment.
+
+Per (stream, writer): the current token and the rows per second seen over
+``--interval`` seconds, measured as a reader (TCP: NAME, PING, REPLICATE;
+Redis: listening on the channel after one REPLICATE). For a TCP server with
+``--metrics`` (its ``serve --metrics-port``), also its connected readers:
+name, address, connected since, commands buffered, last PING, read from the
+``factstream_reader_*`` gauges the server exports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from .. import transport
+from ..redaction import redact_url
+from .link import LinkError, parse_target, utc_stamp
+from .tail import add_link_options, connect_within, link_options
+
+PROG = "factstream status"
+_METRIC = re.compile(r'^(factstream_reader_\w+)\{(.*)\} (\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "status",
+        help="per (stream, writer) current token and rows/s, and a TCP server's connected readers",
+        description=(
+            "Connect as a reader (TCP HOST:PORT, or --redis URL --server-name NAME) for --interval seconds and "
+            "print per (stream, writer) the current token and rows/s. With --metrics HOST:PORT (the server's "
+            "'serve --metrics-port'), also list its connected readers: name, address, connected since, commands "
+            "buffered and last PING."
+        ),
+        epilog="example: factstream status 127.0.0.1:9092 --metrics 127.0.0.1:9100",
+    )
+    p.add_argument("target", metavar="HOST:PORT", nargs="?", help="a TCP replication listener")
+    p.add_argument("--redis", metavar="URL", help="a Redis deployment instead (needs --server-name)")
+    p.add_argument("--metrics", metavar="HOST:PORT", help="the server's Prometheus endpoint, for its readers")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds to measure rows/s over (default 2)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    add_link_options(p)
+    p.set_defaults(func=run)
+
+
+class Tally:
+    """Tokens and row counts per (stream, writer) from wire lines."""
+
+    def __init__(self) -> None:
+        self.token: dict[tuple[str, str], int] = {}
+        self.rows: dict[tuple[str, str], int] = {}
+
+    def lines(self, lines: list[bytes]) -> None:
+        for line in lines:
+            if line.startswith(b"RDATA "):
+                f = line.split(b" ", 4)
+                if len(f) < 5:
+                    continue
+                key = (f[1].decode("utf-8", "replace"), f[2].decode("utf-8", "replace"))
+                self.rows[key] = self.rows.get(key, 0) + 1
+                if f[3] != b"batch" and f[3].lstrip(b"-").isdigit():
+                    self.token[key] = max(int(f[3]), self.token.get(key, int(f[3])))
+            elif line.startswith(b"POSITION "):
+                f = line.split(b" ")
+                if len(f) >= 5 and f[4].lstrip(b"-").isdigit():
+                    key = (f[1].decode("utf-8", "replace"), f[2].decode("utf-8", "replace"))
+                    self.token[key] = max(int(f[4]), self.token.get(key, int(f[4])))
+
+
+async def watch_tcp(args: argparse.Namespace, tally: Tally) -> str:
+    opts = link_options(args, "factstream-status")
+    try:
+        link = await connect_within(opts)
+    except LinkError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    deadline = time.monotonic() + args.interval
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                tally.lines((await asyncio.wait_for(link.read(), left)).split(b"\n"))
+            except TimeoutError:
+                break
+    except LinkError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        await link.close()
+    return str(link.server_name)
+
+
+async def watch_redis(args: argparse.Namespace, tally: Tally) -> str:
+    import redis.asyncio as aioredis
+
+    from .serve import check_redis
+
+    await check_redis(args.redis, args.server_name, PROG)
+    client = aioredis.from_url(args.redis)
+    try:
+        pubsub = client.pubsub()
+        await pubsub.subscribe(args.server_name)
+        await client.publish(args.server_name, b"REPLICATE ")
+        deadline = time.monotonic() + args.interval
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            if msg and isinstance(msg.get("data"), bytes):
+                tally.lines([msg["data"]])
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: PubSub.aclose is unannotated
+    finally:
+        await client.aclose()
+    return str(args.server_name)
+
+
+def readers_from_metrics(where: str, timeout: float) -> list[dict[str, Any]]:
+    """Connected readers from a server's /metrics (the factstream_reader_* gauges)."""
+    url = where if "://" in where else f"http://{where}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - a user-given local endpoint
+            text = resp.read().decode("utf-8", "replace")
+    except OSError as err:
+        print(f"{PROG}: cannot read metrics from {redact_url(url)}: {getattr(err, 'reason', err)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    readers: dict[tuple[str, str, str], dict[str, Any]] = {}
+    field = {"factstream_reader_connected_since_seconds": "connected_since",
+             "factstream_reader_buffered_commands": "buffered", "factstream_reader_last_ping_seconds": "last_ping"}
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if not m or m[1] not in field:
+            continue
+        labels = dict(_LABEL.findall(m[2]))
+        key = (labels.get("server", ""), labels.get("name", ""), labels.get("address", ""))
+        r = readers.setdefault(key, {"server": key[0], "name": key[1], "address": key[2]})
+        r[field[m[1]]] = float(m[3])
+    out = []
+    for r in readers.values():
+        r["buffered"] = int(r.get("buffered", 0))
+        for k in ("connected_since", "last_ping"):
+            r[k] = utc_stamp(r[k]) if r.get(k) else None
+        out.append(r)
+    return sorted(out, key=lambda r: (r["server"], r["name"], r["address"]))
+
+
+async def status(args: argparse.Namespace) -> int:
+    if bool(args.target) == bool(args.redis):
+        print(f"{PROG}: give HOST:PORT (TCP) or --redis URL --server-name NAME (exactly one)", file=sys.stderr)
+        return 2
+    if args.redis and not args.server_name:
+        print(f"{PROG}: --redis needs --server-name NAME (the deployment's channel)", file=sys.stderr)
+        return 2
+    if args.target:
+        parse_target(args.target, PROG)
+    if args.metrics and args.redis:
+        print(f"{PROG}: --metrics lists a TCP server's readers; Redis readers are not visible to writers",
+              file=sys.stderr)
+        return 2
+    tally = Tally()
+    started = time.monotonic()
+    server = await (watch_redis(args, tally) if args.redis else watch_tcp(args, tally))
+    seconds = max(time.monotonic() - started, 1e-9)
+    readers = readers_from_metrics(args.metrics, args.connect_timeout) if args.metrics else None
+    streams = [
+        {"stream": s, "writer": w, "token": tally.token.get((s, w)), "rows": tally.rows.get((s, w), 0),
+         "rows_per_s": round(tally.rows.get((s, w), 0) / args.interval, 1)}
+        for s, w in sorted(set(tally.token) | set(tally.rows))
+    ]
+    doc: dict[str, Any] = {"server": server, "at": utc_stamp(), "interval": round(seconds, 2), "streams": streams}
+    if readers is not None:
+        doc["readers"] = readers
+    if args.json:
+        print(json.dumps(doc, separators=(",", ":")))
+        return 0
+    where = redact_url(args.redis) if args.redis else args.target
+    print(f"server {server} at {where}, measured over {args.interval:g}s, {doc['at']}")
+    print(f"{'STREAM':<24} {'WRITER':<14} {'TOKEN':>12} {'ROWS/S':>10}")
+    for r in streams:
+        print(f"{r['stream']:<24} {r['writer']:<14} {str(r['token'] if r['token'] is not None else '-'):>12} "
+              f"{r['rows_per_s']:>10}")
+    if readers is not None:
+        print(f"\n{len(readers)} connected reader(s)")
+        print(f"{'NAME':<22} {'ADDRESS':<22} {'CONNECTED SINCE':<28} {'BUFFERED':>8} {'LAST PING':<28}")
+        for r in readers:
+            print(f"{r['name']:<22} {r['address']:<22} {r['connected_since'] or '-':<28} {r['buffered']:>8} "
+                  f"{r['last_ping'] or '-':<28}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return transport.run(lambda: status(args), use_uvloop=not args.no_uvloop)

@@ -1,0 +1,194 @@
+"""The CLI's error boundary: one clear line and a non-zero exit for each user mistake, no traceback
+(unless --debug or -vv), no password in any output, Ctrl-C exits 130 and stops child processes."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from cli_run import cli, no_traceback, start
+from conftest import PG_HOST, PG_PORT, PG_START, PG_USER, require_service
+
+
+def one_error_line(out: subprocess.CompletedProcess[str], prog: str) -> str:
+    assert out.returncode != 0, out
+    assert no_traceback(out.stderr), out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"factstream {prog}: ")
+    return lines[0]
+
+
+@pytest.mark.postgres
+def test_postgres_database_that_does_not_exist() -> None:
+    require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
+    missing = f"nosuch_{uuid.uuid4().hex[:8]}"
+    url = f"postgresql://{PG_USER}:s3cret-pw@{PG_HOST}:{PG_PORT}/{missing}"
+    for cmd in (["serve", "--db", url, "--port", "0"], ["positions", "--db", url]):
+        line = one_error_line(cli(*cmd), cmd[0])
+        assert f'database "{missing}" does not exist' in line
+        assert "s3cret-pw" not in line
+
+
+def test_unreachable_database_names_it() -> None:
+    port = _free_port()
+    url = f"postgresql://postgres:hunter2@127.0.0.1:{port}/x"
+    line = one_error_line(cli("serve", "--db", url, "--port", "0"), "serve")
+    assert f"127.0.0.1:{port}" in line and "hunter2" not in line and "***" in line
+
+
+def test_bad_sqlite_path() -> None:
+    line = one_error_line(cli("serve", "--db", "sqlite:////no/such/dir/x.db", "--port", "0"), "serve")
+    assert "/no/such/dir/x.db" in line
+
+
+def test_port_already_in_use(tmp_path: Any) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        line = one_error_line(cli("serve", "--db", f"sqlite:///{tmp_path}/a.db", "--port", str(port)), "serve")
+    assert "address already in use" in line and str(port) in line and "--port" in line
+
+
+def test_missing_tls_cert_file_is_named(tmp_path: Any) -> None:
+    missing = str(tmp_path / "nope" / "cert.pem")
+    out = cli("serve", "--db", f"sqlite:///{tmp_path}/a.db", "--port", "0", "--tls-cert", missing)
+    line = one_error_line(out, "serve")
+    assert out.returncode == 2 and missing in line and "--tls-cert" in line
+    out = cli("tail", "127.0.0.1:9", "--cafile", missing)
+    assert missing in one_error_line(out, "tail")
+
+
+def test_truncated_gzip_is_one_line(tmp_path: Any) -> None:
+    bad = tmp_path / "cut.log.gz"
+    bad.write_bytes(gzip.compress(b'RDATA caches m 1 ["f",null,1]\n' * 1000)[:60])
+    out = cli("decode", str(bad))
+    assert out.returncode != 0 and no_traceback(out.stderr)
+    assert "truncated" in out.stderr or "corrupt" in out.stderr or "cut.log.gz" in out.stderr
+
+
+def test_debug_and_vv_show_the_traceback(tmp_path: Any) -> None:
+    for flags in (["--debug"], ["-vv"]):
+        out = cli("serve", "--db", "sqlite:////no/such/dir/x.db", "--port", "0", *flags)
+        assert out.returncode == 1 and "Traceback" in out.stderr and "DatabaseError" in out.stderr
+
+
+def test_debug_traceback_masks_the_password() -> None:
+    url = f"postgresql://postgres:hunter2@127.0.0.1:{_free_port()}/x"
+    out = cli("--debug", "serve", "--db", url, "--port", "0")
+    assert out.returncode == 1 and "Traceback" in out.stderr and "hunter2" not in out.stderr
+
+
+def test_usage_errors_exit_2_with_argparse_message() -> None:
+    out = cli("tail", "not-a-target")
+    assert out.returncode == 2 and "expected HOST:PORT" in out.stderr and no_traceback(out.stderr)
+    out = cli("no-such-command")
+    assert out.returncode == 2 and no_traceback(out.stderr)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("cmd", [
+    ["events-demo", "--events", "500000"],
+    ["demo", "--duration", "30", "--no-progress"],
+])
+def test_ctrl_c_stops_the_children_and_exits_130(cmd: list[str]) -> None:
+    # Ctrl-C in a terminal signals the whole foreground process group: do exactly that.
+    proc = start(*cmd, start_new_session=True)
+    deadline = time.monotonic() + 30
+    kids: list[int] = []
+    while time.monotonic() < deadline and len(kids) < 2:
+        time.sleep(0.5)
+        kids = [k for k in _children(proc.pid)]
+    time.sleep(1.5)
+    grandkids = [g for k in kids for g in _children(k)]
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert no_traceback(err) and "IndexError" not in err, err
+    time.sleep(0.5)
+    assert kids and not [k for k in kids + grandkids if _alive(k)]
+    assert "logs kept" not in err
+
+
+def test_ctrl_c_on_a_signal_to_the_parent_alone_stops_children() -> None:
+    proc = start("events-demo", "--events", "500000")
+    deadline = time.monotonic() + 30
+    kids: list[int] = []
+    while time.monotonic() < deadline and len(kids) < 2:
+        time.sleep(0.5)
+        kids = _children(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and no_traceback(err), err
+    time.sleep(0.5)
+    assert kids and not [k for k in kids if _alive(k)]
+
+
+@pytest.mark.parametrize("cmd", [["demo", "--duration", "30"], ["events-demo", "--events", "500000"]])
+def test_ctrl_c_in_a_terminal(cmd: list[str]) -> None:
+    """A real ^C typed into a pseudo-terminal: the terminal signals the foreground process group."""
+    import pty
+    import select
+
+    from cli_run import ENV, FACTSTREAM
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal
+        os.execve(FACTSTREAM, [FACTSTREAM, *cmd], ENV)
+    output = b""
+
+    def read_for(seconds: float) -> None:
+        nonlocal output
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                output += chunk
+
+    try:
+        read_for(6)
+        kids = _children(pid)
+        os.write(fd, b"\x03")  # ^C
+        read_for(30)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    text = output.decode("utf-8", "replace")
+    assert os.waitstatus_to_exitcode(status) == 130, text[-2000:]
+    assert "Traceback" not in text and "IndexError" not in text, text[-2000:]
+    time.sleep(0.5)
+    assert kids and not [k for k in kids if _alive(k)]

@@ -1,0 +1,120 @@
+"""``factstream positions`` tells the truth: never creates a database, knows Synapse's streams by wire
+name, says when a database is empty or foreign, and asks live writers over TCP and Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+from typing import Any
+
+
+from cli_run import ENV, FACTSTREAM, cli, no_traceback, serve, start, stop
+from conftest import synapse_python
+
+SYNAPSE_SCHEMA = """
+import sqlite3, sys
+from synapse.storage.engines import create_engine
+from synapse.storage.prepare_database import prepare_database
+from synapse.storage.database import LoggingDatabaseConnection
+path = sys.argv[1]
+engine = create_engine({"name": "sqlite3", "args": {"database": path}})
+conn = LoggingDatabaseConnection(conn=sqlite3.connect(path), engine=engine, default_txn_name="schema", server_name="hs")
+prepare_database(conn, engine, config=None)
+conn.commit()
+"""
+
+
+def test_a_missing_sqlite_file_is_an_error_and_is_not_created(tmp_path: Any) -> None:
+    missing = tmp_path / "typo.db"
+    out = cli("positions", "--db", f"sqlite:///{missing}")
+    assert out.returncode == 1 and str(missing) in out.stderr and "never creates" in out.stderr
+    assert not missing.exists()
+
+
+def test_no_arguments_creates_nothing(tmp_path: Any) -> None:
+    out = subprocess.run([FACTSTREAM, "positions"], capture_output=True, text=True, timeout=30, env=ENV, cwd=tmp_path)
+    assert out.returncode == 2 and "--db" in out.stderr and no_traceback(out.stderr)
+    assert os.listdir(tmp_path) == []
+
+
+def test_empty_and_foreign_databases_say_so(tmp_path: Any) -> None:
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    out = cli("positions", "--db", f"sqlite:///{empty}")
+    assert out.returncode == 1 and "is empty" in out.stderr
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER, total REAL)")
+    out = cli("positions", "--db", f"sqlite:///{foreign}")
+    assert out.returncode == 1 and "not a factstream or Synapse database" in out.stderr
+
+
+def test_a_synapse_database_by_wire_names_with_ids_from_its_own_tables(tmp_path: Any) -> None:
+    db = tmp_path / "homeserver.db"
+    subprocess.run([synapse_python(), "-c", SYNAPSE_SCHEMA, str(db)], check=True, capture_output=True, timeout=300)
+    empty = cli("positions", "--db", f"sqlite:///{db}")
+    assert empty.returncode == 0 and "no facts yet" in empty.stdout
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES "
+                     "('device_lists_stream', 'master', 7), ('presence_stream', 'worker1', 3)")
+        for sid in (5, 9):
+            conn.execute("INSERT INTO device_lists_stream (stream_id, user_id, device_id, instance_name) "
+                         "VALUES (?, '@u:hs', 'D', 'master')", (sid,))
+        conn.execute("INSERT INTO user_signature_stream (stream_id, from_user_id, user_ids, instance_name) "
+                     "VALUES (12, '@u:hs', '[]', 'master')")
+        for so in (3, 10, -4, -2):
+            conn.execute(
+                "INSERT INTO events (stream_ordering, topological_ordering, event_id, type, room_id, content, "
+                "unrecognized_keys, processed, outlier, depth, origin_server_ts, received_ts, sender, contains_url, "
+                "instance_name) VALUES (?, 1, ?, 'm.room.message', '!r:hs', '{}', '', 1, 0, 1, 0, 0, '@u:hs', 0, "
+                "'master')", (so, f"$e{so}"))
+    out = cli("positions", "--db", f"sqlite:///{db}", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {(r["stream"], r["writer"]): r for r in json.loads(out.stdout)}
+    assert rows[("device_lists", "master")] == {"stream": "device_lists", "writer": "master", "recorded": 7,
+                                                "max_stream_id": 12}
+    assert rows[("presence", "worker1")]["recorded"] == 3
+    assert rows[("events", "master")]["max_stream_id"] == 10
+    assert rows[("backfill", "master")]["max_stream_id"] == 4
+    streams = {s for s, _ in rows}
+    for name in ("typing", "caches", "un_partial_stated_room", "un_partial_stated_event", "backfill", "push_rules"):
+        assert name in streams
+    assert not {"device_lists_stream", "presence_stream", "push_rules_stream"} & streams
+    text = cli("positions", "--db", f"sqlite:///{db}")
+    assert "typing" in text.stdout and "in memory" in text.stdout and "read at" in text.stdout
+
+
+def test_live_positions_over_tcp_and_redis(tmp_path: Any, redis_url: str, channel_prefix: str) -> None:
+    db_url = f"sqlite:///{tmp_path}/w.db"
+    proc, port = serve(db_url, "--produce", "--duration", "1", "--seed", "2")
+    try:
+        time.sleep(2.5)
+        out = cli("positions", "--db", db_url, "--connect", f"127.0.0.1:{port}", "--json", "--wait", "0.5")
+        assert out.returncode == 0, out.stderr
+        rows = {(r["stream"], r["writer"]): r for r in json.loads(out.stdout)}
+        for stream in ("caches", "receipts", "to_device"):
+            assert rows[(stream, "master")]["replication"] >= rows[(stream, "master")]["max_stream_id"]
+        wrong = cli("positions", "--connect", f"127.0.0.1:{port}", "--server-name", "nope")
+        assert wrong.returncode == 1 and "not 'nope'" in wrong.stderr
+    finally:
+        stop(proc)
+    rdb = f"sqlite:///{tmp_path}/r.db"
+    writer = start("serve", "--db", rdb, "--redis", redis_url, "--server-name", channel_prefix, "--status",
+                   "--produce", "--duration", "1")
+    try:
+        assert writer.stdout is not None
+        for line in writer.stdout:
+            if json.loads(line)["event"] == "produced":
+                break
+        out = cli("positions", "--redis", redis_url, "--server-name", channel_prefix, "--json", "--wait", "1")
+        assert out.returncode == 0, out.stderr
+        got = {(r["stream"], r["writer"]): r["replication"] for r in json.loads(out.stdout)}
+        assert {s for s, _ in got} == {"caches", "receipts", "to_device"} and all(v > 0 for v in got.values())
+    finally:
+        stop(writer)
+    out = cli("positions", "--redis", redis_url)
+    assert out.returncode == 2 and "--server-name" in out.stderr
+
