@@ -44,6 +44,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("target", metavar="HOST:PORT", nargs="?", help="the writer's replication listener (TCP; not with --redis)")
     p.add_argument("--redis", metavar="URL", help="watch replication over Redis pub/sub at URL (needs --server-name)")
+    p.add_argument("--nats", metavar="URL",
+                   help="read the deployment's JetStream log at URL (needs --server-name): every stored line as it "
+                        "grows (--from-start: from the oldest retained), or with --db follow as a reader")
     p.add_argument("--stream", action="append", dest="streams", metavar="S",
                    help="only this stream (repeatable; with --redis and no --db, other commands still show)")
     p.add_argument("--json", action="store_true", help="one JSON object per row (per command with --redis)")
@@ -77,6 +80,15 @@ def check_target(args: argparse.Namespace) -> None:
     from .serve import cli_error
 
     prog = "factstream tail"
+    if args.nats:
+        if args.target or args.redis:
+            cli_error(prog, "give one of HOST:PORT (TCP), --redis URL or --nats URL", 2)
+        if not args.server_name:
+            cli_error(prog, "--nats needs --server-name NAME: the deployment's server name names its JetStream stream", 2)
+        if args.tls or args.cafile or args.insecure or args.user_ip or args.replicate:
+            cli_error(prog, "--tls/--cafile/--insecure/--user-ip/--replicate do not apply to --nats "
+                            "(for TLS use a tls:// URL)", 2)
+        return
     if args.redis and args.target:
         cli_error(prog, "give either HOST:PORT (TCP) or --redis URL, not both", 2)
     if not args.redis and not args.target:
@@ -119,6 +131,29 @@ async def tail_traffic(args: argparse.Namespace) -> int:
     return 0
 
 
+async def tail_log(args: argparse.Namespace) -> int:
+    """``--nats`` without ``--db``: print the JetStream log's lines until --count or a signal."""
+    import asyncio
+    import signal
+
+    from ..transport.nats import tail_nats
+
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    try:
+        stats = await tail_nats(args.nats, args.server_name, args.streams or (), args.json,
+                                from_start=args.from_start, limit=args.count or None, stop=done)
+    except LookupError as err:
+        from .serve import cli_error
+
+        cli_error("factstream tail", str(err), 1)
+    if stats.invalid:
+        print(f"factstream tail: skipped {stats.invalid} messages that are not replication commands", file=sys.stderr)
+    return 0
+
+
 def row_json(row: Any) -> Any:
     return row.to_wire() if isinstance(row, Row) else row
 
@@ -131,6 +166,12 @@ async def tail(args: argparse.Namespace) -> int:
     from .serve import check_redis
 
     check_target(args)
+    if args.nats:
+        from .serve import check_nats
+
+        await check_nats(args.nats, args.server_name, "factstream tail")
+        if not args.db:
+            return await tail_log(args)
     if args.redis:
         await check_redis(args.redis, args.server_name, "factstream tail")
         if not args.db:
@@ -169,7 +210,11 @@ async def tail(args: argparse.Namespace) -> int:
     fol.add_handler(show)
     hub = ReplicationHub(args.name, follower=fol)
     client: Any
-    if args.redis:
+    if args.nats:
+        from ..transport.nats import NatsReplication
+
+        client = await NatsReplication(hub, args.nats, args.server_name, instance_name=args.name).start()
+    elif args.redis:
         from ..transport.redis import RedisReplication
 
         client = await RedisReplication(

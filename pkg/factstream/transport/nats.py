@@ -73,6 +73,9 @@ __all__ = [
     "KeyStats",
     "tail_nats",
     "connect_nats",
+    "check_nats",
+    "delete_stream",
+    "NatsUnavailable",
     "subject_token",
     "MSG_ID",
     "PREV",
@@ -259,7 +262,11 @@ def _servers(url: str) -> list[str]:
 
 
 async def connect_nats(url: str, *, name: str, timeout: float = 5.0, **callbacks: Any) -> Any:
-    """One nats-py connection to ``url`` (comma-separated servers) that reconnects forever once made."""
+    """One nats-py connection to ``url`` (comma-separated servers) that reconnects forever once made.
+
+    The first connect tries each server twice and raises (nats-py would loop
+    silently); the caller retries with its own logging.
+    """
     import nats
 
     async def _quiet(err: Exception) -> None:
@@ -279,7 +286,59 @@ async def connect_nats(url: str, *, name: str, timeout: float = 5.0, **callbacks
         "error_cb": _quiet,
     }
     options.update(callbacks)
-    return await nats.connect(**options)
+    forever = options["max_reconnect_attempts"] < 0
+    if forever:
+        options["max_reconnect_attempts"] = 1
+    nc = await nats.connect(**options)
+    if forever:
+        nc.options["max_reconnect_attempts"] = -1  # from now on nats-py reconnects forever
+    return nc
+
+
+class NatsUnavailable(Exception):
+    """NATS or its JetStream does not answer at the given URL (the message says what to do)."""
+
+
+async def check_nats(url: str, server_name: str, timeout: float = 5.0) -> None:
+    """Fail fast for a command line: ValueError for a malformed URL or server name, NatsUnavailable otherwise.
+
+    The carrier itself reconnects forever (right for a running process riding
+    out a NATS restart); a command started against a wrong URL, a server that
+    is not running or one without JetStream should say so at once instead.
+    """
+    _servers(url)
+    JetStreamLayout.for_server(server_name)
+    shown = redact_url(url)
+    try:
+        nc = await connect_nats(url, name="factstream-check", timeout=timeout, allow_reconnect=False,
+                                max_reconnect_attempts=1)
+    except Exception as err:  # noqa: BLE001 - every failure to connect means the same to the user
+        why = str(err) or type(err).__name__
+        raise NatsUnavailable(f"cannot reach NATS at {shown} ({redact_url(why)}); start it with JetStream "
+                              "(e.g. nats-server -js -p 4222) or pass the right --nats URL") from None
+    try:
+        try:
+            await _Api(nc, JetStreamLayout.for_server(server_name), timeout).request("INFO")
+        except Exception as err:  # noqa: BLE001
+            raise NatsUnavailable(f"NATS at {shown} answers but JetStream does not ({err or type(err).__name__}); "
+                                  "start nats-server with -js (JetStream enabled)") from None
+    finally:
+        await nc.close()
+
+
+async def delete_stream(url: str, server_name: str, *, stream: str | None = None) -> bool:
+    """Delete deployment ``server_name``'s JetStream stream (its whole log); False when there was none."""
+    layout = JetStreamLayout.for_server(server_name, stream=stream)
+    nc = await connect_nats(url, name="factstream-admin", allow_reconnect=False, max_reconnect_attempts=1)
+    try:
+        await _Api(nc, layout).request(f"STREAM.DELETE.{layout.stream}")
+        return True
+    except _ApiError as err:
+        if err.code == 404:
+            return False
+        raise
+    finally:
+        await nc.close()
 
 
 def _parse_headers(raw: bytes) -> dict[str, str]:
@@ -774,6 +833,8 @@ class NatsReplication:
         self._in_flight: dict[int, _Out] = {}
         self._order = 0
         self._n = 0
+        self._max_acked = 0
+        self._last_ack = 0.0
         self._ack_prefix = ""
         self._wake = asyncio.Event()
         self._space = asyncio.Event()
@@ -1194,6 +1255,8 @@ class NatsReplication:
         self._n += 1
         n = self._n
         out.sent_at = now
+        if not self._in_flight:
+            self._last_ack = now  # the stall clock starts with the first unacknowledged publish
         self._in_flight[n] = out
         try:
             await nc.publish(out.subject, out.payload, reply=f"{prefix}{n}", headers=out.headers)
@@ -1209,6 +1272,9 @@ class NatsReplication:
             n = int(subject[subject.rfind(".") + 1:])
         except ValueError:
             return
+        self._last_ack = time.monotonic()
+        if n > self._max_acked:
+            self._max_acked = n
         out = self._in_flight.pop(n, None)
         if out is None:
             return  # acknowledged after it was re-sent: the re-send will be acknowledged too
@@ -1253,6 +1319,20 @@ class NatsReplication:
             if first.end is not None and (st.acked is None or first.end > st.acked):
                 st.acked = first.end
 
+    def _late(self, now: float) -> list[_Out]:
+        """In-flight publishes to send again: older than ``ack_timeout`` and either passed over by the
+        acknowledgements of later ones (lost on the way, e.g. to a stream leader that just died) or with no
+        acknowledgement at all for ``ack_timeout`` (a stalled server). A busy but answering server is
+        never flooded with re-sends: its acknowledgements keep coming, in order."""
+        stalled = now - self._last_ack > self.ack_timeout
+        cutoff = now - self.ack_timeout
+        late: list[int] = []
+        for n, out in self._in_flight.items():  # in publish order
+            if out.sent_at > cutoff or not (stalled or n < self._max_acked):
+                break
+            late.append(n)
+        return [self._in_flight.pop(n) for n in late]
+
     async def _ticker(self) -> None:
         """Re-send publishes not acknowledged in time; heartbeat POSITION of idle writers."""
         period = max(0.05, min(self.ack_timeout, self.heartbeat) / 4)
@@ -1260,12 +1340,11 @@ class NatsReplication:
             await asyncio.sleep(period)
             now = time.monotonic()
             if self._in_flight and self.nc.is_connected:
-                late = [n for n, o in self._in_flight.items() if now - o.sent_at > self.ack_timeout]
+                late = self._late(now)
                 if late:
                     self._error_log.warning("NATS: %d publishes not acknowledged within %.1fs; sending them again",
                                             len(late), self.ack_timeout)
-                    for n in late:
-                        self._retry.append(self._in_flight.pop(n))
+                    self._retry.extend(late)
                     self.stats.retried += len(late)
                     self._wake.set()
             publisher = self._publisher()
@@ -1602,7 +1681,7 @@ async def tail_nats(
 ) -> NatsStats:
     """Print the deployment's log as it grows (``from_start``: from its oldest retained message).
 
-    Lines are printed exactly as stored (``json_output``: one JSON object per
+    Raises LookupError when the deployment has no stream there. Lines are printed exactly as stored (``json_output``: one JSON object per
     command, with its JetStream sequence). ``streams`` keeps only those
     streams. Stops after ``limit`` messages or when ``stop`` is set.
     """
@@ -1642,7 +1721,13 @@ async def tail_nats(
     nc = await connect_nats(url, name="factstream-tail")
     try:
         api = _Api(nc, layout)
-        await api.request(f"STREAM.INFO.{layout.stream}")
+        try:
+            await api.request(f"STREAM.INFO.{layout.stream}")
+        except _ApiError as err:
+            if err.code != 404:
+                raise
+            raise LookupError(f"no JetStream stream {layout.stream} at {redact_url(url)}: no writer of deployment "
+                              f"{server_name!r} has published there yet (check --server-name)") from None
         consumer = _LogConsumer(api, show, stats, deliver_new=not from_start)
         consumer.start()
         await done.wait()
