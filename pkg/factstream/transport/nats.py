@@ -800,6 +800,7 @@ class NatsReplication:
         connect_timeout: float = 5.0,
         api_timeout: float = 5.0,
         page_limit: int = 1000,
+        backfill: int = 10_000,
     ) -> None:
         if max_in_flight < 1 or max_pending < 1:
             raise ValueError("max_in_flight and max_pending must be at least 1")
@@ -821,6 +822,8 @@ class NatsReplication:
         self.connect_timeout = connect_timeout
         self.api_timeout = api_timeout
         self.page_limit = page_limit
+        #: A writer whose subject is empty publishes its history first when it has at most this many rows.
+        self.backfill = backfill
         self.stats = NatsStats()
         self.nc: Any = None
         self._api: _Api | None = None
@@ -1075,7 +1078,19 @@ class NatsReplication:
                 index = _row_index(last.headers)
                 if index is not None:
                     st.fresh = (index[0], f"/r{last.seq}")
+        publisher = self._publisher()
+        emitter = getattr(publisher, "_streams", {}).get(st.stream) if publisher is not None else None
         if js_last is None:
+            if emitter is not None and target > 0 and self.backfill > 0:
+                # A young stream: put its whole history in the log, so that no reader needs the table.
+                updates, upto, limited = await emitter.source.get_updates(st.writer, 0, target, self.backfill)
+                if not limited and upto >= target:
+                    st.prev = 0
+                    self.stats.repaired_rows += len(updates)
+                    repub = publisher.relay.StreamEmitter(st.stream, st.writer, emitter.source, 0, None, [],
+                                                          self.page_limit)
+                    self._encode(st, repub.commands(updates, target))
+                    return
             # Nothing in the log: start it at the writer's position (readers behind it use the table).
             st.prev = target
             self._enqueue_position(st, target, target)
@@ -1089,8 +1104,6 @@ class NatsReplication:
             return
         if js_last == target:
             return
-        publisher = self._publisher()
-        emitter = getattr(publisher, "_streams", {}).get(st.stream) if publisher is not None else None
         if emitter is None:
             return
         self.stats.repairs += 1
