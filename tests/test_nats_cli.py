@@ -50,7 +50,7 @@ def read_event(proc: subprocess.Popen[str], event: str, timeout: float = 60.0) -
         line = proc.stdout.readline()
         if not line:
             raise AssertionError(f"writer exited ({proc.wait()}) before {event!r}: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
-        msg = json.loads(line)
+        msg: dict[str, Any] = json.loads(line)
         if msg.get("event") == event:
             return msg
     raise AssertionError(f"no {event!r} event within {timeout}s")

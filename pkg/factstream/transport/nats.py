@@ -838,6 +838,7 @@ class NatsReplication:
         self._n = 0
         self._max_acked = 0
         self._last_ack = 0.0
+        self._link = 0  # bumped on every disconnect: a flush in progress stops there
         self._ack_prefix = ""
         self._wake = asyncio.Event()
         self._space = asyncio.Event()
@@ -996,6 +997,13 @@ class NatsReplication:
     async def _on_disconnected(self) -> None:
         if self._closing:
             return
+        self._link += 1
+        # nats-py would write its buffered publishes first thing on the next link, ahead of the
+        # re-sends of older unacknowledged ones: that would store facts out of order. They are all
+        # in flight here, and go out again in order after the reconnect.
+        if isinstance(getattr(self.nc, "_pending", None), list) and hasattr(self.nc, "_pending_data_size"):
+            self.nc._pending = []  # noqa: SLF001
+            self.nc._pending_data_size = 0  # noqa: SLF001
         self.stats.disconnects += 1
         logger.warning("NATS connection to %s lost; reconnecting", redact_url(self.url))
 
@@ -1241,11 +1249,17 @@ class NatsReplication:
             else:
                 pending = iter(())
                 source = self._queue
+            link = self._link
             try:
                 now = time.monotonic()
                 for out in pending:
+                    if link != self._link or not nc.is_connected:
+                        self._retry.append(out)
+                        continue
                     sent += await self._publish_one(nc, prefix, out, now)
                 while source and len(self._in_flight) < window and sent < 4096:
+                    if link != self._link or not nc.is_connected:
+                        break
                     out = source.popleft()
                     sent += await self._publish_one(nc, prefix, out, now)
             except Exception as err:  # noqa: BLE001 - buffer full while reconnecting, connection closed
