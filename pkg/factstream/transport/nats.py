@@ -289,7 +289,8 @@ async def connect_nats(url: str, *, name: str, timeout: float = 5.0, **callbacks
     forever = options["max_reconnect_attempts"] < 0
     if forever:
         options["max_reconnect_attempts"] = 1
-    nc = await nats.connect(**options)
+    nc = _client_class()()
+    await nc.connect(**options)
     if forever:
         nc.options["max_reconnect_attempts"] = -1  # from now on nats-py reconnects forever
     return nc
@@ -341,9 +342,73 @@ async def delete_stream(url: str, server_name: str, *, stream: str | None = None
         await nc.close()
 
 
+#: ``handler(subject, reply, data, raw_headers)`` for the messages of one subscription, called
+#: synchronously from nats-py's parser (no Msg object, no queue, no task per message).
+FastHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+
+_CLIENT: Any = None
+
+
+def _client_class() -> Any:
+    """nats-py's ``Client`` with a fast path for the carrier's hot subscriptions (acks and deliveries).
+
+    nats-py turns every message into a ``Msg`` with parsed headers, queues it
+    and awaits a callback in a task: a few times the cost of what the carrier
+    does with it. Subscriptions registered with :func:`_fast_subscribe` get
+    their data messages handed over raw instead; status messages (JetStream
+    heartbeats, flow control) still take nats-py's own path. If nats-py's
+    internals change, the fast path is simply not installed.
+    """
+    global _CLIENT
+    if _CLIENT is not None:
+        return _CLIENT
+    from nats.aio.client import Client
+
+    class FastClient(Client):
+        def __init__(self) -> None:
+            super().__init__()
+            self.factstream_fast: dict[int, FastHandler] = {}
+
+        async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                               headers: bytes | None) -> None:
+            fast = self.factstream_fast.get(sid)
+            if fast is not None and not (headers and headers[8:9] == b" "):
+                self.stats["in_msgs"] += 1
+                self.stats["in_bytes"] += len(data)
+                fast(subject, reply, data, headers)
+                return
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+
+    import inspect
+
+    params = inspect.signature(Client._process_msg).parameters
+    _CLIENT = FastClient if list(params)[:6] == ["self", "sid", "subject", "reply", "data", "headers"] else Client
+    return _CLIENT
+
+
+async def _fast_subscribe(nc: Any, subject: str, handler: FastHandler, cb: Callable[[Any], Awaitable[None]]) -> Any:
+    """Subscribe with ``cb`` (nats-py's path), and ``handler`` for data messages when the fast path exists."""
+    sub = await nc.subscribe(subject, cb=cb)
+    fast = getattr(nc, "factstream_fast", None)
+    sid = getattr(sub, "_id", None)
+    if isinstance(fast, dict) and isinstance(sid, int):
+        fast[sid] = handler
+    return sub
+
+
+def _can_write_frames(nc: Any) -> bool:
+    return callable(getattr(nc, "_send_command", None)) and callable(getattr(nc, "_flush_pending", None))
+
+
+def _raw_headers(msg_id: str, prev: str) -> bytes:
+    return b"NATS/1.0\r\nNats-Msg-Id: %s\r\nFs-Prev: %s\r\n\r\n" % (msg_id.encode(), prev.encode())
+
+
 def _parse_headers(raw: bytes) -> dict[str, str]:
     """Headers of a stored message (``NATS/1.0\\r\\nK: V\\r\\n...``)."""
     out: dict[str, str] = {}
+    if not raw:
+        return out
     for line in raw.decode("utf-8", "replace").split("\r\n")[1:]:
         k, sep, v = line.partition(":")
         if sep:
@@ -479,6 +544,31 @@ def _prev_of(headers: dict[str, str] | None) -> int | None:
         return None
 
 
+def _chain(raw: bytes | None) -> tuple[int | None, tuple[int, int] | None]:
+    """(Fs-Prev, (fact token, row index) from Nats-Msg-Id) of a raw header block; None where absent or bad."""
+    if not raw:
+        return None, None
+    prev: int | None = None
+    index: tuple[int, int] | None = None
+    i = raw.find(b"\r\nFs-Prev:")
+    if i >= 0:
+        end = raw.find(b"\r", i + 11)
+        try:
+            prev = int(raw[i + 11:end])
+        except ValueError:
+            prev = None
+    j = raw.find(b"\r\nNats-Msg-Id:")
+    if j >= 0:
+        end = raw.find(b"\r", j + 15)
+        parts = raw[j + 15:end].strip().rsplit(b":", 2)
+        if len(parts) == 3:
+            try:
+                index = int(parts[1]), int(parts[2].partition(b"/")[0])
+            except ValueError:
+                index = None
+    return prev, index
+
+
 def _row_index(headers: dict[str, str] | None) -> tuple[int, int] | None:
     """(fact token, row index) from the message id, or None when absent or malformed."""
     msg_id = (headers or {}).get(MSG_ID)
@@ -496,13 +586,13 @@ def _row_index(headers: dict[str, str] | None) -> tuple[int, int] | None:
 # ---------------------------------------------------------------------- consumer
 
 
-Delivery = Callable[[str, bytes, "dict[str, str] | None", int, int, int], None]
+Delivery = Callable[[str, bytes, "bytes | None", int, int, int], None]
 
 
 class _LogConsumer:
     """An ephemeral push consumer over the log subjects, kept complete and in order by hand.
 
-    ``deliver(subject, data, headers, stream_seq, timestamp_ns, pending)`` is
+    ``deliver(subject, data, raw_headers, stream_seq, timestamp_ns, pending)`` is
     called for every message in stream-sequence order, each once. A consumer
     sequence gap, ``silence`` seconds without any delivery or heartbeat, or a
     reconnect make it recreate the consumer from the sequence after the last
@@ -634,7 +724,11 @@ class _LogConsumer:
             if generation == self._generation:
                 await self._on_msg(msg)
 
-        sub = self._sub = await nc.subscribe(inbox, cb=on_msg)
+        def on_data(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+            if generation == self._generation:
+                self._on_data(subject, reply, data, headers)
+
+        sub = self._sub = await _fast_subscribe(nc, inbox, on_data, on_msg)
         config["deliver_subject"] = inbox
         self._name = await self.api.create_consumer(config)
         self._last_activity = time.monotonic()
@@ -654,12 +748,20 @@ class _LogConsumer:
             if stalled:
                 await self.api.nc.publish(stalled)
             last = hdr.get("Nats-Last-Consumer")
-            if last is not None and last.isdigit() and int(last) != self._cseq:
+            if last is not None and last.isdigit() and int(last) > self._cseq:
                 self.reset(f"heartbeat says {last} delivered, {self._cseq} received")
             return
         if not reply:
             return
-        tokens = reply.split(".")
+        self._on_data(msg.subject.encode(), reply.encode(), msg.data, None, hdr)
+
+    def _on_data(self, subject: bytes, reply: bytes, data: bytes, raw: bytes | None,
+                 parsed: dict[str, str] | None = None) -> None:
+        """One data message (the reply subject carries its stream and consumer sequences)."""
+        self._last_activity = time.monotonic()
+        if not reply:
+            return
+        tokens = reply.split(b".")
         try:
             if len(tokens) == 9:
                 sseq, cseq, ts, pending = int(tokens[5]), int(tokens[6]), int(tokens[7]), int(tokens[8])
@@ -677,7 +779,9 @@ class _LogConsumer:
             return  # already delivered (a recreated consumer starting early)
         self.last_seq = sseq
         self.pending = pending
-        self.deliver(msg.subject, msg.data, hdr, sseq, ts, pending)
+        if parsed is not None:
+            raw = _raw_headers(parsed.get(MSG_ID, ""), parsed.get(PREV, "")) if MSG_ID in parsed else None
+        self.deliver(subject.decode(), data, raw, sseq, ts, pending)
 
 
 # ---------------------------------------------------------------------- hub connection
@@ -726,7 +830,7 @@ class _Out:
 
     __slots__ = ("order", "subject", "payload", "headers", "key", "end", "done", "sent_at", "core")
 
-    def __init__(self, order: int, subject: str, payload: bytes, headers: dict[str, str] | None,
+    def __init__(self, order: int, subject: str, payload: bytes, headers: bytes | None,
                  key: tuple[str, str] | None, end: int | None, core: bool = False) -> None:
         self.order = order
         self.subject = subject
@@ -839,6 +943,7 @@ class NatsReplication:
         self._max_acked = 0
         self._last_ack = 0.0
         self._link = 0  # bumped on every disconnect: a flush in progress stops there
+        self._frames = False  # write HPUB frames directly (nats-py's buffer) instead of nc.publish
         self._ack_prefix = ""
         self._wake = asyncio.Event()
         self._space = asyncio.Event()
@@ -852,6 +957,7 @@ class NatsReplication:
         self._retry_delay = 0.0
         self._invalid_log = _RateLimitedLog()
         self._error_log = _RateLimitedLog()
+        self._run: list[RdataCommand] = []  # facts delivered in this burst, not yet handed to the hub
         _REPLICATIONS.add(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -976,7 +1082,8 @@ class NatsReplication:
                                self.layout.stream, err, delay)
                 await asyncio.sleep(delay)
         self._ack_prefix = self.nc.new_inbox() + "."
-        await self.nc.subscribe(self._ack_prefix + "*", cb=self._on_ack)
+        await _fast_subscribe(self.nc, self._ack_prefix + "*", self._on_ack_fast, self._on_ack)
+        self._frames = _can_write_frames(self.nc)
         await self.nc.subscribe(self.layout.control_subject, cb=self._on_control)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._flusher(), name="factstream-nats-flusher"))
@@ -1176,7 +1283,7 @@ class NatsReplication:
                 for i, row_cmd in enumerate(rows):
                     self._order += 1
                     out = _Out(self._order, st.subject, wire.encode(row_cmd),
-                               {MSG_ID: f"{s}:{w}:{token}:{i}{suffix}", PREV: prev}, (s, w), token if i == last else None)
+                               _raw_headers(f"{s}:{w}:{token}:{i}{suffix}", prev), (s, w), token if i == last else None)
                     queue.append(out)
                     st.outstanding.append(out)
                 st.prev = token
@@ -1190,8 +1297,7 @@ class NatsReplication:
         self._order += 1
         chain = "" if st.prev is None else str(st.prev)
         out = _Out(self._order, st.subject, wire.encode(PositionCommand(st.stream, st.writer, prev, new)),
-                   {MSG_ID: msg_id or f"{st.stream}:{st.writer}:{new}:p{prev}", PREV: chain}, (st.stream, st.writer),
-                   new)
+                   _raw_headers(msg_id or f"{st.stream}:{st.writer}:{new}:p{prev}", chain), (st.stream, st.writer), new)
         self._queue.append(out)
         st.outstanding.append(out)
         st.prev = new if st.prev is None else max(st.prev, new)
@@ -1250,25 +1356,31 @@ class NatsReplication:
                 pending = iter(())
                 source = self._queue
             link = self._link
+            frames: list[bytes] = []
             try:
                 now = time.monotonic()
                 for out in pending:
                     if link != self._link or not nc.is_connected:
                         self._retry.append(out)
                         continue
-                    sent += await self._publish_one(nc, prefix, out, now)
+                    sent += await self._publish_one(nc, prefix, out, now, frames)
                 while source and len(self._in_flight) < window and sent < 4096:
                     if link != self._link or not nc.is_connected:
                         break
                     out = source.popleft()
-                    sent += await self._publish_one(nc, prefix, out, now)
+                    sent += await self._publish_one(nc, prefix, out, now, frames)
+                if frames:
+                    # One write of many ready-made HPUB frames (what nats-py would build one by one).
+                    await nc._send_command(b"".join(frames))  # noqa: SLF001
+                    await nc._flush_pending()  # noqa: SLF001
             except Exception as err:  # noqa: BLE001 - buffer full while reconnecting, connection closed
                 self._error_log.warning("NATS publish failed (%s); retrying", err)
                 await asyncio.sleep(0.05)
             if sent:
                 await asyncio.sleep(0)
 
-    async def _publish_one(self, nc: Any, prefix: str, out: _Out, now: float) -> int:
+    async def _publish_one(self, nc: Any, prefix: str, out: _Out, now: float, frames: list[bytes]) -> int:
+        """Send ``out`` (appending its frame to ``frames`` when frames can be written directly)."""
         if out.core:
             await nc.publish(out.subject, out.payload)
             self.stats.control_sent += 1
@@ -1285,8 +1397,14 @@ class NatsReplication:
         if not self._in_flight:
             self._last_ack = now  # the stall clock starts with the first unacknowledged publish
         self._in_flight[n] = out
+        hdr = out.headers or b"NATS/1.0\r\n\r\n"
+        if self._frames:
+            payload = out.payload
+            frames.append(b"HPUB %s %s%d %d %d\r\n%s%s\r\n" % (
+                out.subject.encode(), prefix.encode(), n, len(hdr), len(hdr) + len(payload), hdr, payload))
+            return 1
         try:
-            await nc.publish(out.subject, out.payload, reply=f"{prefix}{n}", headers=out.headers)
+            await nc.publish(out.subject, out.payload, reply=f"{prefix}{n}", headers=_parse_headers(hdr))
         except Exception:
             self._in_flight.pop(n, None)
             self._retry.append(out)
@@ -1294,9 +1412,16 @@ class NatsReplication:
         return 1
 
     async def _on_ack(self, msg: Any) -> None:
-        subject = msg.subject
+        hdr = msg.headers
+        status = hdr.get("Status") if hdr else None
+        self._ack(msg.subject.encode(), msg.data, status)
+
+    def _on_ack_fast(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        self._ack(subject, data, None)
+
+    def _ack(self, subject: bytes, data: bytes, status: str | None) -> None:
         try:
-            n = int(subject[subject.rfind(".") + 1:])
+            n = int(subject[subject.rfind(b".") + 1:])
         except ValueError:
             return
         self._last_ack = time.monotonic()
@@ -1305,9 +1430,7 @@ class NatsReplication:
         out = self._in_flight.pop(n, None)
         if out is None:
             return  # acknowledged after it was re-sent: the re-send will be acknowledged too
-        data = msg.data
-        hdr = msg.headers
-        if not data or (hdr and hdr.get("Status") == "503") or b'"error"' in data:
+        if not data or status == "503" or b'"error"' in data:
             self.stats.publish_errors += 1
             self._error_log.warning("JetStream refused a publish on %s (%s); retrying", out.subject,
                                     (data or b"no responders").decode("utf-8", "replace")[:200])
@@ -1405,6 +1528,7 @@ class NatsReplication:
                                       cmd.NAME, msg.subject)
             return
         self.stats.control_received += 1
+        self._flush_run()
         self.hub.command_received(conn, cmd)
 
     def _reader_key(self, stream: str, writer: str) -> _ReaderKey:
@@ -1494,7 +1618,7 @@ class NatsReplication:
                 lo = m.seq + 1
         return answer
 
-    def _on_log(self, subject: str, data: bytes, headers: dict[str, str] | None, seq: int, ts: int,
+    def _on_log(self, subject: str, data: bytes, headers: bytes | None, seq: int, ts: int,
                 pending: int) -> None:
         """One log message, in stream order: check the chain, assemble batches, hand facts to the hub."""
         conn = self._conn
@@ -1525,7 +1649,7 @@ class NatsReplication:
             return
         st.last_seq = seq
         st.lag = max(0.0, time.time() - ts / _NS)
-        prev = _prev_of(headers)
+        prev, index = _chain(headers)
         pos = st.last_token
         if prev is not None and pos is not None and prev > pos:
             self._fallback(st, conn, pos, prev)
@@ -1533,13 +1657,13 @@ class NatsReplication:
             if st.batch:
                 st.batch = []
                 self.stats.broken_batches += 1
+            self._flush_run()
             self.hub.command_received(conn, cmd)
             new = cmd.new_token  # type: ignore[attr-defined]
             if st.last_token is None or new > st.last_token:
                 st.last_token = new
             return
         token = cmd.token  # type: ignore[attr-defined]
-        index = _row_index(headers)
         if token is None:  # a batch row: held until its fact's closing row
             fact, i = index if index is not None else (st.batch_token, len(st.batch))
             if not st.batch or i == 0 or fact != st.batch_token:
@@ -1573,17 +1697,28 @@ class NatsReplication:
             self._fallback(st, conn, st.last_token, token)
             return
         st.last_token = token
-        self._hand_rows(conn, rows)
+        run = self._run
+        run.extend(rows)
+        if len(run) == len(rows):  # the first facts of this burst: hand the run over at the end of it
+            asyncio.get_running_loop().call_soon(self._flush_run)
 
-    def _hand_rows(self, conn: NatsConnection, rows: list[RdataCommand]) -> None:
+    def _flush_run(self) -> None:
+        """Hand the facts gathered from one burst of deliveries to the hub, in one call."""
+        run = self._run
+        conn = self._conn
+        if not run or conn is None:
+            run.clear()
+            return
+        self._run = []
         many = getattr(self.hub, "rdata_received", None)
         if many is not None:
-            many(conn, rows)
+            many(conn, run)
         else:
-            for row in rows:
+            for row in run:
                 self.hub.command_received(conn, row)
 
     def _fallback(self, st: _ReaderKey, conn: NatsConnection, pos: int | None, upto: int) -> None:
+        self._flush_run()
         st.fallbacks += 1
         self.stats.fallbacks += 1
         logger.warning("%s/%s: JetStream no longer holds facts (%s, %d] (retention, or a re-published message out "
@@ -1722,7 +1857,7 @@ async def tail_nats(
     shown = 0
     invalid_log = _RateLimitedLog()
 
-    def show(subject: str, data: bytes, headers: dict[str, str] | None, seq: int, ts: int, pending: int) -> None:
+    def show(subject: str, data: bytes, headers: bytes | None, seq: int, ts: int, pending: int) -> None:
         nonlocal shown
         if done.is_set():
             return
