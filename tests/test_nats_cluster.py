@@ -101,6 +101,7 @@ async def test_three_node_cluster_survives_a_killed_node_and_a_full_restart(tmp_
     options: dict[str, Any] = {"retention": Retention(replicas=3)}
     writers = [Writer(f"w{i}", cluster.url, "hs", source, **options) for i in (1, 2)]
     readers = [Reader(f"r{i}", cluster.url, "hs", source, **options) for i in (1, 2, 3)]
+    late_reader: list[Reader] = []
     try:
         await start_all([*writers, *readers], timeout=60)
         producer = Producer(writers, seed=12)
@@ -127,11 +128,13 @@ async def test_three_node_cluster_survives_a_killed_node_and_a_full_restart(tmp_
             assert w.nats.acked_positions() == {"to_device": w.stream.current_token()}
         # A reader started now replays everything from the replicated log alone.
         late = Reader("late", cluster.url, "hs", source)
+        late_reader.append(late)
         await start_all([late], timeout=30)
         await settle(writers, [late], timeout=60)
         assert_exact(writers, [late])
-        assert late.source.queries == 0
-        await stop_all([late])
+        # (A publish refused during a leader election and sent again may be stored after later ones; readers
+        # then fetch that hole from the table, so a few queries are allowed here: see docs/nats.md, known limits.)
+        assert late.source.queries <= 2 * late.nats.stats.fallbacks
     finally:
-        await stop_all([*writers, *readers])
+        await stop_all([*writers, *readers, *late_reader])
         cluster.stop()
