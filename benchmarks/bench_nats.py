@@ -131,6 +131,13 @@ class _Reader:
             self.link = RedisReplication(hub, url, name)
 
 
+def _cpu_per_row(cpu: list[float], rows: int) -> float | None:
+    """Median CPU microseconds per row of this process over the rounds (the client's own cost)."""
+    if not cpu:
+        return None
+    return round(1e6 * sorted(cpu)[len(cpu) // 2] / rows, 2)
+
+
 def _carrier_url(carrier: str, request: pytest.FixtureRequest) -> str:
     if carrier == "nats":
         return str(request.getfixturevalue("nats_url"))
@@ -148,10 +155,13 @@ def test_publish_acknowledged(benchmark: Any, request: pytest.FixtureRequest, lo
     url = _carrier_url(carrier, request)
     name = _name()
     w = _Writer(carrier, url, name)
+    cpu: list[float] = []
 
     async def one_round() -> int:
+        started = time.process_time()
         w.write(N_FACTS)
         await w.acknowledged()
+        cpu.append(time.process_time() - started)
         return N_FACTS
 
     async def start() -> None:
@@ -166,7 +176,7 @@ def test_publish_acknowledged(benchmark: Any, request: pytest.FixtureRequest, lo
         w.publisher.close()
         if carrier == "nats":
             run(delete_stream(url, name))
-    _info(benchmark, loop, items=N_FACTS, carrier=carrier)
+    _info(benchmark, loop, items=N_FACTS, carrier=carrier, cpu_us_per_row=_cpu_per_row(cpu, N_FACTS))
     if carrier == "nats":
         assert w.link.stats.retried == 0 and w.link.acked_positions() == {STREAM: w.stream.current_token()}
 
@@ -191,6 +201,7 @@ def test_publish_raw_nats_py(benchmark: Any, nats_url: str, loop: asyncio.Abstra
     layout = JetStreamLayout.for_server(name)
     subject = layout.log_subject(STREAM, "w1")
     state = {"next": 1}
+    cpu: list[float] = []
 
     async def setup() -> Any:
         nc = await nats.connect(nats_url)
@@ -201,10 +212,12 @@ def test_publish_raw_nats_py(benchmark: Any, nats_url: str, loop: asyncio.Abstra
     nc, js = run(setup())
 
     async def one_round() -> int:
+        started = time.process_time()
         start = state["next"]
         lines = [wire.encode(wire.RdataCommand(STREAM, "w1", start + i, _row(i))) for i in range(N_FACTS)]
         await _raw_publish(js, subject, lines, start)
         state["next"] = start + N_FACTS
+        cpu.append(time.process_time() - started)
         return N_FACTS
 
     try:
@@ -212,7 +225,7 @@ def test_publish_raw_nats_py(benchmark: Any, nats_url: str, loop: asyncio.Abstra
     finally:
         run(js.delete_stream(layout.stream))
         run(nc.close())
-    _info(benchmark, loop, items=N_FACTS, carrier="nats-py")
+    _info(benchmark, loop, items=N_FACTS, carrier="nats-py", cpu_us_per_row=_cpu_per_row(cpu, N_FACTS))
 
 
 # ---------------------------------------------------------------------- publish + deliver
