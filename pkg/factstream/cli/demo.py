@@ -46,6 +46,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--redis", metavar="URL", help="replicate over Redis pub/sub at URL instead of TCP (e.g. redis://127.0.0.1:6379)")
+    p.add_argument("--nats", metavar="URL", nargs="?", const="nats://127.0.0.1:4222",
+                   help="replicate over NATS JetStream at URL (default nats://127.0.0.1:4222) instead of TCP; "
+                        "the run's stream is deleted at the end")
     p.add_argument("--server-name", default="",
                    help="server name (with --redis: the channel; default demo.hs over TCP, a fresh name per run over Redis)")
     # Internal: the reader processes run this same command.
@@ -130,7 +133,11 @@ async def reader_main(args: argparse.Namespace) -> int:
     fol.add_handler(on_rows)
     hub = ReplicationHub(args.name, follower=fol)
     client: Any
-    if args.redis:
+    if args.nats:
+        from ..transport.nats import NatsReplication
+
+        client = await NatsReplication(hub, args.nats, args.server_name).start()
+    elif args.redis:
         from ..transport.redis import RedisReplication
 
         client = await RedisReplication(hub, args.redis, args.server_name, backoff_initial=0.05, backoff_max=0.5).start()
@@ -168,7 +175,8 @@ async def reader_main(args: argparse.Namespace) -> int:
         "rows_per_s": state["here"] / span if span > 0 else None,
         "lag_p50_ms": None if not lags else 1000 * percentile(lags, 0.5),  # type: ignore[operator]
         "lag_p99_ms": None if not lags else 1000 * percentile(lags, 0.99),  # type: ignore[operator]
-        "connects": client.stats.subscriber_connects if args.redis else client.connects,
+        "connects": client.stats.subscriber_connects if args.redis else (
+            client.stats.connects if args.nats else client.connects),
         "catchup_rows": fol.stats["catchup_rows"],
         "catchup_fetches": fol.stats["catchup_fetches"],
         "stale_rows": fol.stats["stale_rows"],
@@ -315,6 +323,10 @@ async def orchestrate(args: argparse.Namespace) -> int:
         from .serve import check_redis
 
         await check_redis(args.redis, args.server_name or "demo.hs", "factstream demo")
+    if args.nats:
+        from .serve import check_nats
+
+        await check_nats(args.nats, args.server_name or "demo.hs", "factstream demo")
     workdir = args.workdir or tempfile.mkdtemp(prefix="factstream-demo-")
     os.makedirs(workdir, exist_ok=True)
     db_path = os.path.join(workdir, "demo.db")
@@ -342,6 +354,13 @@ async def orchestrate(args: argparse.Namespace) -> int:
         server_name = args.server_name or f"factstream-demo-{os.urandom(4).hex()}"
         carrier = ["--redis", args.redis]
         where = f"Redis {redacted_url(args.redis)} (channel {server_name})"
+    if args.nats:
+        from ..redaction import redact_url
+
+        # One JetStream stream per deployment: a fresh name keeps concurrent demos apart.
+        server_name = args.server_name or f"factstream-demo-{os.urandom(4).hex()}"
+        carrier = ["--nats", args.nats]
+        where = f"NATS JetStream {redact_url(args.nats)} (server name {server_name})"
     say(f"factstream demo: writer + {args.readers} readers over {where}, SQLite at {db_path}")
     writer = Child("writer", [*py, "serve", "--db", db_url, *carrier, "--produce", "--duration", str(args.duration),
                               "--status", "--seed", str(args.seed), "--server-name", server_name,
@@ -355,6 +374,8 @@ async def orchestrate(args: argparse.Namespace) -> int:
         port = (await writer.wait("listening", 30))["port"]
         if args.redis:
             carrier = ["--redis", args.redis, "--server-name", server_name]
+        elif args.nats:
+            carrier = ["--nats", args.nats, "--server-name", server_name]
         else:
             carrier = ["--port", str(port), "--server-name", server_name]
         for i in range(args.readers):
@@ -433,6 +454,8 @@ async def orchestrate(args: argparse.Namespace) -> int:
         for r in readers:
             await r.terminate(2)
         await writer.terminate(5)
+        if args.nats:
+            await drop_nats_stream(args.nats, server_name)
         if not args.workdir and (result == 0 or interrupted):
             shutil.rmtree(workdir, ignore_errors=True)
         elif interrupted:
@@ -440,6 +463,16 @@ async def orchestrate(args: argparse.Namespace) -> int:
         elif result != 0:
             print(f"factstream demo: logs kept in {workdir}", file=sys.stderr)
     return result
+
+
+async def drop_nats_stream(url: str, server_name: str) -> None:
+    """Delete the run's JetStream stream (a log outlives its processes, unlike a pub/sub channel)."""
+    from ..transport.nats import delete_stream
+
+    try:
+        await delete_stream(url, server_name)
+    except Exception as err:  # noqa: BLE001 - cleanup only: say so, keep the verdict
+        print(f"factstream demo: could not delete the run's JetStream stream: {err}", file=sys.stderr)
 
 
 def _fmt(v: Any, unit: str = "") -> str:

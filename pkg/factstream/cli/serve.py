@@ -59,6 +59,15 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="replicate over Redis pub/sub instead of TCP (redis://[:password@]host[:port][/db], rediss://, "
              "unix://); publishes on the channel named --server-name; --host, --port and --tls-* do not apply",
     )
+    p.add_argument(
+        "--nats", metavar="URL",
+        help="replicate over NATS JetStream instead of TCP (nats://host:port, several comma-separated for a "
+             "cluster); the log is the JetStream stream FACTSTREAM_<server-name>; --host, --port and --tls-* do not apply",
+    )
+    p.add_argument("--nats-replicas", type=int, default=1,
+                   help="with --nats: copies of the log in a cluster when this process creates it (default 1; 3 in a cluster)")
+    p.add_argument("--nats-max-age", type=float, default=7 * 24 * 3600.0,
+                   help="with --nats: seconds the log keeps facts (the replay window; default 7 days, 0: unlimited)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT}; 0 picks one)")
     p.add_argument("--server-name", default="factstream",
                    help="name sent in SERVER (readers may check it); with --redis, the channel name")
@@ -78,6 +87,19 @@ def cli_error(prog: str, message: str, status: int) -> NoReturn:
     """Print ``prog: message`` on stderr and exit with ``status`` (2: usage, 1: environment)."""
     print(f"{prog}: {message}", file=sys.stderr)
     raise SystemExit(status)
+
+
+async def check_nats(url: str, server_name: str, prog: str, timeout: float = 5.0) -> None:
+    """Exit with a message saying what to do when ``url`` is malformed or no JetStream answers there."""
+    from ..transport.nats import NatsUnavailable
+    from ..transport.nats import check_nats as check
+
+    try:
+        await check(url, server_name, timeout)
+    except ValueError as err:
+        cli_error(prog, str(err), 2)
+    except NatsUnavailable as err:
+        cli_error(prog, str(err), 1)
 
 
 async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.0) -> None:
@@ -177,6 +199,12 @@ class Writer:
             ).start()
             # Subscribed means the positions are announced: readers started now catch up from them.
             await self.server.wait_connected(30)
+        elif getattr(a, "nats", None):
+            from ..transport.nats import NatsReplication, Retention
+
+            retention = Retention(replicas=getattr(a, "nats_replicas", 1), max_age=getattr(a, "nats_max_age", 604800.0))
+            self.server = await NatsReplication(self.hub, a.nats, a.server_name, retention=retention).start()
+            await self.server.wait_connected(30)
         else:
             from ..transport.tcp import TcpServer, server_ssl_context
 
@@ -244,6 +272,11 @@ async def serve(args: argparse.Namespace) -> int:
             cli_error("factstream serve", "--tls-cert applies to the TCP listener; for Redis over TLS use a "
                                           "rediss:// URL (e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)", 2)
         await check_redis(args.redis, args.server_name, "factstream serve")
+    if args.nats:
+        if args.redis or args.tls_cert:
+            cli_error("factstream serve", "--nats replaces the TCP listener and --redis; give only one carrier "
+                                          "(for TLS to NATS use a tls:// URL)", 2)
+        await check_nats(args.nats, args.server_name, "factstream serve")
     writer = Writer(args)
     await writer.start()
     stop = asyncio.Event()
@@ -256,6 +289,11 @@ async def serve(args: argparse.Namespace) -> int:
 
         where = f"Redis {redacted_url(args.redis)} channel {args.server_name}"
         listening: dict[str, Any] = {"port": None, "redis": redacted_url(args.redis), "channel": args.server_name}
+    elif args.nats:
+        from ..redaction import redact_url
+
+        where = f"NATS JetStream {redact_url(args.nats)} stream {server.layout.stream}"
+        listening = {"port": None, "nats": redact_url(args.nats), "stream": server.layout.stream}
     else:
         where = f"{args.host}:{server.port}"
         listening = {"port": server.port}
@@ -269,6 +307,8 @@ async def serve(args: argparse.Namespace) -> int:
         # Over TCP each reader is a connection; on a Redis bus readers are invisible, the subscription is not.
         if args.redis:
             return {"subscribed": bool(server.connections), "pending": server.carrier.pending}
+        if args.nats:
+            return {"connected": server.connected, "nats": server.status()["keys"]}
         return {"readers": len(server.connections)}
 
     async def report() -> None:

@@ -93,6 +93,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("target", metavar="HOST:PORT", nargs="?", help="the writer's replication listener (TCP; not with --redis)")
     p.add_argument("--redis", metavar="URL", help="watch replication over Redis pub/sub at URL (needs --server-name)")
+    p.add_argument("--nats", metavar="URL",
+                   help="read the deployment's JetStream log at URL (needs --server-name): every stored line as it "
+                        "grows (--from-start: from the oldest retained), or with --db follow as a reader")
     p.add_argument("--stream", action="append", dest="streams", metavar="S",
                    help="only this stream (repeatable; with --redis and no --db, other commands still show)")
     p.add_argument("--writer", action="append", dest="writers", metavar="NAME", help="only rows of this writer (repeatable)")
@@ -127,7 +130,23 @@ def usage(message: str) -> None:
 
 
 def check_target(args: argparse.Namespace) -> None:
-    """Exactly one of HOST:PORT and --redis, and what each needs (usage errors exit 2)."""
+    """Exactly one of HOST:PORT, --redis and --nats, and what each needs (usage errors exit 2)."""
+    if args.json and args.format:
+        usage("give --json or --format, not both")
+    if args.nats:
+        if args.target or args.redis:
+            usage("give one of HOST:PORT (TCP), --redis URL or --nats URL")
+        if not args.server_name:
+            usage("--nats needs --server-name NAME: the deployment's server name names its JetStream stream")
+        if args.tls or args.cafile or args.insecure or args.user_ip or args.replicate:
+            usage("--tls/--cafile/--insecure/--user-ip/--replicate do not apply to --nats (for TLS use a tls:// URL)")
+        if args.from_token is not None and not args.db:
+            usage("--from needs --db: the facts are replayed from the stream tables")
+        if args.from_start and args.from_token is not None:
+            usage("give --from-start or --from TOKEN, not both")
+        if not args.db and (args.format or args.writers):
+            usage("--format and --writer apply to rows; without --db, --nats shows every stored line")
+        return
     if args.redis and args.target:
         usage("give either HOST:PORT (TCP) or --redis URL, not both")
     if not args.redis and not args.target:
@@ -137,8 +156,6 @@ def check_target(args: argparse.Namespace) -> None:
         usage(f"{'--from-start' if args.from_start else '--from'} needs --db: the facts are replayed from the stream tables")
     if args.from_start and args.from_token is not None:
         usage("give --from-start or --from TOKEN, not both")
-    if args.json and args.format:
-        usage("give --json or --format, not both")
     if args.redis:
         if not args.server_name:
             usage("--redis needs --server-name NAME: the deployment's server name is the channel to watch")
@@ -349,21 +366,42 @@ async def _pump(link: Any, tail: RawTail) -> None:
         tail.chunk(await link.read())
 
 
+class _Lines:
+    """A text sink that feeds ``output`` one command line at a time (for the carriers' own printers)."""
+
+    def __init__(self, output: Output) -> None:
+        self.output = output
+
+    def write(self, text: str) -> None:
+        if not self.output.full and not self.output.done.is_set():
+            self.output.write(text.encode(), 1)
+
+    def flush(self) -> None:
+        pass
+
+
+async def tail_log(args: argparse.Namespace, output: Output) -> int:
+    """``--nats`` without ``--db``: print the JetStream log's lines until --count or a signal."""
+    from ..transport.nats import tail_nats
+
+    try:
+        stats = await tail_nats(args.nats, args.server_name, args.streams or (), args.json,
+                                from_start=args.from_start, out=_Lines(output), stop=output.done)  # type: ignore[arg-type]
+    except LookupError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    if stats.invalid:
+        print(f"{PROG}: skipped {stats.invalid} messages that are not replication commands", file=sys.stderr)
+    return 0
+
+
 async def tail_traffic(args: argparse.Namespace, output: Output) -> int:
     """``--redis`` without ``--db``: print every command heard on the channel until --count or a signal."""
     from ..transport.redis import tail_redis
 
-    class Lines:
-        def write(self, text: str) -> None:
-            if not output.full and not output.done.is_set():
-                output.write(text.encode(), 1)
-
-        def flush(self) -> None:
-            pass
-
     stats = await tail_redis(
         args.redis, args.server_name, args.streams or (), args.json,
-        user_ip=args.user_ip, replicate=args.replicate, out=Lines(), stop=output.done,  # type: ignore[arg-type]
+        user_ip=args.user_ip, replicate=args.replicate, out=_Lines(output), stop=output.done,  # type: ignore[arg-type]
     )
     if stats.invalid:
         print(f"{PROG}: skipped {stats.invalid} messages that are not replication commands", file=sys.stderr)
@@ -379,7 +417,7 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
     from ..replication import Follower, ReplicationHub
     from ..replication.tables import DEMO_TABLES
 
-    if not args.redis:
+    if not args.redis and not args.nats:
         opts = link_options(args, args.name, replicate=False)
         try:
             probe = await connect_within(opts)  # fail fast and clearly before the forever-retrying reader starts
@@ -408,7 +446,11 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
     fol.add_handler(show)
     hub = ReplicationHub(args.name, follower=fol)
     client: Any
-    if args.redis:
+    if args.nats:
+        from ..transport.nats import NatsReplication
+
+        client = await NatsReplication(hub, args.nats, args.server_name, instance_name=args.name).start()
+    elif args.redis:
         from ..transport.redis import RedisReplication
 
         client = await RedisReplication(
@@ -425,7 +467,7 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
         ).start()
     status = 0
     try:
-        if args.redis:
+        if args.redis or args.nats:
             await output.done.wait()
         else:
             status = await _watch_tcp(client, args, output)
@@ -487,7 +529,12 @@ async def tail(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    if args.redis:
+    if args.nats:
+        from .serve import check_nats
+
+        await check_nats(args.nats, args.server_name, PROG)
+        status = await (tail_follow(args, output) if args.db else tail_log(args, output))
+    elif args.redis:
         from .serve import check_redis
 
         await check_redis(args.redis, args.server_name, PROG)

@@ -1,0 +1,1899 @@
+"""Replication over NATS JetStream: a durable, replayable, clustered carrier.
+
+Layout (one JetStream stream per deployment, see :class:`JetStreamLayout`):
+
+* the stream ``FACTSTREAM_<server_name>`` holds the subjects
+  ``factstream.<server_name>.log.<stream>.<writer>``, one per (stream, writer);
+* each message is one wire line exactly as the codec writes it (RDATA,
+  ``batch`` rows, POSITION), so every line tool reads it; its ``Nats-Msg-Id``
+  is ``<stream>:<writer>:<token>:<row index>`` (JetStream drops a re-publish of
+  the same row inside its duplicate window) and its ``Fs-Prev`` header is the
+  token published on that subject before it (the chain a reader checks);
+* other commands (USER_SYNC, FEDERATION_ACK, ...) go over plain NATS on
+  ``factstream.<server_name>.ctl``, at most once, like Redis pub/sub.
+
+Writer side: the hub's commands are published asynchronously, acknowledgements
+pipelined (up to ``max_in_flight`` unacknowledged). A fact counts as published
+once JetStream acknowledged all of its rows (:meth:`NatsReplication.acked_positions`);
+an unacknowledged publish is sent again (same message id) after ``ack_timeout``,
+after a reconnect, or after an error reply. Before publishing a (stream, writer)
+for the first time, and after anything was dropped, the writer reads the last
+message JetStream holds for it and re-publishes the missing facts from the
+stream's update source, so a writer killed mid-publish and restarted leaves
+neither holes nor duplicates. An idle writer publishes ``POSITION p p`` every
+``heartbeat`` seconds (same message id while nothing changes, so it is stored
+once per duplicate window).
+
+Reader side: one ephemeral push consumer per process over the deployment's log
+subjects, ordered by hand: every delivery's stream and consumer sequence is
+checked, a gap, a missing heartbeat or a reconnect recreates the consumer from
+the sequence after the last delivered message, so a NATS restart never leaves a
+reader stuck (matrix-org/dendrite#3177). A fresh process starts, per (stream,
+writer), at the first message after the follower's position (binary search by
+sequence, no database query). When the ``Fs-Prev`` chain shows that retention
+no longer holds facts the reader needs (or a re-published message arrived out
+of order), the follower catches up from the stream's table; that is logged and
+counted (``fallbacks``, metric ``factstream_nats_fallbacks_total``).
+
+:meth:`NatsReplication.stats` gives per (stream, writer) the JetStream sequence,
+messages pending for this reader and the reader's lag (for ``factstream status``
+and the metrics). See docs/nats.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import random
+import sys
+import time
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .. import wire
+from ..commands import Command, PositionCommand, RdataCommand
+from ..errors import ProtocolError
+from ..redaction import redact_url
+from ..replication.carrier import CommandSink, Connection
+
+__all__ = [
+    "JetStreamLayout",
+    "Retention",
+    "NatsReplication",
+    "NatsConnection",
+    "NatsStats",
+    "KeyStats",
+    "tail_nats",
+    "connect_nats",
+    "check_nats",
+    "delete_stream",
+    "NatsUnavailable",
+    "subject_token",
+    "MSG_ID",
+    "PREV",
+]
+
+logger = logging.getLogger(__name__)
+
+#: JetStream's de-duplication header.
+MSG_ID = "Nats-Msg-Id"
+#: The token published on the same subject before this message ("" when none).
+PREV = "Fs-Prev"
+
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_NS = 1_000_000_000
+
+
+def subject_token(name: str) -> str:
+    """``name`` as one NATS subject token: letters, digits, ``_`` and ``-`` kept, other bytes ``%XX``."""
+    if name and all(c in _SAFE for c in name):
+        return name
+    return "".join(chr(b) if chr(b) in _SAFE else f"%{b:02X}" for b in name.encode("utf-8")) or "%00"
+
+
+@dataclass(frozen=True)
+class JetStreamLayout:
+    """Names of one deployment's JetStream stream and subjects."""
+
+    deployment: str
+    stream: str
+    prefix: str
+
+    @classmethod
+    def for_server(cls, server_name: str, *, stream: str | None = None, prefix: str | None = None) -> JetStreamLayout:
+        """The layout of deployment ``server_name`` (``stream`` / ``prefix`` override the defaults)."""
+        if not server_name or any(c in server_name for c in " \r\n\t"):
+            raise ValueError(f"server name {server_name!r} must be non-empty without spaces or line breaks")
+        token = subject_token(server_name)
+        name = stream or "FACTSTREAM_" + token.replace("%", "_")
+        if any(c in name for c in ". *>/\\") or not name:
+            raise ValueError(f"JetStream stream name {name!r} may not contain '.', ' ', '*', '>', '/' or '\\'")
+        return cls(server_name, name, prefix or f"factstream.{token}")
+
+    def log_subject(self, stream: str, writer: str) -> str:
+        """The subject of ``writer``'s facts of ``stream``."""
+        return f"{self.prefix}.log.{subject_token(stream)}.{subject_token(writer)}"
+
+    @property
+    def log_subjects(self) -> str:
+        """The wildcard of every log subject (the JetStream stream's subjects)."""
+        return f"{self.prefix}.log.>"
+
+    @property
+    def control_subject(self) -> str:
+        """Plain NATS subject of the commands that are not facts (USER_SYNC, ...)."""
+        return f"{self.prefix}.ctl"
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How the deployment's JetStream stream keeps facts (used only when creating it).
+
+    ``max_age`` is the replay window in seconds (0: unlimited); ``max_bytes`` /
+    ``max_msgs`` bound the whole stream (-1: unlimited); ``replicas`` is the
+    number of copies in a cluster (1 on a single server, 3 for a cluster that
+    survives one node); ``duplicate_window`` (seconds) is how long message ids
+    are remembered; ``storage`` is ``file`` (survives restarts) or ``memory``.
+    """
+
+    replicas: int = 1
+    max_age: float = 7 * 24 * 3600.0
+    max_bytes: int = -1
+    max_msgs: int = -1
+    duplicate_window: float = 120.0
+    storage: str = "file"
+
+    def stream_config(self, layout: JetStreamLayout) -> dict[str, Any]:
+        """The JetStream ``StreamConfig`` for ``layout``."""
+        if self.storage not in ("file", "memory"):
+            raise ValueError(f"storage must be 'file' or 'memory', not {self.storage!r}")
+        if not 1 <= self.replicas <= 5:
+            raise ValueError("replicas must be between 1 and 5")
+        return {
+            "name": layout.stream,
+            "subjects": [layout.log_subjects],
+            "retention": "limits",
+            "storage": self.storage,
+            "num_replicas": self.replicas,
+            "max_age": int(self.max_age * _NS),
+            "max_bytes": self.max_bytes,
+            "max_msgs": self.max_msgs,
+            "max_msgs_per_subject": -1,
+            "discard": "old",
+            "duplicate_window": int(self.duplicate_window * _NS),
+        }
+
+
+@dataclass
+class NatsStats:
+    """Counters of one :class:`NatsReplication` (plain integers)."""
+
+    queued: int = 0  #: log messages accepted for publishing
+    acked: int = 0  #: publishes JetStream acknowledged (stored or recognised as duplicates)
+    duplicates: int = 0  #: acknowledgements saying "duplicate" (a re-publish JetStream already had)
+    retried: int = 0  #: publishes sent again (timeout, reconnect, error reply)
+    publish_errors: int = 0  #: error replies from JetStream (each retried)
+    dropped: int = 0  #: log messages discarded from the queue (overflow; repaired from the source)
+    too_large: int = 0  #: rows larger than the server's max payload (logged; readers catch up)
+    repaired_rows: int = 0  #: rows re-published from the update source after a gap in JetStream
+    repairs: int = 0  #: repairs run (first publish of a (stream, writer), after drops)
+    control_sent: int = 0  #: non-log commands published on the control subject
+    received: int = 0  #: log messages delivered to this reader
+    control_received: int = 0  #: control commands received
+    invalid: int = 0  #: messages that are not valid replication lines (logged, skipped)
+    skipped: int = 0  #: replayed messages below this reader's position (not handed to the hub)
+    echoes: int = 0  #: own log messages skipped by a reader that also writes
+    fallbacks: int = 0  #: times the reader fell back to the table's catch-up (gap in the log)
+    broken_batches: int = 0  #: batches whose rows were not all in the log (fetched from the table)
+    consumers_created: int = 0  #: JetStream consumers created (first one included)
+    consumer_resets: int = 0  #: consumers recreated (gap, silence, reconnect)
+    lookups: int = 0  #: JetStream message lookups (resume positions, repair points)
+    connects: int = 0  #: NATS connections made (first one included)
+    disconnects: int = 0  #: NATS disconnections seen
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a dict."""
+        return asdict(self)
+
+
+@dataclass
+class KeyStats:
+    """Where one (stream, writer) stands on one side of the carrier.
+
+    Writer side: ``sequence`` is the JetStream sequence of its last
+    acknowledged message, ``position`` the token published (acknowledged) so
+    far, ``pending`` the messages not acknowledged yet. Reader side:
+    ``sequence`` is the last delivered message's sequence, ``position`` the
+    token delivered, ``pending`` the messages JetStream still holds for this
+    reader (its consumer's count at the last delivery) and ``lag_seconds`` the
+    age of the last delivered message when it arrived.
+    """
+
+    side: str
+    stream: str
+    writer: str
+    sequence: int = 0
+    position: int | None = None
+    pending: int = 0
+    lag_seconds: float | None = None
+    fallbacks: int = 0
+
+
+class _RateLimitedLog:
+    """Log at most one line per ``interval`` seconds, counting what it held back."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self._next = 0.0
+        self._held = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._held += 1
+            return
+        if self._held:
+            msg += " (%d similar messages suppressed)"
+            args = (*args, self._held)
+        self._held = 0
+        self._next = now + self.interval
+        logger.warning(msg, *args)
+
+
+# ---------------------------------------------------------------------- NATS plumbing
+
+
+def _servers(url: str) -> list[str]:
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        raise ValueError("empty NATS URL (expected nats://host:port[,nats://host2:port2...])")
+    for s in servers:
+        if "://" not in s:
+            raise ValueError(f"bad NATS URL {redact_url(s)!r} (expected nats://host:port, tls://host:port)")
+    return servers
+
+
+async def connect_nats(url: str, *, name: str, timeout: float = 5.0, **callbacks: Any) -> Any:
+    """One nats-py connection to ``url`` (comma-separated servers) that reconnects forever once made.
+
+    The first connect tries each server twice and raises (nats-py would loop
+    silently); the caller retries with its own logging.
+    """
+    import nats
+
+    async def _quiet(err: Exception) -> None:
+        logger.debug("NATS: %s", err)
+
+    options: dict[str, Any] = {
+        "servers": _servers(url),
+        "name": name,
+        "connect_timeout": timeout,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.25,
+        "ping_interval": 5,
+        "max_outstanding_pings": 3,
+        "no_echo": True,
+        "pending_size": 64 * 1024 * 1024,
+        "error_cb": _quiet,
+    }
+    options.update(callbacks)
+    forever = options["max_reconnect_attempts"] < 0
+    if forever:
+        options["max_reconnect_attempts"] = 1
+    nc = _client_class()()
+    await nc.connect(**options)
+    if forever:
+        nc.options["max_reconnect_attempts"] = -1  # from now on nats-py reconnects forever
+    return nc
+
+
+class NatsUnavailable(Exception):
+    """NATS or its JetStream does not answer at the given URL (the message says what to do)."""
+
+
+async def check_nats(url: str, server_name: str, timeout: float = 5.0) -> None:
+    """Fail fast for a command line: ValueError for a malformed URL or server name, NatsUnavailable otherwise.
+
+    The carrier itself reconnects forever (right for a running process riding
+    out a NATS restart); a command started against a wrong URL, a server that
+    is not running or one without JetStream should say so at once instead.
+    """
+    _servers(url)
+    JetStreamLayout.for_server(server_name)
+    shown = redact_url(url)
+    try:
+        nc = await connect_nats(url, name="factstream-check", timeout=timeout, allow_reconnect=False,
+                                max_reconnect_attempts=1)
+    except Exception as err:  # noqa: BLE001 - every failure to connect means the same to the user
+        why = str(err) or type(err).__name__
+        raise NatsUnavailable(f"cannot reach NATS at {shown} ({redact_url(why)}); start it with JetStream "
+                              "(e.g. nats-server -js -p 4222) or pass the right --nats URL") from None
+    try:
+        try:
+            await _Api(nc, JetStreamLayout.for_server(server_name), timeout).request("INFO")
+        except Exception as err:  # noqa: BLE001
+            raise NatsUnavailable(f"NATS at {shown} answers but JetStream does not ({err or type(err).__name__}); "
+                                  "start nats-server with -js (JetStream enabled)") from None
+    finally:
+        await nc.close()
+
+
+async def delete_stream(url: str, server_name: str, *, stream: str | None = None) -> bool:
+    """Delete deployment ``server_name``'s JetStream stream (its whole log); False when there was none."""
+    layout = JetStreamLayout.for_server(server_name, stream=stream)
+    nc = await connect_nats(url, name="factstream-admin", allow_reconnect=False, max_reconnect_attempts=1)
+    try:
+        await _Api(nc, layout).request(f"STREAM.DELETE.{layout.stream}")
+        return True
+    except _ApiError as err:
+        if err.code == 404:
+            return False
+        raise
+    finally:
+        await nc.close()
+
+
+#: ``handler(subject, reply, data, raw_headers)`` for the messages of one subscription, called
+#: synchronously from nats-py's parser (no Msg object, no queue, no task per message).
+FastHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+
+_CLIENT: Any = None
+
+
+def _client_class() -> Any:
+    """nats-py's ``Client`` with a fast path for the carrier's hot subscriptions (acks and deliveries).
+
+    nats-py turns every message into a ``Msg`` with parsed headers, queues it
+    and awaits a callback in a task: a few times the cost of what the carrier
+    does with it. Subscriptions registered with :func:`_fast_subscribe` get
+    their data messages handed over raw instead; status messages (JetStream
+    heartbeats, flow control) still take nats-py's own path. If nats-py's
+    internals change, the fast path is simply not installed.
+    """
+    global _CLIENT
+    if _CLIENT is not None:
+        return _CLIENT
+    from nats.aio.client import Client
+
+    class FastClient(Client):
+        def __init__(self) -> None:
+            super().__init__()
+            self.factstream_fast: dict[int, FastHandler] = {}
+
+        async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                               headers: bytes | None) -> None:
+            fast = self.factstream_fast.get(sid)
+            if fast is not None and not (headers and headers[8:9] == b" "):
+                self.stats["in_msgs"] += 1
+                self.stats["in_bytes"] += len(data)
+                fast(subject, reply, data, headers)
+                return
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+
+    import inspect
+
+    params = inspect.signature(Client._process_msg).parameters
+    _CLIENT = FastClient if list(params)[:6] == ["self", "sid", "subject", "reply", "data", "headers"] else Client
+    return _CLIENT
+
+
+async def _fast_subscribe(nc: Any, subject: str, handler: FastHandler, cb: Callable[[Any], Awaitable[None]]) -> Any:
+    """Subscribe with ``cb`` (nats-py's path), and ``handler`` for data messages when the fast path exists."""
+    sub = await nc.subscribe(subject, cb=cb)
+    fast = getattr(nc, "factstream_fast", None)
+    sid = getattr(sub, "_id", None)
+    if isinstance(fast, dict) and isinstance(sid, int):
+        fast[sid] = handler
+    return sub
+
+
+def _can_write_frames(nc: Any) -> bool:
+    return callable(getattr(nc, "_send_command", None)) and callable(getattr(nc, "_flush_pending", None))
+
+
+def _raw_headers(msg_id: str, prev: str) -> bytes:
+    return b"NATS/1.0\r\nNats-Msg-Id: %s\r\nFs-Prev: %s\r\n\r\n" % (msg_id.encode(), prev.encode())
+
+
+def _parse_headers(raw: bytes) -> dict[str, str]:
+    """Headers of a stored message (``NATS/1.0\\r\\nK: V\\r\\n...``)."""
+    out: dict[str, str] = {}
+    if not raw:
+        return out
+    for line in raw.decode("utf-8", "replace").split("\r\n")[1:]:
+        k, sep, v = line.partition(":")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
+
+
+@dataclass
+class _Stored:
+    """One message read back from the stream by sequence or subject."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+
+class _Api:
+    """The few JetStream API requests the carrier makes, with typed errors."""
+
+    def __init__(self, nc: Any, layout: JetStreamLayout, timeout: float = 5.0) -> None:
+        self.nc = nc
+        self.layout = layout
+        self.timeout = timeout
+
+    async def request(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        payload = b"" if body is None else json.dumps(body).encode()
+        msg = await self.nc.request(f"$JS.API.{subject}", payload, timeout=self.timeout)
+        if msg.headers and msg.headers.get("Status") == "503":
+            raise _ApiError(503, "JetStream is not available (no responders)")
+        resp: dict[str, Any] = json.loads(msg.data)
+        err = resp.get("error")
+        if err:
+            raise _ApiError(int(err.get("code", 0)), str(err.get("description", err)), int(err.get("err_code", 0)))
+        return resp
+
+    async def ensure_stream(self, retention: Retention) -> dict[str, Any]:
+        """The stream's info, creating it with ``retention`` when it does not exist."""
+        name = self.layout.stream
+        try:
+            info = await self.request(f"STREAM.INFO.{name}")
+        except _ApiError as err:
+            if err.code != 404:
+                raise
+            try:
+                info = await self.request(f"STREAM.CREATE.{name}", retention.stream_config(self.layout))
+                logger.info("created JetStream stream %s (%d replicas, %s storage)", name, retention.replicas,
+                            retention.storage)
+            except _ApiError as err2:
+                if err2.err_code != 10058:  # created concurrently by another instance
+                    raise
+                info = await self.request(f"STREAM.INFO.{name}")
+        return info
+
+    async def subjects(self) -> tuple[dict[str, int], int, int]:
+        """(subject -> message count, first sequence, last sequence) of the stream."""
+        subjects: dict[str, int] = {}
+        offset = 0
+        while True:
+            info = await self.request(
+                f"STREAM.INFO.{self.layout.stream}", {"subjects_filter": self.layout.log_subjects, "offset": offset}
+            )
+            state = info.get("state", {})
+            page = state.get("subjects") or {}
+            subjects.update(page)
+            offset += len(page)
+            total = int(info.get("total", 0) or 0)
+            if not page or offset >= total:
+                return subjects, int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
+
+    async def get(self, *, seq: int | None = None, last_by_subject: str | None = None,
+                  next_by_subject: str | None = None) -> _Stored | None:
+        """A stored message, or None when there is none."""
+        body: dict[str, Any] = {}
+        if last_by_subject is not None:
+            body["last_by_subj"] = last_by_subject
+        else:
+            body["seq"] = seq
+            if next_by_subject is not None:
+                body["next_by_subj"] = next_by_subject
+        try:
+            resp = await self.request(f"STREAM.MSG.GET.{self.layout.stream}", body)
+        except _ApiError as err:
+            if err.code == 404:
+                return None
+            raise
+        m = resp["message"]
+        hdrs = _parse_headers(base64.b64decode(m["hdrs"])) if m.get("hdrs") else {}
+        data = base64.b64decode(m["data"]) if m.get("data") else b""
+        return _Stored(int(m["seq"]), m["subject"], data, hdrs)
+
+    async def create_consumer(self, config: dict[str, Any]) -> str:
+        resp = await self.request(
+            f"CONSUMER.CREATE.{self.layout.stream}", {"stream_name": self.layout.stream, "config": config}
+        )
+        return str(resp["name"])
+
+    async def delete_consumer(self, name: str) -> None:
+        try:
+            await self.request(f"CONSUMER.DELETE.{self.layout.stream}.{name}")
+        except Exception:  # noqa: BLE001 - best effort; an ephemeral consumer also expires by itself
+            pass
+
+
+class _ApiError(Exception):
+    def __init__(self, code: int, description: str, err_code: int = 0) -> None:
+        super().__init__(f"JetStream error {code}: {description}")
+        self.code = code
+        self.err_code = err_code
+
+
+def _fact_token(stored_headers: dict[str, str] | None, cmd: Command) -> int:
+    """The token a log message belongs to (a batch row: its fact's, from the message id)."""
+    if type(cmd) is PositionCommand:
+        return cmd.new_token
+    token = cmd.token  # type: ignore[attr-defined]
+    if token is not None:
+        return int(token)
+    msg_id = (stored_headers or {}).get(MSG_ID, "")
+    try:
+        return int(msg_id.rsplit(":", 2)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _prev_of(headers: dict[str, str] | None) -> int | None:
+    raw = (headers or {}).get(PREV)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _chain(raw: bytes | None) -> tuple[int | None, tuple[int, int] | None]:
+    """(Fs-Prev, (fact token, row index) from Nats-Msg-Id) of a raw header block; None where absent or bad."""
+    if not raw:
+        return None, None
+    prev: int | None = None
+    index: tuple[int, int] | None = None
+    i = raw.find(b"\r\nFs-Prev:")
+    if i >= 0:
+        end = raw.find(b"\r", i + 11)
+        try:
+            prev = int(raw[i + 11:end])
+        except ValueError:
+            prev = None
+    j = raw.find(b"\r\nNats-Msg-Id:")
+    if j >= 0:
+        end = raw.find(b"\r", j + 15)
+        parts = raw[j + 15:end].strip().rsplit(b":", 2)
+        if len(parts) == 3:
+            try:
+                index = int(parts[1]), int(parts[2].partition(b"/")[0])
+            except ValueError:
+                index = None
+    return prev, index
+
+
+def _row_index(headers: dict[str, str] | None) -> tuple[int, int] | None:
+    """(fact token, row index) from the message id, or None when absent or malformed."""
+    msg_id = (headers or {}).get(MSG_ID)
+    if not msg_id:
+        return None
+    parts = msg_id.rsplit(":", 2)
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[1]), int(parts[2].partition("/")[0])
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------- consumer
+
+
+Delivery = Callable[[str, bytes, "bytes | None", int, int, int], None]
+
+
+class _LogConsumer:
+    """An ephemeral push consumer over the log subjects, kept complete and in order by hand.
+
+    ``deliver(subject, data, raw_headers, stream_seq, timestamp_ns, pending)`` is
+    called for every message in stream-sequence order, each once. A consumer
+    sequence gap, ``silence`` seconds without any delivery or heartbeat, or a
+    reconnect make it recreate the consumer from the sequence after the last
+    message delivered. ``start_seq`` is awaited on every (re)creation that has
+    nothing delivered yet.
+    """
+
+    def __init__(self, api: _Api, deliver: Delivery, stats: NatsStats, *, heartbeat: float = 1.0,
+                 start_seq: Callable[[], Awaitable[int]] | None = None, deliver_new: bool = False) -> None:
+        self.api = api
+        self.deliver = deliver
+        self.stats = stats
+        self.heartbeat = heartbeat
+        self._start_seq = start_seq
+        self._deliver_new = deliver_new
+        self.last_seq = 0  #: stream sequence of the last message delivered (0: none yet)
+        self.pending = 0
+        self._cseq = 0
+        self._sub: Any = None
+        self._name: str | None = None
+        self._last_activity = time.monotonic()
+        self._reset = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._generation = 0
+        self.reset_reasons: list[str] = []
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="factstream-nats-consumer")
+
+    def reset(self, reason: str) -> None:
+        """Recreate the consumer from the sequence after the last message delivered."""
+        if not self._reset.is_set():
+            logger.info("JetStream consumer on %s: %s; recreating it after sequence %d",
+                        self.api.layout.stream, reason, self.last_seq)
+            self.reset_reasons.append(reason)
+        self._reset.set()
+        self._ready.clear()
+
+    async def wait_ready(self, timeout: float | None) -> None:
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing
+                pass
+        await self._drop()
+
+    async def _drop(self) -> None:
+        sub, self._sub = self._sub, None
+        name, self._name = self._name, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - connection may be gone
+                pass
+        if name is not None and self.api.nc.is_connected:
+            await self.api.delete_consumer(name)
+
+    async def _run(self) -> None:
+        attempt = 0
+        first = True
+        while not self._closing:
+            try:
+                await self._create(first)
+                first = False
+                attempt = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - JetStream down or electing: retry
+                delay = min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
+                attempt += 1
+                logger.warning("cannot create the JetStream consumer on %s (%s); retrying in %.2fs",
+                               self.api.layout.stream, err, delay)
+                await self._drop()
+                await asyncio.sleep(delay)
+                continue
+            # Watch: heartbeats every `heartbeat` s; silence or a requested reset recreates.
+            while not self._closing:
+                try:
+                    await asyncio.wait_for(self._reset.wait(), self.heartbeat)
+                except TimeoutError:
+                    pass
+                if self._reset.is_set():
+                    break
+                if time.monotonic() - self._last_activity > 3 * self.heartbeat + 1:
+                    self.reset(f"no message or heartbeat for {3 * self.heartbeat + 1:g}s")
+                    break
+            self.stats.consumer_resets += 1
+            await self._drop()
+
+    async def _create(self, first: bool) -> None:
+        self._reset.clear()
+        nc = self.api.nc
+        if not nc.is_connected:
+            raise ConnectionError("not connected")
+        config: dict[str, Any] = {
+            "ack_policy": "none",
+            "filter_subject": self.api.layout.log_subjects,
+            "flow_control": True,
+            "idle_heartbeat": int(self.heartbeat * _NS),
+            "inactive_threshold": int(max(30.0, 10 * self.heartbeat) * _NS),
+            "mem_storage": True,
+            "num_replicas": 1,
+            "replay_policy": "instant",
+        }
+        if self.last_seq:
+            start = self.last_seq + 1
+        elif self._start_seq is not None:
+            start = await self._start_seq()
+        else:
+            start = 0
+        if start > 0:
+            config["deliver_policy"] = "by_start_sequence"
+            config["opt_start_seq"] = start
+        else:
+            config["deliver_policy"] = "new" if self._deliver_new else "all"
+        inbox = nc.new_inbox()
+        self._cseq = 0
+        self._generation += 1
+        generation = self._generation
+
+        async def on_msg(msg: Any) -> None:
+            if generation == self._generation:
+                await self._on_msg(msg)
+
+        def on_data(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+            if generation == self._generation:
+                self._on_data(subject, reply, data, headers)
+
+        sub = self._sub = await _fast_subscribe(nc, inbox, on_data, on_msg)
+        config["deliver_subject"] = inbox
+        self._name = await self.api.create_consumer(config)
+        self._last_activity = time.monotonic()
+        self.stats.consumers_created += 1
+        _ = sub
+        self._ready.set()
+
+    async def _on_msg(self, msg: Any) -> None:
+        self._last_activity = time.monotonic()
+        hdr = msg.headers
+        reply = msg.reply
+        if hdr is not None and "Status" in hdr:
+            if reply:  # flow control request
+                await self.api.nc.publish(reply)
+                return
+            stalled = hdr.get("Nats-Consumer-Stalled")
+            if stalled:
+                await self.api.nc.publish(stalled)
+            last = hdr.get("Nats-Last-Consumer")
+            if last is not None and last.isdigit() and int(last) > self._cseq:
+                self.reset(f"heartbeat says {last} delivered, {self._cseq} received")
+            return
+        if not reply:
+            return
+        self._on_data(msg.subject.encode(), reply.encode(), msg.data, None, hdr)
+
+    def _on_data(self, subject: bytes, reply: bytes, data: bytes, raw: bytes | None,
+                 parsed: dict[str, str] | None = None) -> None:
+        """One data message (the reply subject carries its stream and consumer sequences)."""
+        self._last_activity = time.monotonic()
+        if not reply:
+            return
+        tokens = reply.split(b".")
+        try:
+            if len(tokens) == 9:
+                sseq, cseq, ts, pending = int(tokens[5]), int(tokens[6]), int(tokens[7]), int(tokens[8])
+            else:
+                sseq, cseq, ts, pending = int(tokens[7]), int(tokens[8]), int(tokens[9]), int(tokens[10])
+        except (IndexError, ValueError):
+            return
+        if self._reset.is_set():
+            return
+        if cseq != self._cseq + 1:
+            self.reset(f"consumer sequence jumped from {self._cseq} to {cseq}")
+            return
+        self._cseq = cseq
+        if sseq <= self.last_seq:
+            return  # already delivered (a recreated consumer starting early)
+        self.last_seq = sseq
+        self.pending = pending
+        if parsed is not None:
+            raw = _raw_headers(parsed.get(MSG_ID, ""), parsed.get(PREV, "")) if MSG_ID in parsed else None
+        self.deliver(subject.decode(), data, raw, sseq, ts, pending)
+
+
+# ---------------------------------------------------------------------- hub connection
+
+
+class NatsConnection(Connection):
+    """The hub's view of the JetStream log (a shared bus: ``broadcast``).
+
+    It stays up across NATS reconnects: what the hub sends is queued and
+    published (and retried) until JetStream acknowledges it.
+    """
+
+    broadcast = True
+
+    def __init__(self, replication: NatsReplication) -> None:
+        self._repl = replication
+        self._open = True
+        self.description = f"nats {redact_url(replication.url)} stream {replication.layout.stream}"
+        self.peer_name = replication.layout.deployment
+
+    def send(self, cmd: Command) -> None:
+        """Publish ``cmd`` (facts to JetStream, other commands on the control subject)."""
+        if self._open:
+            self._repl._send((cmd,))  # noqa: SLF001 - our own pair of classes
+
+    def send_many(self, cmds: Iterable[Command]) -> None:
+        """Publish several commands in order."""
+        if self._open:
+            self._repl._send(cmds)  # noqa: SLF001
+
+    def close(self, reason: str | None = None) -> None:
+        """Ask for the reader's consumer to be recreated (the log itself cannot be closed)."""
+        if self._open and self._repl._consumer is not None:  # noqa: SLF001
+            self._repl._consumer.reset(reason or "closed by the replication core")  # noqa: SLF001
+
+    @property
+    def connected(self) -> bool:
+        return self._open
+
+
+# ---------------------------------------------------------------------- writer-side state
+
+
+class _Out:
+    """One message on its way to JetStream."""
+
+    __slots__ = ("order", "subject", "payload", "headers", "key", "end", "done", "sent_at", "core")
+
+    def __init__(self, order: int, subject: str, payload: bytes, headers: bytes | None,
+                 key: tuple[str, str] | None, end: int | None, core: bool = False) -> None:
+        self.order = order
+        self.subject = subject
+        self.payload = payload
+        self.headers = headers
+        self.key = key
+        self.end = end
+        self.done = False
+        self.sent_at = 0.0
+        self.core = core
+
+
+@dataclass
+class _WriterKey:
+    stream: str
+    writer: str
+    subject: str
+    prev: int | None = None  # token of the last message enqueued (the next message's Fs-Prev)
+    batch: list[RdataCommand] = field(default_factory=list)
+    acked: int | None = None
+    last_seq: int = 0
+    outstanding: deque[_Out] = field(default_factory=deque)
+    repairing: bool = True
+    repair_target: int = 0
+    held: list[Command] = field(default_factory=list)
+    last_enqueued: float = 0.0
+    fresh: tuple[int, str] | None = None  # (fact token, suffix of its message ids) after a cut batch
+
+
+@dataclass
+class _ReaderKey:
+    stream: str
+    writer: str
+    last_token: int | None = None
+    last_seq: int = 0
+    batch: list[RdataCommand] = field(default_factory=list)
+    batch_token: int | None = None
+    broken: bool = False
+    lag: float | None = None
+    fallbacks: int = 0
+
+
+_REPLICATIONS: weakref.WeakSet[NatsReplication] = weakref.WeakSet()
+
+
+class NatsReplication:
+    """Drives a :class:`~factstream.replication.ReplicationHub` over NATS JetStream (see module doc).
+
+    The JetStream counterpart of ``RedisReplication``: every instance, writer
+    or reader, runs one with the deployment's ``server_name``. A reader's
+    follower should hold its own positions (``Follower(positions=...)``) when
+    it restarts; it then resumes from the log with no database query.
+    ``retention`` applies when this instance creates the stream.
+    """
+
+    def __init__(
+        self,
+        hub: CommandSink,
+        url: str,
+        server_name: str,
+        *,
+        instance_name: str | None = None,
+        retention: Retention | None = None,
+        stream: str | None = None,
+        subject_prefix: str | None = None,
+        max_in_flight: int = 20_000,
+        max_pending: int = 200_000,
+        ack_timeout: float = 5.0,
+        heartbeat: float = 5.0,
+        consumer_heartbeat: float = 1.0,
+        connect_timeout: float = 5.0,
+        api_timeout: float = 5.0,
+        page_limit: int = 1000,
+        backfill: int = 10_000,
+    ) -> None:
+        if max_in_flight < 1 or max_pending < 1:
+            raise ValueError("max_in_flight and max_pending must be at least 1")
+        self.hub = hub
+        name = instance_name or getattr(hub, "instance_name", None)
+        if not name:
+            raise ValueError("NatsReplication needs the instance name (hub.instance_name or instance_name=...)")
+        self.instance_name: str = name
+        _servers(url)  # validate now
+        self.url = url
+        self.layout = JetStreamLayout.for_server(server_name, stream=stream, prefix=subject_prefix)
+        self.retention = retention or Retention()
+        self.retention.stream_config(self.layout)  # validate now
+        self.max_in_flight = max_in_flight
+        self.max_pending = max_pending
+        self.ack_timeout = ack_timeout
+        self.heartbeat = heartbeat
+        self.consumer_heartbeat = consumer_heartbeat
+        self.connect_timeout = connect_timeout
+        self.api_timeout = api_timeout
+        self.page_limit = page_limit
+        #: A writer whose subject is empty publishes its history first when it has at most this many rows.
+        self.backfill = backfill
+        self.stats = NatsStats()
+        self.nc: Any = None
+        self._api: _Api | None = None
+        self._conn: NatsConnection | None = None
+        self._consumer: _LogConsumer | None = None
+        self._wkeys: dict[tuple[str, str], _WriterKey] = {}
+        self._rkeys: dict[tuple[str, str], _ReaderKey] = {}
+        self._queue: deque[_Out] = deque()
+        self._retry: list[_Out] = []
+        self._in_flight: dict[int, _Out] = {}
+        self._order = 0
+        self._n = 0
+        self._max_acked = 0
+        self._last_ack = 0.0
+        self._link = 0  # bumped on every disconnect: a flush in progress stops there
+        self._frames = False  # write HPUB frames directly (nats-py's buffer) instead of nc.publish
+        self._ack_prefix = ""
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._connected = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._repairs: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._closing = False
+        self._retry_delay = 0.0
+        self._invalid_log = _RateLimitedLog()
+        self._error_log = _RateLimitedLog()
+        self._run: list[RdataCommand] = []  # facts delivered in this burst, not yet handed to the hub
+        _REPLICATIONS.add(self)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def connection(self) -> NatsConnection | None:
+        """The hub's connection (None before the first NATS connection and after ``stop``)."""
+        return self._conn
+
+    @property
+    def connections(self) -> list[NatsConnection]:
+        """The connection as a list (zero or one), like ``TcpServer.connections``."""
+        return [] if self._conn is None else [self._conn]
+
+    @property
+    def connected(self) -> bool:
+        """True while the NATS connection is up."""
+        return self.nc is not None and bool(self.nc.is_connected)
+
+    def _publisher(self) -> Any:
+        return getattr(self.hub, "publisher", None)
+
+    def _follower(self) -> Any:
+        return getattr(self.hub, "follower", None)
+
+    async def start(self) -> NatsReplication:
+        """Connect (in the background; see ``wait_connected``)."""
+        if self._tasks:
+            raise RuntimeError("NatsReplication already started")
+        logger.info("replicating over NATS JetStream %s as %s (stream %s)", redact_url(self.url),
+                    self.instance_name, self.layout.stream)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._main(), name="factstream-nats"))
+        return self
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until the stream is there, the hub has its connection and (reader) the consumer runs."""
+        async with asyncio.timeout(timeout):
+            await self._ready.wait()
+            if self._consumer is not None:
+                await self._consumer.wait_ready(None)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything handed over so far is acknowledged by JetStream."""
+        async with asyncio.timeout(timeout):
+            while True:
+                if self._repairs:
+                    await asyncio.gather(*self._repairs.values(), return_exceptions=True)
+                    continue
+                if not (self._queue or self._retry or self._in_flight or any(k.batch for k in self._wkeys.values())):
+                    return
+                self._idle.clear()
+                self._wake.set()
+                await self._idle.wait()
+
+    async def stop(self, flush_timeout: float = 2.0) -> None:
+        """Publish what is queued (for up to ``flush_timeout`` s), then disconnect."""
+        if self._ready.is_set():
+            try:
+                await self.flush(flush_timeout)
+            except TimeoutError:
+                logger.warning("NATS: %d messages not acknowledged at shutdown (the next start re-publishes them)",
+                               len(self._queue) + len(self._retry) + len(self._in_flight))
+        self._closing = True
+        _REPLICATIONS.discard(self)
+        for task in self._repairs.values():
+            task.cancel()
+        if self._consumer is not None:
+            await self._consumer.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
+                pass
+        if self.nc is not None:
+            try:
+                await self.nc.close()
+            except Exception:  # noqa: BLE001
+                pass
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn._open = False  # noqa: SLF001
+            self.hub.connection_lost(conn, "stopped")
+
+    async def __aenter__(self) -> NatsReplication:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _main(self) -> None:
+        attempt = 0
+        while self.nc is None:
+            try:
+                self.nc = await connect_nats(
+                    self.url, name=f"factstream-{self.instance_name}", timeout=self.connect_timeout,
+                    disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - retry forever, like the other carriers
+                delay = min(5.0, 0.1 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
+                attempt += 1
+                logger.warning("cannot connect to NATS at %s (%s); retrying in %.2fs", redact_url(self.url),
+                               err or type(err).__name__, delay)
+                await asyncio.sleep(delay)
+        self.stats.connects += 1
+        self._connected.set()
+        self._api = _Api(self.nc, self.layout, self.api_timeout)
+        attempt = 0
+        while True:
+            try:
+                await self._api.ensure_stream(self.retention)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - JetStream not ready yet (cluster forming)
+                delay = min(2.0, 0.05 * 2 ** min(attempt, 6))
+                attempt += 1
+                logger.warning("JetStream stream %s not available yet (%s); retrying in %.2fs",
+                               self.layout.stream, err, delay)
+                await asyncio.sleep(delay)
+        self._ack_prefix = self.nc.new_inbox() + "."
+        await _fast_subscribe(self.nc, self._ack_prefix + "*", self._on_ack_fast, self._on_ack)
+        self._frames = _can_write_frames(self.nc)
+        await self.nc.subscribe(self.layout.control_subject, cb=self._on_control)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._flusher(), name="factstream-nats-flusher"))
+        self._tasks.append(loop.create_task(self._ticker(), name="factstream-nats-ticker"))
+        publisher = self._publisher()
+        if publisher is not None:
+            for stream in publisher.streams:
+                self._writer_key(stream, self.instance_name)  # starts its repair
+        if self._follower() is not None:
+            self._consumer = _LogConsumer(self._api, self._on_log, self.stats, heartbeat=self.consumer_heartbeat,
+                                          start_seq=self._initial_start)
+        conn = self._conn = NatsConnection(self)
+        self.hub.connection_made(conn)
+        if self._consumer is not None:
+            self._consumer.start()
+        self._ready.set()
+
+    async def _on_disconnected(self) -> None:
+        if self._closing:
+            return
+        self._link += 1
+        # nats-py would write its buffered publishes first thing on the next link, ahead of the
+        # re-sends of older unacknowledged ones: that would store facts out of order. They are all
+        # in flight here, and go out again in order after the reconnect.
+        if isinstance(getattr(self.nc, "_pending", None), list) and hasattr(self.nc, "_pending_data_size"):
+            self.nc._pending = []  # noqa: SLF001
+            self.nc._pending_data_size = 0  # noqa: SLF001
+        self.stats.disconnects += 1
+        logger.warning("NATS connection to %s lost; reconnecting", redact_url(self.url))
+
+    async def _on_reconnected(self) -> None:
+        self.stats.connects += 1
+        logger.info("NATS reconnected to %s", redact_url(self.nc.connected_url.geturl() if self.nc.connected_url
+                                                          else self.url))
+        # What was in flight may never have reached JetStream: send it again (same ids).
+        self._requeue_in_flight()
+        if self._consumer is not None:
+            self._consumer.reset("NATS reconnected")
+
+    # ------------------------------------------------------------------ writer side
+
+    def acked_positions(self) -> dict[str, int | None]:
+        """Stream -> the token up to which JetStream acknowledged this writer's facts."""
+        return {k.stream: k.acked for k in self._wkeys.values() if k.writer == self.instance_name}
+
+    def _writer_key(self, stream: str, writer: str) -> _WriterKey:
+        key = (stream, writer)
+        st = self._wkeys.get(key)
+        if st is None:
+            st = self._wkeys[key] = _WriterKey(stream, writer, self.layout.log_subject(stream, writer))
+            self._start_repair(st)
+        return st
+
+    def _start_repair(self, st: _WriterKey) -> None:
+        """Re-read what JetStream holds for ``st`` and re-publish what it misses, before anything new."""
+        publisher = self._publisher()
+        st.repairing = True
+        st.batch = []
+        positions = publisher.positions() if publisher is not None else {}
+        st.repair_target = positions.get(st.stream, 0) if st.writer == self.instance_name else 0
+        key = (st.stream, st.writer)
+        if key not in self._repairs:
+            self._repairs[key] = asyncio.get_running_loop().create_task(self._repair(st))
+
+    async def _repair(self, st: _WriterKey) -> None:
+        key = (st.stream, st.writer)
+        delay = 0.05
+        try:
+            while True:
+                try:
+                    await self._repair_once(st)
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - NATS or the source down: retry
+                    logger.warning("%s/%s: cannot check JetStream against the source yet (%s); retrying in %.2fs",
+                                   st.stream, st.writer, err, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            self._repairs.pop(key, None)
+        held, st.held = st.held, []
+        st.repairing = False
+        target = st.repair_target
+        self._encode(st, _after(held, target))
+        self._wake.set()
+
+    async def _repair_once(self, st: _WriterKey) -> None:
+        while self._api is None or not self.nc.is_connected:
+            await asyncio.sleep(0.05)
+        self.stats.lookups += 1
+        last = await self._api.get(last_by_subject=st.subject)
+        target = st.repair_target
+        if last is None:
+            js_last = None
+        else:
+            try:
+                cmd = wire.parse_line(last.data)
+                is_batch_row = type(cmd) is RdataCommand and cmd.token is None
+            except ProtocolError:
+                cmd, is_batch_row = None, True
+            js_last = _prev_of(last.headers) if is_batch_row or cmd is None else _fact_token(last.headers, cmd)
+            st.last_seq = max(st.last_seq, last.seq)
+            if is_batch_row and cmd is not None:
+                # The log ends inside a fact: its rows are in JetStream's duplicate window, so the
+                # re-published fact gets fresh ids (readers drop the cut rows when row 0 comes again).
+                index = _row_index(last.headers)
+                if index is not None:
+                    st.fresh = (index[0], f"/r{last.seq}")
+        publisher = self._publisher()
+        emitter = getattr(publisher, "_streams", {}).get(st.stream) if publisher is not None else None
+        if js_last is None:
+            if emitter is not None and target > 0 and self.backfill > 0:
+                # A young stream: put its whole history in the log, so that no reader needs the table.
+                updates, upto, limited = await emitter.source.get_updates(st.writer, 0, target, self.backfill)
+                if not limited and upto >= target:
+                    st.prev = 0
+                    self.stats.repaired_rows += len(updates)
+                    repub = publisher.relay.StreamEmitter(st.stream, st.writer, emitter.source, 0, None, [],
+                                                          self.page_limit)
+                    self._encode(st, repub.commands(updates, target))
+                    return
+            # Nothing in the log: start it at the writer's position (readers behind it use the table).
+            st.prev = target
+            self._enqueue_position(st, target, target)
+            return
+        st.prev = js_last
+        st.acked = js_last
+        if js_last > target:
+            logger.warning("%s/%s: JetStream already holds facts up to %d, past this writer's position %d "
+                           "(a restored database, or two writers with one name?)", st.stream, st.writer,
+                           js_last, target)
+            return
+        if js_last == target:
+            return
+        if emitter is None:
+            return
+        self.stats.repairs += 1
+        logger.info("%s/%s: JetStream holds facts up to %d, the writer is at %d; re-publishing the difference "
+                    "from the source", st.stream, st.writer, js_last, target)
+        repub = publisher.relay.StreamEmitter(st.stream, st.writer, emitter.source, js_last, None, [], self.page_limit)
+        pos = js_last
+        while pos < target:
+            updates, upto, limited = await emitter.source.get_updates(st.writer, pos, target, self.page_limit)
+            cmds = repub.commands(updates, upto)
+            self.stats.repaired_rows += len(updates)
+            self._encode(st, cmds)
+            self._wake.set()
+            if upto <= pos:
+                if limited:
+                    raise RuntimeError(f"update source returned a limited page without progress after {pos}")
+                break
+            pos = upto
+            while len(self._queue) > self.max_pending // 2:
+                await asyncio.sleep(0.01)
+
+    def _send(self, cmds: Iterable[Command]) -> None:
+        inst = self.instance_name
+        for cmd in cmds:
+            kind = type(cmd)
+            if kind is RdataCommand or kind is PositionCommand:
+                st = self._wkeys.get((cmd.stream_name, cmd.instance_name))  # type: ignore[attr-defined]
+                if st is None:
+                    st = self._writer_key(cmd.stream_name, cmd.instance_name)  # type: ignore[attr-defined]
+                if st.repairing:
+                    if st.writer != inst or _command_token(cmd) > st.repair_target or (
+                            kind is RdataCommand and cmd.token is None):  # type: ignore[attr-defined]
+                        st.held.append(cmd)
+                    continue
+                self._encode(st, (cmd,))
+            elif cmd.NAME == "REPLICATE":
+                continue  # the log answers it: readers replay from JetStream
+            else:
+                self._order += 1
+                self._queue.append(_Out(self._order, self.layout.control_subject, wire.encode(cmd), None, None, None,
+                                        core=True))
+        if len(self._queue) > self.max_pending:
+            self._overflow()
+        self._wake.set()
+
+    def _encode(self, st: _WriterKey, cmds: Iterable[Command]) -> None:
+        """Turn commands of one (stream, writer) into messages with ids and the Fs-Prev chain."""
+        s, w = st.stream, st.writer
+        queue = self._queue
+        now = time.monotonic()
+        for cmd in cmds:
+            if type(cmd) is RdataCommand:
+                if cmd.token is None:
+                    st.batch.append(cmd)
+                    continue
+                rows = [*st.batch, cmd] if st.batch else [cmd]
+                st.batch = []
+                token = cmd.token
+                prev = "" if st.prev is None else str(st.prev)
+                last = len(rows) - 1
+                suffix = st.fresh[1] if st.fresh is not None and st.fresh[0] == token else ""
+                for i, row_cmd in enumerate(rows):
+                    self._order += 1
+                    out = _Out(self._order, st.subject, wire.encode(row_cmd),
+                               _raw_headers(f"{s}:{w}:{token}:{i}{suffix}", prev), (s, w), token if i == last else None)
+                    queue.append(out)
+                    st.outstanding.append(out)
+                st.prev = token
+            elif type(cmd) is PositionCommand:
+                self._enqueue_position(st, cmd.prev_token, cmd.new_token)
+                continue
+            st.last_enqueued = now
+        self.stats.queued = self._order
+
+    def _enqueue_position(self, st: _WriterKey, prev: int, new: int, msg_id: str | None = None) -> None:
+        self._order += 1
+        chain = "" if st.prev is None else str(st.prev)
+        out = _Out(self._order, st.subject, wire.encode(PositionCommand(st.stream, st.writer, prev, new)),
+                   _raw_headers(msg_id or f"{st.stream}:{st.writer}:{new}:p{prev}", chain), (st.stream, st.writer), new)
+        self._queue.append(out)
+        st.outstanding.append(out)
+        st.prev = new if st.prev is None else max(st.prev, new)
+        st.last_enqueued = time.monotonic()
+
+    def _overflow(self) -> None:
+        """Too much queued (JetStream unreachable for long): drop the queue, repair from the source later."""
+        dropped = sum(1 for o in self._queue if not o.core)
+        self.stats.dropped += len(self._queue)
+        self._queue.clear()
+        logger.error("NATS: more than %d messages queued; dropped %d and will re-publish them from the source "
+                     "once JetStream answers", self.max_pending, dropped)
+        for st in self._wkeys.values():
+            st.outstanding = deque(o for o in st.outstanding if o.order in self._in_flight_orders())
+            st.held = []
+            self._start_repair(st)
+
+    def _in_flight_orders(self) -> set[int]:
+        return {o.order for o in self._in_flight.values()} | {o.order for o in self._retry}
+
+    def _requeue_in_flight(self) -> None:
+        if self._in_flight:
+            self._retry.extend(self._in_flight.values())
+            self.stats.retried += len(self._in_flight)
+            self._in_flight.clear()
+        self._wake.set()
+
+    async def _flusher(self) -> None:
+        nc = self.nc
+        prefix = self._ack_prefix
+        window = self.max_in_flight
+        while True:
+            if not (self._queue or self._retry):
+                if not self._in_flight and not self._repairs:
+                    self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not nc.is_connected:
+                await asyncio.sleep(0.05)
+                continue
+            if self._retry_delay:
+                await asyncio.sleep(self._retry_delay)
+                self._retry_delay = 0.0
+            if len(self._in_flight) >= window:
+                self._space.clear()
+                await self._space.wait()
+                continue
+            sent = 0
+            if self._retry:
+                self._retry.sort(key=lambda o: o.order)
+                batch, self._retry = self._retry, []
+                pending: Iterator[_Out] = iter(batch)
+                source: deque[_Out] | None = None
+            else:
+                pending = iter(())
+                source = self._queue
+            link = self._link
+            frames: list[bytes] = []
+            try:
+                now = time.monotonic()
+                for out in pending:
+                    if link != self._link or not nc.is_connected:
+                        self._retry.append(out)
+                        continue
+                    sent += await self._publish_one(nc, prefix, out, now, frames)
+                while source and len(self._in_flight) < window and sent < 4096:
+                    if link != self._link or not nc.is_connected:
+                        break
+                    out = source.popleft()
+                    sent += await self._publish_one(nc, prefix, out, now, frames)
+                if frames:
+                    # One write of many ready-made HPUB frames (what nats-py would build one by one).
+                    await nc._send_command(b"".join(frames))  # noqa: SLF001
+                    await nc._flush_pending()  # noqa: SLF001
+            except Exception as err:  # noqa: BLE001 - buffer full while reconnecting, connection closed
+                self._error_log.warning("NATS publish failed (%s); retrying", err)
+                await asyncio.sleep(0.05)
+            if sent:
+                await asyncio.sleep(0)
+
+    async def _publish_one(self, nc: Any, prefix: str, out: _Out, now: float, frames: list[bytes]) -> int:
+        """Send ``out`` (appending its frame to ``frames`` when frames can be written directly)."""
+        if out.core:
+            await nc.publish(out.subject, out.payload)
+            self.stats.control_sent += 1
+            return 1
+        if len(out.payload) > nc.max_payload:
+            self.stats.too_large += 1
+            logger.error("%s: a %d-byte row is larger than the server's max payload (%d); not published, readers "
+                         "will fetch it from the table", out.subject, len(out.payload), nc.max_payload)
+            self._acked(out, 0, False)
+            return 0
+        self._n += 1
+        n = self._n
+        out.sent_at = now
+        if not self._in_flight:
+            self._last_ack = now  # the stall clock starts with the first unacknowledged publish
+        self._in_flight[n] = out
+        hdr = out.headers or b"NATS/1.0\r\n\r\n"
+        if self._frames:
+            payload = out.payload
+            frames.append(b"HPUB %s %s%d %d %d\r\n%s%s\r\n" % (
+                out.subject.encode(), prefix.encode(), n, len(hdr), len(hdr) + len(payload), hdr, payload))
+            return 1
+        try:
+            await nc.publish(out.subject, out.payload, reply=f"{prefix}{n}", headers=_parse_headers(hdr))
+        except Exception:
+            self._in_flight.pop(n, None)
+            self._retry.append(out)
+            raise
+        return 1
+
+    async def _on_ack(self, msg: Any) -> None:
+        hdr = msg.headers
+        status = hdr.get("Status") if hdr else None
+        self._ack(msg.subject.encode(), msg.data, status)
+
+    def _on_ack_fast(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        self._ack(subject, data, None)
+
+    def _ack(self, subject: bytes, data: bytes, status: str | None) -> None:
+        try:
+            n = int(subject[subject.rfind(b".") + 1:])
+        except ValueError:
+            return
+        self._last_ack = time.monotonic()
+        if n > self._max_acked:
+            self._max_acked = n
+        out = self._in_flight.pop(n, None)
+        if out is None:
+            return  # acknowledged after it was re-sent: the re-send will be acknowledged too
+        if not data or status == "503" or b'"error"' in data:
+            self.stats.publish_errors += 1
+            self._error_log.warning("JetStream refused a publish on %s (%s); retrying", out.subject,
+                                    (data or b"no responders").decode("utf-8", "replace")[:200])
+            self._retry.append(out)
+            self.stats.retried += 1
+            self._retry_delay = 0.1
+            self._wake.set()
+        else:
+            i = data.find(b'"seq":')
+            seq = 0
+            if i >= 0:
+                j = i + 6
+                k = j
+                while k < len(data) and 48 <= data[k] <= 57:
+                    k += 1
+                seq = int(data[j:k]) if k > j else 0
+            self._acked(out, seq, b'"duplicate":true' in data)
+        if len(self._in_flight) < self.max_in_flight:
+            self._space.set()
+        if not (self._in_flight or self._queue or self._retry or self._repairs):
+            self._idle.set()
+
+    def _acked(self, out: _Out, seq: int, duplicate: bool) -> None:
+        self.stats.acked += 1
+        if duplicate:
+            self.stats.duplicates += 1
+        out.done = True
+        st = self._wkeys.get(out.key) if out.key is not None else None
+        if st is None:
+            return
+        if seq > st.last_seq:
+            st.last_seq = seq
+        dq = st.outstanding
+        while dq and dq[0].done:
+            first = dq.popleft()
+            if first.end is not None and (st.acked is None or first.end > st.acked):
+                st.acked = first.end
+
+    def _late(self, now: float) -> list[_Out]:
+        """In-flight publishes to send again: older than ``ack_timeout`` and either passed over by the
+        acknowledgements of later ones (lost on the way, e.g. to a stream leader that just died) or with no
+        acknowledgement at all for ``ack_timeout`` (a stalled server). A busy but answering server is
+        never flooded with re-sends: its acknowledgements keep coming, in order."""
+        stalled = now - self._last_ack > self.ack_timeout
+        cutoff = now - self.ack_timeout
+        late: list[int] = []
+        for n, out in self._in_flight.items():  # in publish order
+            if out.sent_at > cutoff or not (stalled or n < self._max_acked):
+                break
+            late.append(n)
+        return [self._in_flight.pop(n) for n in late]
+
+    async def _ticker(self) -> None:
+        """Re-send publishes not acknowledged in time; heartbeat POSITION of idle writers."""
+        period = max(0.05, min(self.ack_timeout, self.heartbeat) / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            if self._in_flight and self.nc.is_connected:
+                late = self._late(now)
+                if late:
+                    self._error_log.warning("NATS: %d publishes not acknowledged within %.1fs; sending them again",
+                                            len(late), self.ack_timeout)
+                    self._retry.extend(late)
+                    self.stats.retried += len(late)
+                    self._wake.set()
+            publisher = self._publisher()
+            if publisher is None:
+                continue
+            positions = publisher.positions()
+            for st in self._wkeys.values():
+                if st.writer != self.instance_name or st.repairing or st.batch:
+                    continue
+                if now - st.last_enqueued >= self.heartbeat:
+                    p = max(positions.get(st.stream, 0), st.prev or 0)
+                    st.prev = p
+                    self._enqueue_position(st, p, p, msg_id=f"{st.stream}:{st.writer}:{p}:hb")
+                    self._wake.set()
+
+    # ------------------------------------------------------------------ reader side
+
+    async def _on_control(self, msg: Any) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            cmd = wire.parse_line(msg.data)
+        except ProtocolError as err:
+            self.stats.invalid += 1
+            self._invalid_log.warning("invalid message on %s: %s", msg.subject, err)
+            return
+        if type(cmd) in (RdataCommand, PositionCommand):
+            self.stats.invalid += 1
+            self._invalid_log.warning("%s on the control subject %s ignored: facts travel on the log subjects",
+                                      cmd.NAME, msg.subject)
+            return
+        self.stats.control_received += 1
+        self._flush_run()
+        self.hub.command_received(conn, cmd)
+
+    def _reader_key(self, stream: str, writer: str) -> _ReaderKey:
+        st = self._rkeys.get((stream, writer))
+        if st is None:
+            st = self._rkeys[(stream, writer)] = _ReaderKey(stream, writer)
+            follower = self._follower()
+            pos = follower.position(stream, writer) if follower is not None else None
+            if pos is None and follower is not None:
+                pos = follower.start_position
+            st.last_token = pos
+        return st
+
+    async def _initial_start(self) -> int:
+        """The first sequence this process needs: per (stream, writer), the message after its position."""
+        api = self._api
+        assert api is not None
+        follower = self._follower()
+        subjects, first_seq, last_seq = await api.subjects()
+        starts: list[int] = []
+        for subject in subjects:
+            self.stats.lookups += 1
+            last = await api.get(last_by_subject=subject)
+            if last is None:
+                continue
+            try:
+                cmd = wire.parse_line(last.data)
+            except ProtocolError:
+                continue
+            if type(cmd) not in (RdataCommand, PositionCommand):
+                continue
+            stream, writer = cmd.stream_name, cmd.instance_name  # type: ignore[attr-defined]
+            if writer == self.instance_name or (follower.streams is not None and stream not in follower.streams):
+                continue
+            st = self._reader_key(stream, writer)
+            pos = follower.position(stream, writer)
+            if pos is None and follower.start_position is None:
+                # Live only: start after what the log holds, at the writer's position.
+                token = _fact_token(last.headers, cmd)
+                if type(cmd) is RdataCommand and cmd.token is None:
+                    token = _prev_of(last.headers) or 0
+                st.last_token = token
+                st.last_seq = last.seq
+                conn = self._conn
+                if conn is not None:
+                    self.hub.command_received(conn, PositionCommand(stream, writer, token, token))
+                starts.append(last.seq + 1)
+                continue
+            if pos is None:
+                pos = follower.start_position
+            st.last_token = pos
+            seq = await self._first_after(subject, pos, first_seq, last.seq)
+            if seq is None:
+                st.last_seq = last.seq
+                starts.append(last.seq + 1)
+            else:
+                st.last_seq = seq - 1
+                starts.append(seq)
+        start = min(starts) if starts else last_seq + 1
+        logger.info("JetStream %s: resuming at sequence %d (%d subjects, %d lookups, no database query)",
+                    self.layout.stream, start, len(subjects), self.stats.lookups)
+        return max(start, 1)
+
+    async def _first_after(self, subject: str, position: int, lo: int, hi: int) -> int | None:
+        """Sequence of ``subject``'s first message above ``position`` (binary search; tokens grow with sequence)."""
+        api = self._api
+        assert api is not None
+        answer: int | None = None
+        lo = max(lo, 1)
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            self.stats.lookups += 1
+            m = await api.get(seq=mid, next_by_subject=subject)
+            if m is None or m.seq > hi:
+                hi = mid - 1
+                continue
+            try:
+                cmd = wire.parse_line(m.data)
+                token = _fact_token(m.headers, cmd)
+            except ProtocolError:
+                lo = m.seq + 1
+                continue
+            if token > position:
+                answer = m.seq
+                hi = mid - 1
+            else:
+                lo = m.seq + 1
+        return answer
+
+    def _on_log(self, subject: str, data: bytes, headers: bytes | None, seq: int, ts: int,
+                pending: int) -> None:
+        """One log message, in stream order: check the chain, assemble batches, hand facts to the hub."""
+        conn = self._conn
+        if conn is None:
+            return
+        self.stats.received += 1
+        try:
+            cmd = wire.parse_line(data)
+        except ProtocolError as err:
+            self.stats.invalid += 1
+            self._invalid_log.warning("invalid message %d on %s skipped: %s", seq, subject, err)
+            return
+        kind = type(cmd)
+        if kind is not RdataCommand and kind is not PositionCommand:
+            self.stats.invalid += 1
+            self._invalid_log.warning("message %d on %s is %s, not a fact; skipped", seq, subject, cmd.NAME)
+            return
+        stream, writer = cmd.stream_name, cmd.instance_name  # type: ignore[attr-defined]
+        if writer == self.instance_name:
+            self.stats.echoes += 1
+            return
+        follower = self._follower()
+        if follower.streams is not None and stream not in follower.streams:
+            return
+        st = self._rkeys.get((stream, writer)) or self._reader_key(stream, writer)
+        if seq <= st.last_seq:
+            self.stats.skipped += 1
+            return
+        st.last_seq = seq
+        st.lag = max(0.0, time.time() - ts / _NS)
+        prev, index = _chain(headers)
+        pos = st.last_token
+        if prev is not None and pos is not None and prev > pos:
+            self._fallback(st, conn, pos, prev)
+        if kind is PositionCommand:
+            if st.batch:
+                st.batch = []
+                self.stats.broken_batches += 1
+            self._flush_run()
+            self.hub.command_received(conn, cmd)
+            new = cmd.new_token  # type: ignore[attr-defined]
+            if st.last_token is None or new > st.last_token:
+                st.last_token = new
+            return
+        token = cmd.token  # type: ignore[attr-defined]
+        if token is None:  # a batch row: held until its fact's closing row
+            fact, i = index if index is not None else (st.batch_token, len(st.batch))
+            if not st.batch or i == 0 or fact != st.batch_token:
+                if st.batch:
+                    self.stats.broken_batches += 1  # a batch restarted (re-published after a writer crash)
+                st.batch = []
+                st.batch_token = fact
+                st.broken = i != 0
+            elif i != len(st.batch):
+                st.broken = True
+            st.batch.append(cmd)  # type: ignore[arg-type]
+            return
+        rows: list[RdataCommand]
+        if st.batch and (index is None or st.batch_token == token):
+            rows = [*st.batch, cmd]  # type: ignore[list-item]
+            broken = st.broken or (index is not None and index[1] != len(st.batch))
+        else:
+            if st.batch:
+                self.stats.broken_batches += 1  # rows of another fact whose closing row never came
+            rows = [cmd]  # type: ignore[list-item]
+            broken = index is not None and index[1] != 0
+        st.batch = []
+        st.batch_token = None
+        st.broken = False
+        if st.last_token is not None and token <= st.last_token:
+            self.stats.skipped += len(rows)
+            return
+        if broken:
+            # Some rows of this fact are not in the log (cut by retention or never published): take it from the table.
+            self.stats.broken_batches += 1
+            self._fallback(st, conn, st.last_token, token)
+            return
+        st.last_token = token
+        run = self._run
+        run.extend(rows)
+        if len(run) == len(rows):  # the first facts of this burst: hand the run over at the end of it
+            asyncio.get_running_loop().call_soon(self._flush_run)
+
+    def _flush_run(self) -> None:
+        """Hand the facts gathered from one burst of deliveries to the hub, in one call."""
+        run = self._run
+        conn = self._conn
+        if not run or conn is None:
+            run.clear()
+            return
+        self._run = []
+        many = getattr(self.hub, "rdata_received", None)
+        if many is not None:
+            many(conn, run)
+        else:
+            for row in run:
+                self.hub.command_received(conn, row)
+
+    def _fallback(self, st: _ReaderKey, conn: NatsConnection, pos: int | None, upto: int) -> None:
+        self._flush_run()
+        st.fallbacks += 1
+        self.stats.fallbacks += 1
+        logger.warning("%s/%s: JetStream no longer holds facts (%s, %d] (retention, or a re-published message out "
+                       "of order); catching up from the stream's table", st.stream, st.writer, pos, upto)
+        self.hub.command_received(conn, PositionCommand(st.stream, st.writer, upto, upto))
+        st.last_token = upto
+        st.batch = []
+
+    # ------------------------------------------------------------------ status
+
+    def key_stats(self) -> list[KeyStats]:
+        """Per (stream, writer): the writer side (what this instance publishes) and the reader side."""
+        out: list[KeyStats] = []
+        for st in self._wkeys.values():
+            out.append(KeyStats("writer", st.stream, st.writer, st.last_seq, st.acked, len(st.outstanding)))
+        pending = self._consumer.pending if self._consumer is not None else 0
+        for rt in self._rkeys.values():
+            out.append(KeyStats("reader", rt.stream, rt.writer, rt.last_seq, rt.last_token, pending, rt.lag,
+                                rt.fallbacks))
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready summary: stream, connection, counters and :meth:`key_stats`."""
+        return {
+            "carrier": "nats",
+            "url": redact_url(self.url),
+            "stream": self.layout.stream,
+            "connected": self.connected,
+            "counters": self.stats.as_dict(),
+            "keys": [asdict(k) for k in self.key_stats()],
+        }
+
+
+def _after(cmds: Sequence[Command], target: int) -> list[Command]:
+    """The commands of facts above ``target`` (batch rows go with their closing row)."""
+    out: list[Command] = []
+    batch: list[Command] = []
+    for cmd in cmds:
+        if type(cmd) is RdataCommand and cmd.token is None:
+            batch.append(cmd)
+            continue
+        if _command_token(cmd) > target:
+            out.extend(batch)
+            out.append(cmd)
+        batch = []
+    out.extend(batch)
+    return out
+
+
+def _command_token(cmd: Command) -> int:
+    if type(cmd) is PositionCommand:
+        return cmd.new_token
+    token = getattr(cmd, "token", None)
+    return -1 if token is None else int(token)
+
+
+# ---------------------------------------------------------------------- metrics
+
+
+class _NatsCollector:
+    """``factstream_nats_*`` metrics read from the live carriers at scrape time."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        seq = GaugeMetricFamily("factstream_nats_sequence", "JetStream sequence per (stream, writer): last "
+                                "acknowledged (writer) or delivered (reader)", labels=["side", "stream", "writer"])
+        pending = GaugeMetricFamily("factstream_nats_pending", "Messages JetStream still holds for this reader "
+                                    "(reader) or not yet acknowledged (writer)", labels=["side", "stream", "writer"])
+        lag = GaugeMetricFamily("factstream_nats_lag_seconds", "Age of the last message delivered to this reader",
+                                labels=["stream", "writer"])
+        fallbacks = CounterMetricFamily("factstream_nats_fallbacks", "Catch-ups from the table because the log "
+                                        "no longer held the facts", labels=["stream", "writer"])
+        events = CounterMetricFamily("factstream_nats_events", "NatsReplication counters", labels=["event"])
+        totals: dict[str, int] = {}
+        seqs: dict[tuple[str, str, str], int] = {}
+        pend: dict[tuple[str, str, str], int] = {}
+        lags: dict[tuple[str, str], float] = {}
+        falls: dict[tuple[str, str], int] = {}
+        for repl in list(_REPLICATIONS):  # several instances in one process: one sample per label set
+            for k in repl.key_stats():
+                key = (k.side, k.stream, k.writer)
+                seqs[key] = max(k.sequence, seqs.get(key, 0))
+                pend[key] = max(k.pending, pend.get(key, 0))
+                if k.side == "reader":
+                    if k.lag_seconds is not None:
+                        lags[(k.stream, k.writer)] = max(k.lag_seconds, lags.get((k.stream, k.writer), 0.0))
+                    falls[(k.stream, k.writer)] = falls.get((k.stream, k.writer), 0) + k.fallbacks
+            for name, n in repl.stats.as_dict().items():
+                totals[name] = totals.get(name, 0) + n
+        for key, v in seqs.items():
+            seq.add_metric(list(key), v)
+        for key, v in pend.items():
+            pending.add_metric(list(key), v)
+        for key2, f in lags.items():
+            lag.add_metric(list(key2), f)
+        for key2, c in falls.items():
+            fallbacks.add_metric(list(key2), c)
+        for name, n in sorted(totals.items()):
+            events.add_metric([name], n)
+        yield from (seq, pending, lag, fallbacks, events)
+
+
+REGISTRY.register(_NatsCollector())
+
+
+# ---------------------------------------------------------------------- tail
+
+
+async def tail_nats(
+    url: str,
+    server_name: str,
+    streams: Sequence[str] = (),
+    json_output: bool = False,
+    *,
+    from_start: bool = False,
+    out: IO[str] | None = None,
+    limit: int | None = None,
+    stop: asyncio.Event | None = None,
+    stream: str | None = None,
+) -> NatsStats:
+    """Print the deployment's log as it grows (``from_start``: from its oldest retained message).
+
+    Raises LookupError when the deployment has no stream there. Lines are printed exactly as stored (``json_output``: one JSON object per
+    command, with its JetStream sequence). ``streams`` keeps only those
+    streams. Stops after ``limit`` messages or when ``stop`` is set.
+    """
+    from .redis import command_to_json
+
+    out = out or sys.stdout
+    layout = JetStreamLayout.for_server(server_name, stream=stream)
+    wanted = frozenset(streams)
+    done = stop or asyncio.Event()
+    stats = NatsStats()
+    shown = 0
+    invalid_log = _RateLimitedLog()
+
+    def show(subject: str, data: bytes, headers: bytes | None, seq: int, ts: int, pending: int) -> None:
+        nonlocal shown
+        if done.is_set():
+            return
+        stats.received += 1
+        try:
+            cmd = wire.parse_line(data)
+        except ProtocolError as err:
+            stats.invalid += 1
+            invalid_log.warning("invalid message %d on %s skipped: %s", seq, subject, err)
+            return
+        name = getattr(cmd, "stream_name", None)
+        if wanted and name is not None and name not in wanted:
+            return
+        if json_output:
+            out.write(json.dumps({"seq": seq, **command_to_json(cmd)}, separators=(",", ":")) + "\n")
+        else:
+            out.write(data.decode("utf-8", "replace") + "\n")
+        out.flush()
+        shown += 1
+        if limit is not None and shown >= limit:
+            done.set()
+
+    nc = await connect_nats(url, name="factstream-tail")
+    try:
+        api = _Api(nc, layout)
+        try:
+            await api.request(f"STREAM.INFO.{layout.stream}")
+        except _ApiError as err:
+            if err.code != 404:
+                raise
+            raise LookupError(f"no JetStream stream {layout.stream} at {redact_url(url)}: no writer of deployment "
+                              f"{server_name!r} has published there yet (check --server-name)") from None
+        consumer = _LogConsumer(api, show, stats, deliver_new=not from_start)
+        consumer.start()
+        await done.wait()
+        await consumer.close()
+    finally:
+        await nc.close()
+    return stats
