@@ -251,6 +251,45 @@ def test_huge_integers(wire_impl: ModuleType) -> None:
         wire_impl.parse_line(f"RDATA s w 1 [{big}9]")
 
 
+# Number literals past what a double holds, as in issue 11: Python's json
+# module (and so Synapse) reads 1e400 as inf and 1e-400 as 0.0; the compiled
+# twin once raised SystemError on the first. Whoever holds such a row can read
+# it; encoding it is refused, as Synapse's encoder refuses it.
+EXTREME_ROWS = [
+    "[1e400]", "[-1e400]", "[1e-400]", "[-1e-400]", "[-0]", "[-0.0]", "[1E+309, -2.5e-324]",
+    '["get_user_by_id",["@u:h"],1700e000440013]',                       # caches
+    '[["@u:h","online",1700e000440013,1e400,-1e400,"hi",true,false]]',  # presence
+    "[" + "9" * 400 + ", -" + "1" * 400 + ", " + "1" * 400 + ".5, 0." + "0" * 400 + "1]",
+    '{"ts":1.7976931348623159e308,"small":4.9e-324,"nested":[[1e400]]}',
+]
+
+
+@pytest.mark.parametrize("text", EXTREME_ROWS, ids=[t[:30] for t in EXTREME_ROWS])
+def test_extreme_numbers_decode_as_the_stdlib(wire_impl: ModuleType, text: str) -> None:
+    expected = json.loads(text)
+    cmd = wire_impl.parse_line(f"RDATA caches master 1234567 {text}".encode())
+    assert repr(cmd.row) == repr(expected)  # repr: inf, -0.0 and 0 told apart
+    if "inf" in repr(expected):
+        with pytest.raises(ProtocolError, match="not JSON Synapse can carry"):
+            wire_impl.encode(cmd)
+    else:
+        assert wire_impl.encode(cmd) == b"RDATA caches master 1234567 " + _json.dumps(expected).encode()
+
+
+@pytest.mark.parametrize("last_seen", ["1e400", "-1e400", "1700e000440013", "1e-400", "-0"])
+def test_extreme_numbers_in_user_ip_and_lock_released(wire_impl: ModuleType, last_seen: str) -> None:
+    cmd = wire_impl.parse_line(f'USER_IP @u:h ["tok","::1","curl",null,{last_seen}]'.encode())
+    assert repr(cmd.last_seen) == repr(json.loads(last_seen))
+    lock = wire_impl.parse_line(f'LOCK_RELEASED [{last_seen},"lock","key"]'.encode())
+    assert repr(lock.instance_name) == repr(json.loads(last_seen))
+
+
+def test_extreme_numbers_through_the_decoder(wire_impl: ModuleType) -> None:
+    dec = wire_impl.LineDecoder()
+    got = dec.feed(b"RDATA events master 1 [1e400]\nRDATA events master 2 [-1e400,1e-400]\n")
+    assert [c.row for c in got] == [[float("inf")], [float("-inf"), 0.0]]
+
+
 # --------------------------------------------------------------------- errors
 
 BAD_LINES = [

@@ -47,7 +47,8 @@ __all__ = ["parse_line", "encode", "encode_lines", "LineDecoder", "DEFAULT_MAX_L
 
 cdef extern from "Python.h":
     object PyUnicode_FromKindAndData(int kind, const void *buffer, Py_ssize_t size)
-    double PyOS_string_to_double(const char *s, char **endptr, object overflow_exception) except? -1.0
+    # overflow_exception NULL: an out-of-range literal gives +-inf, as float() does.
+    double PyOS_string_to_double(const char *s, char **endptr, PyObject *overflow_exception) except? -1.0
     object PyFloat_FromDouble(double v)
     bint PyUnicode_IS_ASCII(object o)
     void* PyUnicode_DATA(object o)
@@ -217,8 +218,11 @@ cdef class _Builder:
             return PyLong_FromLongLong(-v if neg else v)
         text = PyBytes_FromStringAndSize(<const char*>start, pp[0] - start)  # NUL-terminated copy
         if is_float:
-            # Same correctly rounded conversion as float(); overflow gives inf.
-            return PyFloat_FromDouble(PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, None))
+            # Same correctly rounded conversion as float(): an exponent past
+            # the double range gives +-inf (Synapse's json module does the
+            # same), one below it gives +-0.0. NULL, not None, asks for that:
+            # None would be raised as an "exception" (a SystemError).
+            return PyFloat_FromDouble(PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, NULL))
         return PyLong_FromString(PyBytes_AS_STRING(text), NULL, 10)
 
     cdef object _string(self, const unsigned char** pp):
