@@ -435,3 +435,83 @@ def test_decoder_default_limit_is_synapses(wire_impl: ModuleType) -> None:
 def test_decoder_rejects_bad_limit(wire_impl: ModuleType) -> None:
     with pytest.raises(ValueError):
         wire_impl.LineDecoder(max_line_length=0)
+
+
+# ----------------------------------------------------------- cycle collector
+
+
+def test_parsed_commands_stay_collectable_through_their_rows(wire_impl: ModuleType) -> None:
+    # The compiled twin hands out commands the cycle collector does not track
+    # while they hold only strings and numbers; a row put in them (decoded or
+    # set) tracks them again, so a cycle through one is still collected.
+    import gc
+    import weakref
+
+    class Probe:
+        pass
+
+    for setter in (False, True):
+        cmd = wire_impl.parse_line(b'RDATA events master 5 ["a",1]')
+        probe = Probe()
+        if setter:
+            cmd.row = [cmd, probe]
+        else:
+            cmd.row.extend([cmd, probe])
+        assert gc.is_tracked(cmd)
+        ref = weakref.ref(probe)
+        del cmd, probe
+        gc.collect()
+        assert ref() is None, "a cycle through a parsed command was not collected"
+
+
+def test_untracked_only_while_atomic(wire_impl: ModuleType) -> None:
+    import gc
+
+    position = wire_impl.parse_line(b"POSITION events master 1 2")
+    rdata = wire_impl.parse_line(b'RDATA events master 5 "text"')
+    if wire_impl.__name__.endswith("_c"):
+        assert not gc.is_tracked(position) and not gc.is_tracked(rdata)
+    assert rdata.row == "text"  # a str row: nothing to track
+    rdata.row = {"k": []}
+    assert gc.is_tracked(rdata)
+
+
+def test_row_descriptor_behaves_as_the_property(wire_impl: ModuleType) -> None:
+    cmd = wire_impl.parse_line(b'RDATA s w 1 ["a"]')
+    assert cmd.raw_row in (b'["a"]', None)  # the pure twin decodes at once and keeps no bytes
+    assert cmd.row == ["a"] and cmd.raw_row is None  # handed out: the bytes are no longer trusted
+    with pytest.raises(AttributeError):
+        del cmd.row
+    built = RdataCommand("s", "w", None, {"x": 1})
+    assert built.row == {"x": 1} and wire_impl.encode(built) == b'RDATA s w batch {"x":1}'
+    assert isinstance(RdataCommand.__dict__["row"].__doc__, str)
+
+
+def test_repeated_names_decode_the_same(wire_impl: ModuleType) -> None:
+    # The compiled twin shares decoded stream/instance names between lines.
+    names = ["events", "caches", "e" * 40, "f" * 41, "\u00e9v\u00e9nements", "x", "events"]
+    for name in names * 3:
+        cmd = wire_impl.parse_line(f"POSITION {name} w{len(name)} 1 2".encode())
+        assert (cmd.stream_name, cmd.instance_name) == (name, f"w{len(name)}")
+    with pytest.raises(ProtocolError, match="stream_name is empty"):
+        wire_impl.parse_line(b"RDATA  w 1 []")
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [PingCommand("a\nb"), PingCommand("caf\u00e9"), PingCommand("\ud800"), UserSyncCommand("w", "@u h", None, True, 1),
+     UserSyncCommand("w", "@u:h", "", False, 1), UserSyncCommand("w", "@u:h", 5, False, 1),  # type: ignore[arg-type]
+     UserSyncCommand("w", "@u:h", "D", False, 2**63)],
+)
+def test_encode_fast_paths_agree_with_to_line(wire_impl: ModuleType, cmd: object) -> None:
+    from factstream import _wire_py
+
+    try:
+        expected: object = _wire_py.encode(cmd)
+    except ProtocolError as err:
+        expected = ("error", str(err))
+    try:
+        got: object = wire_impl.encode(cmd)
+    except ProtocolError as err:
+        got = ("error", str(err))
+    assert got == expected

@@ -980,19 +980,19 @@ cdef int _encode_into(_Out out, object cmd) except -1:
             out.write(PyBytes_AS_STRING(<bytes>rawp), PyBytes_GET_SIZE(<bytes>rawp))
             return 0
         out.write(b"RDATA ", 6)
-        _enc_word(out, cmd.stream_name, "stream_name", "RDATA")
+        _enc_word(out, _slot_or_attr(cmd, R_STREAM, "stream_name"), "stream_name", "RDATA")
         out.byte(32)
-        _enc_word(out, cmd.instance_name, "instance_name", "RDATA")
+        _enc_word(out, _slot_or_attr(cmd, R_INSTANCE, "instance_name"), "instance_name", "RDATA")
         out.byte(32)
-        token = cmd.token
+        token = _slot_or_attr(cmd, R_TOKEN, "token")
         if token is None:
             out.write(b"batch", 5)
         else:
             _enc_token(out, token, "token", "RDATA")
         out.byte(32)
-        raw = cmd._raw
+        raw = _slot_or_attr(cmd, R_RAW, "_raw")
         if raw is None:
-            _enc_json(out, cmd._row, "row", "RDATA")  # no bytes held: _row is the value
+            _enc_json(out, _slot_or_attr(cmd, R_ROW, "_row"), "row", "RDATA")  # no bytes held: _row is the value
         elif cmd._canonical:
             out.write(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
         else:
