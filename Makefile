@@ -6,7 +6,7 @@ PIP    := $(BIN)/python -m pip
 EXTRAS ?= dev,spark
 PYTEST_ARGS ?=
 
-.PHONY: venv install wheel demo test bench clean oracle
+.PHONY: venv install wheel demo test bench clean oracle prerequisites prerequisites
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "factstream needs Python 3.11+ (set PYTHON=python3.11)"'
@@ -32,7 +32,7 @@ demo: install
 	$(BIN)/factstream demo
 	$(BIN)/factstream events-demo
 
-test: install oracle
+test: install oracle prerequisites
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Every benchmark file (or only BENCH=wire, BENCH="wire heap", ...) against the installed
@@ -58,3 +58,22 @@ SYNAPSE_VERSION ?= 1.163.2
 
 oracle: .venv-synapse/bin/python
 	.venv-synapse/bin/python -c 'import psycopg2, txredisapi, hiredis' 2>/dev/null || .venv-synapse/bin/python -m pip install --quiet psycopg2-binary 'txredisapi>=1.4.12,<1.6' hiredis
+
+# Programs the tests start themselves (a private redis-server, a TLS certificate,
+# redis-cli captures, Spark's JVM). Python needs come from the extras above;
+# services (PostgreSQL, Redis) must already run. Missing programs are installed
+# with apt-get when run as root on Debian/Ubuntu; otherwise the hint is printed,
+# and under CI=true that is an error, since a test lacking them fails there.
+PREREQUISITES ?= redis-server:redis-server redis-cli:redis-tools openssl:openssl java:openjdk-17-jre-headless nats-server:nats-server
+prerequisites:
+	@missing=""; for need in $(PREREQUISITES); do \
+	  command -v "$${need%%:*}" >/dev/null 2>&1 || missing="$$missing $${need#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	  else \
+	    echo "the tests need:$$missing (apt-get install$$missing)" >&2; \
+	    [ "$${CI:-}" != true ]; \
+	  fi; \
+	fi

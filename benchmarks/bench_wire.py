@@ -2,17 +2,31 @@
 
 Run: make bench PYTEST_ARGS="-k bench_wire"  (or: .venv/bin/python -m pytest
 benchmarks/bench_wire.py --benchmark-only --benchmark-json=wire.json and then
-.venv/bin/python benchmarks/ratios.py wire.json)
+.venv/bin/python benchmarks/ratios.py wire.json). ratios.py gives the compiled
+twin's speed-up over the pure one per group; test_against_synapse's
+extra_info gives each twin's speed-up over Synapse's own codec, per operation
+(parse with rows decoded, LineDecoder.feed in 4 KiB / 64 KiB chunks and the
+whole buffer at once, serialise).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from corpus import generate
 from factstream.commands import RdataCommand
+
+@pytest.fixture(autouse=True)
+def _record_impl(request: pytest.FixtureRequest) -> None:
+    """Every result says which build ran it (factstream.IMPL) beside the twin it measured."""
+    import factstream
+
+    if "benchmark" in request.fixturenames:
+        request.getfixturevalue("benchmark").extra_info["factstream_impl"] = factstream.IMPL
+
 
 N_LINES = 20_000
 LINES = generate(N_LINES)
@@ -27,16 +41,25 @@ def _consume(cmds: list[object]) -> int:
     return len(cmds)
 
 
-@pytest.mark.benchmark(group="decode buffer, rows decoded")
-def test_decode_buffer(benchmark, wire_impl: ModuleType) -> None:
-    def run() -> int:
-        dec = wire_impl.LineDecoder()
-        n = 0
-        for i in range(0, len(BUFFER), 65536):  # socket-sized chunks
-            n += _consume(dec.feed(BUFFER[i : i + 65536]))
-        return n
+CHUNKS = {"4KiB": 4096, "64KiB": 65536, "whole": None}
 
-    assert benchmark(run) == N_LINES
+
+def _feed_all(wire_impl: ModuleType, chunk: int | None) -> int:
+    """Feed BUFFER in ``chunk``-byte pieces (or all at once) and consume every command."""
+    if chunk is None:
+        return _consume(wire_impl.LineDecoder(max_line_length=1 << 30).feed(BUFFER))
+    dec = wire_impl.LineDecoder()
+    n = 0
+    for i in range(0, len(BUFFER), chunk):
+        n += _consume(dec.feed(BUFFER[i : i + chunk]))
+    return n
+
+
+@pytest.mark.parametrize("chunk", list(CHUNKS))
+@pytest.mark.benchmark(group="decode buffer, rows decoded")
+def test_decode_buffer(benchmark, wire_impl: ModuleType, chunk: str) -> None:
+    benchmark.group = f"decode buffer in {chunk} chunks, rows decoded"
+    assert benchmark(_feed_all, wire_impl, CHUNKS[chunk]) == N_LINES
     benchmark.extra_info["lines"] = N_LINES
 
 
@@ -93,44 +116,57 @@ def test_encode_lines_relay(benchmark, wire_impl: ModuleType) -> None:
 
 @pytest.mark.benchmark(group="reference: Synapse's own codec")
 def test_against_synapse(benchmark, tmp_path, wire_impl: ModuleType) -> None:
-    """Synapse's codec (in the oracle venv, `make oracle`) on the same corpus, same run.
+    """Synapse 1.163.2's codec (the oracle venv, `make oracle`) on the same corpus, rounds alternating with ours.
 
-    Reported in extra_info as lines/s and as this twin's speed-up over it.
+    extra_info holds, per operation, lines/s of each and this twin's speed-up
+    over Synapse: each side's best time over ROUNDS rounds, Synapse's script
+    and our loops taking turns so that both see the same machine load.
     """
     import json
     import os
     import subprocess
-    import time
-    from pathlib import Path
 
-    python = Path(__file__).resolve().parent.parent / ".venv-synapse" / "bin" / "python"
-    if not python.exists():
-        pytest.skip("Synapse oracle not installed: run 'make oracle'")
+    from conftest import synapse_python
+
+    python = synapse_python()  # skips locally without the oracle; fails under CI=true
     corpus = tmp_path / "corpus.log"
     corpus.write_bytes(BUFFER)
     script = Path(__file__).resolve().parent / "synapse_speed.py"
-    syn = json.loads(subprocess.run([str(python), str(script), str(corpus)], capture_output=True, text=True,
-                                    check=True, cwd="/", env={**os.environ, "PYTHONPATH": ""}).stdout)
-
-    def ours() -> None:
-        dec = wire_impl.LineDecoder()
-        for i in range(0, len(BUFFER), 65536):
-            _consume(dec.feed(BUFFER[i : i + 65536]))
-
-    benchmark(ours)
-    best = min(_time(ours) for _ in range(5))  # best-of-5, as the Synapse script measures
     cmds = wire_impl.LineDecoder().feed(BUFFER)
-    for cmd in cmds:
-        if type(cmd) is RdataCommand:
-            cmd.row  # noqa: B018 - measure real serialisation, not byte reuse
-    enc = min(_time(lambda: wire_impl.encode_lines(cmds)) for _ in range(5))
-    benchmark.extra_info.update(
-        lines=N_LINES,
-        synapse_decode_lines_per_s=round(N_LINES / syn["decode_s"]),
-        synapse_encode_lines_per_s=round(N_LINES / syn["encode_s"]),
-        decode_speedup_over_synapse=round(syn["decode_s"] / best, 2),
-        encode_speedup_over_synapse=round(syn["encode_s"] / enc, 2),
-    )
+    _consume(cmds)  # rows read: encoding below serialises them, it does not reuse received bytes
+    parse = wire_impl.parse_line
+
+    def parse_rows() -> None:
+        for line in LINES:
+            cmd = parse(line)
+            if type(cmd) is RdataCommand:
+                cmd.row  # noqa: B018
+
+    ours_ops = {
+        "parse_rows": parse_rows,
+        **{f"feed_{name}": (lambda chunk=chunk: _feed_all(wire_impl, chunk)) for name, chunk in CHUNKS.items()},
+        "encode": lambda: wire_impl.encode_lines(cmds),
+    }
+    theirs_of = {"parse_rows": "parse_s", "encode": "encode_s", **{f"feed_{n}": "decode_s" for n in CHUNKS}}
+    ours = {op: float("inf") for op in ours_ops}
+    theirs = {key: float("inf") for key in ("parse_s", "decode_s", "encode_s")}
+    for _ in range(ROUNDS):
+        syn = json.loads(subprocess.run([python, str(script), str(corpus), "2"], capture_output=True, text=True,
+                                        check=True, cwd="/", env={**os.environ, "PYTHONPATH": ""}).stdout)
+        for key in theirs:
+            theirs[key] = min(theirs[key], syn[key])
+        for op, fn in ours_ops.items():
+            ours[op] = min(ours[op], _time(fn), _time(fn))
+    benchmark(ours_ops["feed_whole"])
+    benchmark.extra_info.update(lines=N_LINES, impl=wire_impl.__name__.rsplit("_", 1)[-1], rounds=ROUNDS)
+    for op, seconds in ours.items():
+        their = theirs[theirs_of[op]]
+        benchmark.extra_info[f"{op}_lines_per_s"] = round(N_LINES / seconds)
+        benchmark.extra_info[f"synapse_{op}_lines_per_s"] = round(N_LINES / their)
+        benchmark.extra_info[f"{op}_speedup_over_synapse"] = round(their / seconds, 2)
+
+
+ROUNDS = 3
 
 
 def _time(fn) -> float:

@@ -1,8 +1,9 @@
 """Times Synapse's own codec on a corpus (run under the Synapse oracle venv).
 
-Usage: .venv-synapse/bin/python benchmarks/synapse_speed.py CORPUS_FILE
-Prints JSON: best-of-5 seconds to parse every line (Synapse decodes rows
-eagerly) and to write every parsed command as a TCP line.
+Usage: .venv-synapse/bin/python benchmarks/synapse_speed.py CORPUS_FILE [REPEAT]
+Prints JSON: best-of-REPEAT (5) seconds to decode a TCP buffer (Synapse
+decodes rows eagerly), to parse every line on its own, and to write every
+parsed command as a TCP line.
 """
 
 from __future__ import annotations
@@ -23,16 +24,22 @@ def best(fn, repeat: int = 5) -> float:
     return min(times)
 
 
-def main(path: str) -> None:
+def main(path: str, repeat: int = 5) -> None:
     with open(path, "rb") as fh:
         data = fh.read()
     lines = [line for line in data.split(b"\n") if line]
 
     def decode() -> None:
-        # Synapse's TCP protocol: split lines, decode UTF-8, parse; the reader then drops each command.
+        # Synapse's TCP protocol: split lines, decode UTF-8, parse (rows are
+        # decoded eagerly); the reader then drops each command.
         for line in data.split(b"\n"):
             if line:
                 parse_command_from_line(line.decode("utf-8"))
+
+    def parse() -> None:
+        # One line at a time, as published on Redis.
+        for line in lines:
+            parse_command_from_line(line.decode("utf-8"))
 
     cmds = [parse_command_from_line(line.decode("utf-8")) for line in lines]
 
@@ -40,8 +47,9 @@ def main(path: str) -> None:
         return b"".join([("%s %s\n" % (c.NAME, c.to_line())).encode("utf-8") for c in cmds])
 
     assert encode() == data
-    print(json.dumps({"lines": len(lines), "decode_s": best(decode), "encode_s": best(encode)}))
+    print(json.dumps({"lines": len(lines), "decode_s": best(decode, repeat), "parse_s": best(parse, repeat),
+                      "encode_s": best(encode, repeat)}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5)

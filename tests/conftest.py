@@ -2,19 +2,24 @@
 
 Every codec and heap test takes an implementation fixture parametrised over
 the compiled (``c``) and the pure-Python (``py``) twin. Service fixtures use
-the real PostgreSQL and Redis on 127.0.0.1; when one is unreachable the test
-is skipped with a hint on how to start it, except under ``CI=true``, where it
-fails.
+the real PostgreSQL and Redis on 127.0.0.1. Every external need (a Python
+module, an executable, a service) goes through :func:`require`: when it is
+missing the test is skipped with the reason and how to get it, except under
+``CI=true``, where it fails.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import shutil
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn, overload
 
 import pytest
 
@@ -27,8 +32,9 @@ IMPL_PARAMS = [pytest.param("c", marks=pytest.mark.c, id="c"), pytest.param("py"
 
 def twin(module: str, impl: str) -> ModuleType:
     """The ``impl`` twin of ``module`` (e.g. "_wire"), failing loudly if the compiled one is missing."""
-    if impl == "c" and _compat.NO_EXTENSIONS:
-        pytest.skip("FACTSTREAM_NO_EXTENSIONS is set: the compiled core is switched off")
+    if impl == "c" and _compat.REQUESTED_IMPL == "python":
+        # A deliberate choice (a pure-Python run), not a missing prerequisite: CI sets neither switch.
+        pytest.skip("FACTSTREAM_IMPL=python or FACTSTREAM_NO_EXTENSIONS is set: the compiled core is switched off")
     try:
         return _compat.load(module, impl)
     except ImportError as err:
@@ -47,7 +53,14 @@ def wire_impl(impl: str) -> ModuleType:
     return twin("_wire", impl)
 
 
-# --------------------------------------------------------------------- services
+# ------------------------------------------------------------ external needs
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip with ``reason``; under CI=true fail with it instead, since CI must run every test."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: a missing prerequisite is a failure, not a skip)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -58,14 +71,44 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
+@overload
+def require(*, module: str, how: str) -> ModuleType: ...
+@overload
+def require(*, binary: str, how: str) -> str: ...
+@overload
+def require(*, service: str, at: tuple[str, int], how: str) -> None: ...
+
+
+def require(
+    *, module: str | None = None, binary: str | None = None, service: str | None = None,
+    at: tuple[str, int] | None = None, how: str,
+) -> Any:
+    """What a test needs from outside the package, or skip saying why and ``how`` to get it (fail under CI=true).
+
+    Exactly one of: ``module`` (returned imported; a module that is present but
+    fails to import is a failure everywhere, not a skip), ``binary`` (its path
+    on PATH is returned) or ``service`` (a name, listening ``at`` (host, port)).
+    """
+    if sum(x is not None for x in (module, binary, service)) != 1:
+        raise TypeError("require() takes exactly one of module=, binary=, service=")
+    if module is not None:
+        if importlib.util.find_spec(module) is None:
+            unavailable(f"Python module {module!r} is not installed in {sys.executable}; {how}")
+        return importlib.import_module(module)
+    if binary is not None:
+        path = shutil.which(binary)
+        if path is None:
+            unavailable(f"{binary!r} is not on PATH; {how}")
+        return path
+    assert service is not None and at is not None, "service= needs at=(host, port)"
+    if not _reachable(*at):
+        unavailable(f"{service} is not reachable at {at[0]}:{at[1]}; start it with: {how}")
+    return None
+
+
 def require_service(name: str, host: str, port: int, how_to_start: str) -> None:
-    """Skip (or, under CI=true, fail) when a service is not listening."""
-    if _reachable(host, port):
-        return
-    msg = f"{name} is not reachable at {host}:{port}; start it with: {how_to_start}"
-    if IN_CI:
-        pytest.fail(msg + " (CI=true: a missing service is a failure)")
-    pytest.skip(msg)
+    """Skip (or, under CI=true, fail) when a service is not listening (``require(service=...)``)."""
+    require(service=name, at=(host, port), how=how_to_start)
 
 
 PG_HOST = os.environ.get("FACTSTREAM_TEST_PGHOST", "127.0.0.1")
@@ -157,10 +200,7 @@ def synapse_python() -> str:
     """The Python of the test-only Synapse install (``make oracle``); skips, or fails under CI, without it."""
     if os.path.exists(SYNAPSE_PYTHON):
         return SYNAPSE_PYTHON
-    msg = f"Synapse oracle not installed at {SYNAPSE_PYTHON}: run 'make oracle' (a venv with matrix-synapse)"
-    if IN_CI:
-        pytest.fail(msg)
-    pytest.skip(msg)
+    unavailable(f"Synapse oracle not installed at {SYNAPSE_PYTHON}: run 'make oracle' (a venv with matrix-synapse)")
 
 
 class SynapseBridge:

@@ -5,7 +5,8 @@ stdout: what Synapse's own command classes do with it. Only Synapse's public
 command API is used.
 
 Request: {"parse": [line, ...], "encode": [[NAME, [args...]], ...]}
-Reply:   {"parse": [{"ok": true, "name": .., "fields": {..}, "line": ..} | {"ok": false, "error": ..}],
+Reply:   {"parse": [{"ok": true, "name": .., "fields": {..}, "line": .. | null, "encode_error": null | ..}
+                     | {"ok": false, "error": ..}],
           "encode": [{"ok": true, "line": ..} | {"ok": false, "error": ..}]}
 """
 
@@ -37,9 +38,13 @@ def fields_of(cmd: object) -> dict:
 def parse(line: str) -> dict:
     try:
         cmd = c.parse_command_from_line(line)
-        return {"ok": True, "name": cmd.NAME, "fields": fields_of(cmd), "line": f"{cmd.NAME} {cmd.to_line()}"}
     except Exception as err:  # noqa: BLE001 - any failure is an answer
         return {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    try:  # parsed, but maybe not encodable again (1e400 decodes to inf, which the encoder refuses)
+        again, encode_error = f"{cmd.NAME} {cmd.to_line()}", None
+    except Exception as err:  # noqa: BLE001
+        again, encode_error = None, f"{type(err).__name__}: {err}"
+    return {"ok": True, "name": cmd.NAME, "fields": fields_of(cmd), "line": again, "encode_error": encode_error}
 
 
 def encode(name: str, args: list) -> dict:

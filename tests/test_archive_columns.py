@@ -19,9 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pa = pytest.importorskip("pyarrow", reason="pyarrow is in the spark extra: pip install 'factstream[spark]'")
+from conftest import require, twin  # noqa: E402
 
-from conftest import twin  # noqa: E402
+pa = require(module="pyarrow", how="it is in the spark extra: pip install 'factstream[spark]' (make install)")
+
 from factstream.spark import lines as L  # noqa: E402
 import wire_strategies as ws  # noqa: E402
 
@@ -138,6 +139,13 @@ EDGE_LINES = [
     b"\xff\xfe",
     b"RDATA typing m 1 [\"caf\xc3\xa9\"]",
     b"PING 1\r",
+    # numbers past the double range (issue 11): inf / 0.0 for the row function, never a crash
+    b'RDATA caches m 5 ["f",["a"],1e400]',
+    b'RDATA caches m 5 ["f",[1700e000440013],-1e400]',
+    b'RDATA caches m 5 ["f",["a"],1e-400]',
+    b'RDATA events m 5 ["ev",["$e","!r","t",null,null,null,null,false,1e400]]',
+    b'RDATA presence m 5 [["@u:h","online",1700e000440013,1,2,null,true,false]]',
+    b'USER_IP @u:h ["tok","::1","curl",null,1e400]',
 ]
 
 

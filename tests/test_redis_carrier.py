@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +26,7 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
+from conftest import require, unavailable
 from factstream import wire
 from factstream.transport.redis import (
     RedisCarrier,
@@ -40,7 +40,6 @@ from factstream.transport.redis import (
 
 pytestmark = pytest.mark.redis
 
-REDIS_SERVER = shutil.which("redis-server")
 
 # ------------------------------------------------------------------ helpers
 
@@ -49,7 +48,7 @@ REDIS_SERVER = shutil.which("redis-server")
 def run(request: pytest.FixtureRequest) -> Callable[[Awaitable[Any]], Any]:
     """Run a coroutine to completion on the stdlib loop or on uvloop."""
     if request.param == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
+        uvloop = require(module="uvloop", how="pip install uvloop (a dependency of factstream)")
         factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
     else:
         factory = None
@@ -94,9 +93,7 @@ class RedisServer:
             self._make_cert()
 
     def _make_cert(self) -> None:
-        openssl = shutil.which("openssl")
-        if openssl is None:
-            pytest.skip("openssl is needed to make a TLS certificate for the test Redis")
+        openssl = require(binary="openssl", how="apt-get install openssl (make prerequisites)")
         subprocess.run(
             [
                 openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -113,10 +110,9 @@ class RedisServer:
         return f"{scheme}://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        if REDIS_SERVER is None:
-            pytest.skip("redis-server is not installed (apt-get install redis-server)")
+        redis_server = require(binary="redis-server", how="apt-get install redis-server (make prerequisites)")
         args = [
-            REDIS_SERVER, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            redis_server, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--dir", str(self.workdir), "--unixsocket", self.socket_path, "--unixsocketperm", "700",
         ]
         if self.tls:
@@ -653,8 +649,8 @@ def test_tls(run: Any, tmp_path: Path, channel_prefix: str) -> None:
     server = RedisServer(tmp_path, tls=True)
     try:
         server.start()
-    except RuntimeError:
-        pytest.skip("this redis-server was built without TLS support")
+    except RuntimeError as err:
+        unavailable(f"redis-server did not start with TLS ({err}); is it built with TLS support?")
     try:
 
         async def scenario() -> None:

@@ -10,7 +10,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from conftest import require
 from factstream import wire
 from factstream.errors import ProtocolError
 
@@ -28,7 +28,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
 ]
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 _spec = importlib.util.spec_from_file_location("spark_archives", Path(__file__).with_name("spark_archives.py"))
 assert _spec and _spec.loader
@@ -41,17 +40,10 @@ STATE_FIELDS = ["room_id", "type", "state_key", "event_id"]
 
 
 def _require_spark() -> None:
-    problems = []
     for mod in ("pyspark", "pyarrow", "pandas"):
-        if importlib.util.find_spec(mod) is None:
-            problems.append(f"{mod} is not installed (pip install 'factstream[spark]')")
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        problems.append("Java is not installed (apt-get install openjdk-17-jre-headless)")
-    if problems:
-        msg = "; ".join(problems)
-        if IN_CI:
-            pytest.fail(msg + " (CI=true: Spark tests must run)")
-        pytest.skip(msg)
+        require(module=mod, how="pip install 'factstream[spark]' (make install)")
+    if not os.environ.get("JAVA_HOME"):
+        require(binary="java", how="apt-get install openjdk-17-jre-headless (make prerequisites), or set JAVA_HOME")
 
 
 @pytest.fixture(scope="session")

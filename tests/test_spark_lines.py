@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-pa = pytest.importorskip("pyarrow", reason="pyarrow is in the spark extra: pip install 'factstream[spark]'")
+from conftest import require
+
+pa = require(module="pyarrow", how="it is in the spark extra: pip install 'factstream[spark]' (make install)")
 
 from factstream import wire  # noqa: E402
 from factstream.errors import ProtocolError  # noqa: E402
@@ -186,16 +188,14 @@ def test_list_files_globs_dirs_and_missing(tmp_path: Path) -> None:
 
 def _capture(args: list[str], out: Path, publish: list[bytes], channel: str) -> list[bytes]:
     """Run redis-cli with ``args`` into ``out`` while ``publish`` goes to ``channel``; return its lines."""
-    import shutil
     import subprocess
     import time
 
     import redis
 
-    if shutil.which("redis-cli") is None:
-        pytest.skip("redis-cli is not installed (apt-get install redis-tools)")
+    redis_cli = require(binary="redis-cli", how="apt-get install redis-tools (make prerequisites)")
     with open(out, "wb") as fh:
-        proc = subprocess.Popen(["redis-cli", "-h", "127.0.0.1", "-p", "6379", *args], stdout=fh)
+        proc = subprocess.Popen([redis_cli, "-h", "127.0.0.1", "-p", "6379", *args], stdout=fh)
         try:
             client = redis.Redis(host="127.0.0.1", port=6379)
             deadline = time.monotonic() + 10

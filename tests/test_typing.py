@@ -12,28 +12,21 @@ then trip over (or type-check) every third-party module in it.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import site
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import factstream
-from conftest import IN_CI
+from conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "pyproject.toml"
 
 
 def test_mypy_strict_is_clean() -> None:
-    if importlib.util.find_spec("mypy") is None:
-        msg = f"mypy is not importable from {sys.executable}: pip install -e '.[dev]' (or pip install 'mypy>=1.10')"
-        if IN_CI:
-            pytest.fail(msg + " (CI=true: the typing check must run)")
-        pytest.skip(msg)
+    require(module="mypy", how="pip install 'factstream[dev]' (or pip install 'mypy>=1.10')")
     package = Path(factstream.__file__).resolve().parent
     site_dirs = {Path(d).resolve() for d in [*site.getsitepackages(), site.getusersitepackages()]}
     target = ["-p", "factstream"] if package.parent in site_dirs else [str(package)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI
+from conftest import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,10 +34,7 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
 
 def _need(wheel: Path | None) -> Path:
     if wheel is None:
-        msg = "no wheel in wheels/: run 'make wheel'"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
+        unavailable("no wheel in wheels/: run 'make wheel'")
     return wheel
 
 

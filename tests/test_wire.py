@@ -251,6 +251,45 @@ def test_huge_integers(wire_impl: ModuleType) -> None:
         wire_impl.parse_line(f"RDATA s w 1 [{big}9]")
 
 
+# Number literals past what a double holds, as in issue 11: Python's json
+# module (and so Synapse) reads 1e400 as inf and 1e-400 as 0.0; the compiled
+# twin once raised SystemError on the first. Whoever holds such a row can read
+# it; encoding it is refused, as Synapse's encoder refuses it.
+EXTREME_ROWS = [
+    "[1e400]", "[-1e400]", "[1e-400]", "[-1e-400]", "[-0]", "[-0.0]", "[1E+309, -2.5e-324]",
+    '["get_user_by_id",["@u:h"],1700e000440013]',                       # caches
+    '[["@u:h","online",1700e000440013,1e400,-1e400,"hi",true,false]]',  # presence
+    "[" + "9" * 400 + ", -" + "1" * 400 + ", " + "1" * 400 + ".5, 0." + "0" * 400 + "1]",
+    '{"ts":1.7976931348623159e308,"small":4.9e-324,"nested":[[1e400]]}',
+]
+
+
+@pytest.mark.parametrize("text", EXTREME_ROWS, ids=[t[:30] for t in EXTREME_ROWS])
+def test_extreme_numbers_decode_as_the_stdlib(wire_impl: ModuleType, text: str) -> None:
+    expected = json.loads(text)
+    cmd = wire_impl.parse_line(f"RDATA caches master 1234567 {text}".encode())
+    assert repr(cmd.row) == repr(expected)  # repr: inf, -0.0 and 0 told apart
+    if "inf" in repr(expected):
+        with pytest.raises(ProtocolError, match="not JSON Synapse can carry"):
+            wire_impl.encode(cmd)
+    else:
+        assert wire_impl.encode(cmd) == b"RDATA caches master 1234567 " + _json.dumps(expected).encode()
+
+
+@pytest.mark.parametrize("last_seen", ["1e400", "-1e400", "1700e000440013", "1e-400", "-0"])
+def test_extreme_numbers_in_user_ip_and_lock_released(wire_impl: ModuleType, last_seen: str) -> None:
+    cmd = wire_impl.parse_line(f'USER_IP @u:h ["tok","::1","curl",null,{last_seen}]'.encode())
+    assert repr(cmd.last_seen) == repr(json.loads(last_seen))
+    lock = wire_impl.parse_line(f'LOCK_RELEASED [{last_seen},"lock","key"]'.encode())
+    assert repr(lock.instance_name) == repr(json.loads(last_seen))
+
+
+def test_extreme_numbers_through_the_decoder(wire_impl: ModuleType) -> None:
+    dec = wire_impl.LineDecoder()
+    got = dec.feed(b"RDATA events master 1 [1e400]\nRDATA events master 2 [-1e400,1e-400]\n")
+    assert [c.row for c in got] == [[float("inf")], [float("-inf"), 0.0]]
+
+
 # --------------------------------------------------------------------- errors
 
 BAD_LINES = [
@@ -396,3 +435,83 @@ def test_decoder_default_limit_is_synapses(wire_impl: ModuleType) -> None:
 def test_decoder_rejects_bad_limit(wire_impl: ModuleType) -> None:
     with pytest.raises(ValueError):
         wire_impl.LineDecoder(max_line_length=0)
+
+
+# ----------------------------------------------------------- cycle collector
+
+
+def test_parsed_commands_stay_collectable_through_their_rows(wire_impl: ModuleType) -> None:
+    # The compiled twin hands out commands the cycle collector does not track
+    # while they hold only strings and numbers; a row put in them (decoded or
+    # set) tracks them again, so a cycle through one is still collected.
+    import gc
+    import weakref
+
+    class Probe:
+        pass
+
+    for setter in (False, True):
+        cmd = wire_impl.parse_line(b'RDATA events master 5 ["a",1]')
+        probe = Probe()
+        if setter:
+            cmd.row = [cmd, probe]
+        else:
+            cmd.row.extend([cmd, probe])
+        assert gc.is_tracked(cmd)
+        ref = weakref.ref(probe)
+        del cmd, probe
+        gc.collect()
+        assert ref() is None, "a cycle through a parsed command was not collected"
+
+
+def test_untracked_only_while_atomic(wire_impl: ModuleType) -> None:
+    import gc
+
+    position = wire_impl.parse_line(b"POSITION events master 1 2")
+    rdata = wire_impl.parse_line(b'RDATA events master 5 "text"')
+    if wire_impl.__name__.endswith("_c"):
+        assert not gc.is_tracked(position) and not gc.is_tracked(rdata)
+    assert rdata.row == "text"  # a str row: nothing to track
+    rdata.row = {"k": []}
+    assert gc.is_tracked(rdata)
+
+
+def test_row_descriptor_behaves_as_the_property(wire_impl: ModuleType) -> None:
+    cmd = wire_impl.parse_line(b'RDATA s w 1 ["a"]')
+    assert cmd.raw_row in (b'["a"]', None)  # the pure twin decodes at once and keeps no bytes
+    assert cmd.row == ["a"] and cmd.raw_row is None  # handed out: the bytes are no longer trusted
+    with pytest.raises(AttributeError):
+        del cmd.row
+    built = RdataCommand("s", "w", None, {"x": 1})
+    assert built.row == {"x": 1} and wire_impl.encode(built) == b'RDATA s w batch {"x":1}'
+    assert isinstance(RdataCommand.__dict__["row"].__doc__, str)
+
+
+def test_repeated_names_decode_the_same(wire_impl: ModuleType) -> None:
+    # The compiled twin shares decoded stream/instance names between lines.
+    names = ["events", "caches", "e" * 40, "f" * 41, "\u00e9v\u00e9nements", "x", "events"]
+    for name in names * 3:
+        cmd = wire_impl.parse_line(f"POSITION {name} w{len(name)} 1 2".encode())
+        assert (cmd.stream_name, cmd.instance_name) == (name, f"w{len(name)}")
+    with pytest.raises(ProtocolError, match="stream_name is empty"):
+        wire_impl.parse_line(b"RDATA  w 1 []")
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [PingCommand("a\nb"), PingCommand("caf\u00e9"), PingCommand("\ud800"), UserSyncCommand("w", "@u h", None, True, 1),
+     UserSyncCommand("w", "@u:h", "", False, 1), UserSyncCommand("w", "@u:h", 5, False, 1),  # type: ignore[arg-type]
+     UserSyncCommand("w", "@u:h", "D", False, 2**63)],
+)
+def test_encode_fast_paths_agree_with_to_line(wire_impl: ModuleType, cmd: object) -> None:
+    from factstream import _wire_py
+
+    try:
+        expected: object = _wire_py.encode(cmd)
+    except ProtocolError as err:
+        expected = ("error", str(err))
+    try:
+        got: object = wire_impl.encode(cmd)
+    except ProtocolError as err:
+        got = ("error", str(err))
+    assert got == expected

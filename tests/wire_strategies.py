@@ -33,7 +33,8 @@ json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(10**30), max_value=10**30)
-    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.integers(min_value=-(10**400), max_value=10**400)  # past 64 bits, up to 400 digits
+    | st.floats(allow_nan=False, allow_infinity=False)  # subnormals, the largest double and -0.0 included
     | any_text,
     lambda children: st.lists(children, max_size=5) | st.dictionaries(any_text, children, max_size=5),
     max_leaves=25,
@@ -59,8 +60,71 @@ header = st.sampled_from(
 fragment = st.one_of(
     st.binary(max_size=12),
     st.sampled_from([b" ", b"batch", b"-", b"0", b"12", b"None", b"start", b"end", b"[", b"]", b"{", b"}", b'"',
-                     b"\\u", b"\\ud83d", b"\\ude00", b",", b":", b"null", b"1e5", b"-0", b"NaN", b"\xc3\xa9", b"\xff"]),
+                     b"\\u", b"\\ud83d", b"\\ude00", b",", b":", b"null", b"1e5", b"-0", b"NaN", b"1e400", b"-1e-400", b"E+309", b"\xc3\xa9", b"\xff"]),
 )
-lines = st.builds(lambda h, parts: h + b" " + b"".join(parts), header, st.lists(fragment, max_size=12))
+
+# ------------------------------------------------------------------ extreme numbers
+# JSON number literals at and past what a double or Python's int() holds: they
+# must decode exactly as Python's json module does (1e400 is inf, 1e-400 is
+# 0.0, -0 is 0) in both twins, as Synapse decodes them, never crash.
+
+_digits = st.text("0123456789", min_size=1, max_size=400)
+
+
+def _literal(sign: str, whole: str, frac: str | None, exp: tuple[str, str, str] | None) -> bytes:
+    whole = whole.lstrip("0") or "0"  # JSON allows no leading zeros
+    text = sign + whole
+    if frac is not None:
+        text += "." + frac
+    if exp is not None:
+        text += "".join(exp)
+    return text.encode()
+
+
+number_literal = st.one_of(
+    st.sampled_from([
+        b"1e400", b"-1e400", b"1e-400", b"-1e-400", b"-0", b"-0.0", b"0e0", b"-0E-0", b"1E+309", b"1700e000440013",
+        b"4.9e-324", b"2.4e-324", b"2.5e-324", b"1.7976931348623157e308", b"1.7976931348623159e308",
+        b"9223372036854775807", b"9223372036854775808", b"-9223372036854775809", b"18446744073709551616",
+        b"0." + b"0" * 400 + b"1", b"1" * 400 + b".5", b"1" * 400 + b"e-400", b"9" * 400,
+        b"1" * 4301,  # past int()'s digit limit: refused by everyone
+    ]),
+    st.builds(
+        _literal,
+        st.sampled_from(["", "-"]),
+        _digits,
+        st.none() | st.text("0123456789", min_size=1, max_size=40),
+        st.none() | st.tuples(st.sampled_from(["e", "E"]), st.sampled_from(["", "+", "-"]),
+                              st.integers(0, 10**6).map(str) | st.text("0123456789", min_size=1, max_size=8)),
+    ),
+)
+
+extreme_json: st.SearchStrategy[bytes] = st.recursive(
+    number_literal,
+    lambda inner: st.lists(inner, max_size=4).map(lambda xs: b"[" + b",".join(xs) + b"]")
+    | st.lists(st.tuples(st.sampled_from([b'"a"', b'"ts"', b'"last_active_ts"']), inner), max_size=3).map(
+        lambda kv: b"{" + b",".join(k + b":" + v for k, v in kv) + b"}"
+    ),
+    max_leaves=6,
+)
+_quoted = st.sampled_from([b'"@u:h"', b'"get_user"', b'"online"', b'""'])
+
+extreme_lines = st.one_of(
+    st.builds(lambda s, row: b"RDATA " + s + b" master 1234567 " + row,
+              st.sampled_from([b"events", b"caches", b"presence", b"typing", b"s"]), extreme_json),
+    # caches [cache_func, keys, invalidation_ts] and presence rows, the shapes Synapse writes
+    st.builds(lambda f, k, ts: b"RDATA caches master 7 [" + f + b",[" + k + b"]," + ts + b"]",
+              _quoted, number_literal, number_literal),
+    st.builds(lambda u, a, b, c: b"RDATA presence master 9 [" + u + b',"online",' + a + b"," + b + b"," + c
+              + b',null,true,false]', _quoted, number_literal, number_literal, number_literal),
+    st.builds(lambda a, b: b'USER_IP @u:h ["tok","1.2.3.4","ua",' + a + b"," + b + b"]", number_literal | _quoted,
+              number_literal),
+    st.builds(lambda a: b"LOCK_RELEASED [" + a + b',"lock","key"]', number_literal),
+)
+
+lines = st.one_of(
+    st.builds(lambda h, parts: h + b" " + b"".join(parts), header, st.lists(fragment, max_size=12)),
+    extreme_lines,
+)
 
 

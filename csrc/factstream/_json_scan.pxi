@@ -51,11 +51,11 @@ cdef struct Scan:
     Py_ssize_t int_limit
 
 
-cdef inline bint _is_ws(unsigned char c) nogil:
+cdef inline bint _is_ws(unsigned char c) noexcept nogil:
     return c == 32 or c == 9 or c == 10 or c == 13
 
 
-cdef inline int _hexval(unsigned char c) nogil:
+cdef inline int _hexval(unsigned char c) noexcept nogil:
     if 48 <= c <= 57:
         return c - 48
     if 97 <= c <= 102:
@@ -65,13 +65,13 @@ cdef inline int _hexval(unsigned char c) nogil:
     return -1
 
 
-cdef inline const unsigned char* _fail(Scan* s, const unsigned char* p, int err) nogil:
+cdef inline const unsigned char* _fail(Scan* s, const unsigned char* p, int err) noexcept nogil:
     s.err = err
     s.err_at = p - s.start
     return NULL
 
 
-cdef inline const unsigned char* _skip_ws(Scan* s, const unsigned char* p) nogil:
+cdef inline const unsigned char* _skip_ws(Scan* s, const unsigned char* p) noexcept nogil:
     cdef const unsigned char* q = p
     while q < s.end and _is_ws(q[0]):
         q += 1
@@ -80,13 +80,68 @@ cdef inline const unsigned char* _skip_ws(Scan* s, const unsigned char* p) nogil
     return q
 
 
-cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) nogil:
+# Eight bytes at a time (SWAR): the classic "has a zero byte" test,
+# (x - 0x01..01) & ~x & 0x80..80, is nonzero exactly when some byte of x is
+# zero (borrows only spill upwards from a byte that already matched).
+cdef extern from *:
+    """
+    #define FS_SWAR_ONES 0x0101010101010101ULL
+    #define FS_SWAR_HIGH 0x8080808080808080ULL
+    /* Index of the first flagged byte of a nonzero mask, for bytes loaded
+       little-endian; elsewhere 0 (the caller then steps one byte at a time). */
+    static inline int fs_first_flagged(uint64_t mask) {
+    #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        return __builtin_ctzll(mask) >> 3;
+    #else
+        (void)mask;
+        return 0;
+    #endif
+    }
+    """
+    const uint64_t _SWAR_ONES "FS_SWAR_ONES"
+    const uint64_t _SWAR_HIGH "FS_SWAR_HIGH"
+    int _first_flagged "fs_first_flagged"(uint64_t mask) noexcept nogil
+
+
+cdef inline uint64_t _load8(const unsigned char* p) noexcept nogil:
+    cdef uint64_t w
+    memcpy(&w, p, 8)
+    return w
+
+
+cdef inline uint64_t _zero_byte(uint64_t x) noexcept nogil:
+    return (x - _SWAR_ONES) & ~x & _SWAR_HIGH
+
+
+cdef inline uint64_t _quote_or_backslash8(uint64_t w) noexcept nogil:
+    return _zero_byte(w ^ (_SWAR_ONES * 0x22)) | _zero_byte(w ^ (_SWAR_ONES * 0x5C))
+
+
+cdef inline uint64_t _string_special8(uint64_t w) noexcept nogil:
+    # Nonzero if a byte is '"', '\\', a control (< 0x20), DEL or non-ASCII:
+    # everything the byte loop of _scan_string must look at.
+    return (_quote_or_backslash8(w) | _zero_byte(w ^ (_SWAR_ONES * 0x7F))
+            | ((w - _SWAR_ONES * 0x20) & ~w & _SWAR_HIGH) | (w & _SWAR_HIGH))
+
+
+cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) noexcept nogil:
     # p points just after the opening quote; returns the pointer after the closing quote.
     cdef const unsigned char* end = s.end
     cdef unsigned char c
     cdef int i, h
     cdef unsigned int cp
+    cdef uint64_t mask
     while p < end:
+        # Skip plain printable ASCII (nothing to check, canonical as it is)
+        # eight bytes at a time, then straight to the first byte that needs a look.
+        while p + 8 <= end:
+            mask = _string_special8(_load8(p))
+            if mask:
+                p += _first_flagged(mask)
+                break
+            p += 8
+        if p >= end:
+            break
         c = p[0]
         if c == 34:  # "
             return p + 1
@@ -130,7 +185,7 @@ cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) nogil:
 
 
 cdef inline const unsigned char* _number_tail(const unsigned char* p, const unsigned char* end,
-                                             bint* is_float) nogil:
+                                             bint* is_float) noexcept nogil:
     # p is just past the integer part's digits: an optional fraction and an
     # optional exponent follow (an exponent without digits is not part of the
     # number, as in CPython's scanner). Returns the end of the number.
@@ -154,7 +209,7 @@ cdef inline const unsigned char* _number_tail(const unsigned char* p, const unsi
     return p
 
 
-cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) nogil:
+cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) noexcept nogil:
     cdef const unsigned char* end = s.end
     cdef const unsigned char* digits
     cdef bint is_float = False
@@ -181,7 +236,7 @@ cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) nogil:
     return p
 
 
-cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth) nogil:
+cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth) noexcept nogil:
     cdef const unsigned char* end = s.end
     cdef unsigned char c
     cdef const unsigned char* keys[16]
@@ -290,7 +345,7 @@ cdef enum:
     INT_OVERFLOW = 2
 
 
-cdef int _parse_i64(const unsigned char* p, Py_ssize_t n, long long* out) nogil:
+cdef int _parse_i64(const unsigned char* p, Py_ssize_t n, long long* out) noexcept nogil:
     """The protocol's integer grammar: ASCII digits with an optional leading '-', fitting 64 bits.
 
     Returns INT_OK, INT_NOT_INTEGER (a non-digit anywhere wins over
@@ -325,7 +380,7 @@ cdef int _parse_i64(const unsigned char* p, Py_ssize_t n, long long* out) nogil:
     return INT_OK
 
 
-cdef inline bint _all_ascii(const unsigned char* p, Py_ssize_t n) nogil:
+cdef inline bint _all_ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i = 0
     cdef uint64_t acc = 0
     cdef uint64_t w
@@ -339,7 +394,7 @@ cdef inline bint _all_ascii(const unsigned char* p, Py_ssize_t n) nogil:
     return (acc & <uint64_t>0x8080808080808080ULL) == 0
 
 
-cdef bint _json_valid(const unsigned char* p, Py_ssize_t n, Py_ssize_t int_limit) nogil:
+cdef bint _json_valid(const unsigned char* p, Py_ssize_t n, Py_ssize_t int_limit) noexcept nogil:
     """Whether ``p[:n]`` is one JSON document the codec accepts (no message: callers that need one re-parse)."""
     cdef Scan s
     cdef const unsigned char* q

@@ -16,7 +16,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStri
 from cpython.dict cimport PyDict_Next, PyDict_SetItem
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.long cimport PyLong_FromLongLong, PyLong_FromString
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
@@ -47,7 +47,9 @@ __all__ = ["parse_line", "encode", "encode_lines", "LineDecoder", "DEFAULT_MAX_L
 
 cdef extern from "Python.h":
     object PyUnicode_FromKindAndData(int kind, const void *buffer, Py_ssize_t size)
-    double PyOS_string_to_double(const char *s, char **endptr, object overflow_exception) except? -1.0
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    # overflow_exception NULL: an out-of-range literal gives +-inf, as float() does.
+    double PyOS_string_to_double(const char *s, char **endptr, PyObject *overflow_exception) except? -1.0
     object PyFloat_FromDouble(double v)
     bint PyUnicode_IS_ASCII(object o)
     void* PyUnicode_DATA(object o)
@@ -56,6 +58,10 @@ cdef extern from "Python.h":
     Py_UCS4 PyUnicode_READ(int kind, void *data, Py_ssize_t index)
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
     int PyUnicode_4BYTE_KIND
+    void PyObject_GC_UnTrack(void *op)
+    void PyObject_GC_Track(void *op)
+    bint PyObject_GC_IsTracked(object op)
+    bint PyObject_IS_GC(PyObject *op)
 
 DEFAULT_MAX_LINE_LENGTH = 16384
 
@@ -71,9 +77,119 @@ cdef Py_ssize_t P_STREAM = _slot(PositionCommand, "stream_name")
 cdef Py_ssize_t P_INSTANCE = _slot(PositionCommand, "instance_name")
 cdef Py_ssize_t P_PREV = _slot(PositionCommand, "prev_token")
 cdef Py_ssize_t P_NEW = _slot(PositionCommand, "new_token")
-cdef Py_ssize_t S_DATA = _slot(COMMAND_MAP["PING"].__mro__[1], "data")
+cdef object S_DATA_CLASS = COMMAND_MAP["PING"].__mro__[1]
+cdef Py_ssize_t S_DATA = _slot(S_DATA_CLASS, "data")
 
 include "_json_scan.pxi"
+
+
+# -------------------------------------------------------------- RDATA slots
+
+cdef object _UNSET_ROW = _UNSET
+
+
+cdef inline PyObject* _slot_get(object obj, Py_ssize_t offset) noexcept:
+    # Borrowed; NULL when the slot was never set.
+    return (<PyObject**>((<char*><PyObject*>obj) + offset))[0]
+
+
+cdef inline void _slot_set(object obj, Py_ssize_t offset, object value) noexcept:
+    cdef PyObject** at = <PyObject**>((<char*><PyObject*>obj) + offset)
+    cdef PyObject* old = at[0]
+    Py_INCREF(value)
+    at[0] = <PyObject*>value
+    Py_XDECREF(old)
+
+
+cdef inline void _track_if_holding(object cmd, object value) noexcept:
+    # Parsed commands leave the cycle collector's lists while every slot holds
+    # a str, int, bytes or None (nothing that can lead back to them); a
+    # container stored in one puts the command back, so cycles through it stay
+    # collectable (the rule CPython applies to dicts of atomic values).
+    if PyObject_IS_GC(<PyObject*>value) and not PyObject_GC_IsTracked(cmd):
+        PyObject_GC_Track(<PyObject*>cmd)
+
+
+cdef class _RowDescriptor:
+    """``RdataCommand.row`` as a C descriptor: the same behaviour as the property it replaces, without a Python frame."""
+
+    cdef readonly object __doc__
+
+    def __init__(self, doc):
+        self.__doc__ = doc
+
+    def __get__(self, obj, objtype):
+        cdef PyObject* row
+        cdef PyObject* raw
+        cdef PyObject* loads
+        if obj is None:
+            return self
+        if type(obj) is not _RDATA and not isinstance(obj, _RDATA):
+            raise TypeError(f"row belongs to RdataCommand, not {type(obj).__name__}")
+        row = _slot_get(obj, R_ROW)
+        if row == NULL:
+            raise AttributeError("'RdataCommand' object has no attribute '_row'")
+        if row == <PyObject*>_UNSET_ROW:
+            raw = _slot_get(obj, R_RAW)
+            loads = _slot_get(obj, R_LOADS)
+            if raw == NULL or loads == NULL or raw == <PyObject*>None or loads == <PyObject*>None:
+                raise AttributeError("RdataCommand has neither a row nor row bytes to decode")
+            value = (<object>loads)(<object>raw)
+            _slot_set(obj, R_ROW, value)
+            row = <PyObject*>value
+        # Once handed out the row may be mutated, so stop trusting the bytes.
+        if _slot_get(obj, R_RAW) != <PyObject*>None:
+            _slot_set(obj, R_RAW, None)
+        _track_if_holding(obj, <object>row)
+        return <object>row
+
+    def __set__(self, obj, value):
+        if type(obj) is not _RDATA and not isinstance(obj, _RDATA):
+            raise TypeError(f"row belongs to RdataCommand, not {type(obj).__name__}")
+        _slot_set(obj, R_ROW, value)
+        _slot_set(obj, R_RAW, None)
+        _track_if_holding(obj, value)
+
+    def __delete__(self, obj):
+        raise AttributeError("can't delete attribute 'row'")
+
+
+# Both twins build the same RdataCommand class; with the compiled core loaded
+# its ``row`` property runs in C (tests/test_wire.py checks the behaviour on both).
+if type(RdataCommand.__dict__["row"]) is property:
+    RdataCommand.row = _RowDescriptor(RdataCommand.__dict__["row"].__doc__)
+
+
+# ------------------------------------------------------------ name cache
+#
+# Stream and instance names repeat on every line: the last few decoded ones
+# are kept, keyed by their bytes, and shared (str is immutable).
+
+cdef enum:
+    NAME_SLOTS = 64  # a power of two
+    NAME_MAX = 40
+cdef PyObject* _name_str[NAME_SLOTS]
+cdef unsigned char _name_bytes[NAME_SLOTS][NAME_MAX]
+cdef Py_ssize_t _name_len[NAME_SLOTS]
+
+
+cdef inline object _name(const unsigned char* p, Py_ssize_t n, str what, object line):
+    cdef unsigned int h
+    cdef object s
+    if n == 0:
+        raise ProtocolError(f"{what} is empty", line)
+    if n > NAME_MAX:
+        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    h = (<unsigned int>n * 31u + p[0] * 7u + p[n - 1] * 131u + p[n >> 1]) & (NAME_SLOTS - 1)
+    if _name_len[h] == n and memcmp(_name_bytes[h], p, n) == 0:
+        return <object>_name_str[h]
+    s = PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    Py_INCREF(s)
+    Py_XDECREF(_name_str[h])
+    _name_str[h] = <PyObject*>s
+    memcpy(_name_bytes[h], p, n)
+    _name_len[h] = n
+    return s
 
 
 cdef int _scan_json(const unsigned char* p, Py_ssize_t n, bint* canonical, str what, object line) except -1:
@@ -217,8 +333,11 @@ cdef class _Builder:
             return PyLong_FromLongLong(-v if neg else v)
         text = PyBytes_FromStringAndSize(<const char*>start, pp[0] - start)  # NUL-terminated copy
         if is_float:
-            # Same correctly rounded conversion as float(); overflow gives inf.
-            return PyFloat_FromDouble(PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, None))
+            # Same correctly rounded conversion as float(): an exponent past
+            # the double range gives +-inf (Synapse's json module does the
+            # same), one below it gives +-0.0. NULL, not None, asks for that:
+            # None would be raised as an "exception" (a SystemError).
+            return PyFloat_FromDouble(PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, NULL))
         return PyLong_FromString(PyBytes_AS_STRING(text), NULL, 10)
 
     cdef object _string(self, const unsigned char** pp):
@@ -231,7 +350,21 @@ cdef class _Builder:
         cdef unsigned char c
         cdef unsigned int cp, cp2
         cdef int i
-        while p < end:
+        cdef uint64_t w, mask
+        cdef uint64_t high = 0
+        cdef object text
+        # The scanner accepted this string, so its closing quote is before end.
+        while True:
+            while p + 8 <= end:
+                w = _load8(p)
+                mask = _quote_or_backslash8(w)
+                if mask:
+                    i = _first_flagged(mask)
+                    high |= w & ((<uint64_t>1 << (8 * i)) - 1)  # the bytes before it (none if i == 0)
+                    p += i
+                    break
+                high |= w
+                p += 8
             c = p[0]
             if c == 34:
                 break
@@ -239,10 +372,15 @@ cdef class _Builder:
                 simple = False
                 p += 2
             else:
+                high |= c
                 p += 1
         if simple:
             pp[0] = p + 1
-            return PyUnicode_DecodeUTF8(<const char*>start, p - start, NULL)
+            if high & _SWAR_HIGH:
+                return PyUnicode_DecodeUTF8(<const char*>start, p - start, NULL)
+            text = PyUnicode_New(p - start, 127)  # ASCII: a copy, no decoding
+            memcpy(PyUnicode_DATA(text), start, p - start)
+            return text
         # Escapes present: decode into a code point buffer (at most one code
         # point per input byte).
         end = p
@@ -352,8 +490,8 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
         if s2 != NULL:
             s3 = _space(s2 + 1, end)
             if s3 != NULL:
-                stream = _word(p, s1 - p, "stream_name", line)
-                instance = _word(s1 + 1, s2 - s1 - 1, "instance_name", line)
+                stream = _name(p, s1 - p, "stream_name", line)
+                instance = _name(s1 + 1, s2 - s1 - 1, "instance_name", line)
                 if s3 - s2 - 1 == 5 and memcmp(s2 + 1, b"batch", 5) == 0:
                     token = None
                 else:
@@ -367,6 +505,7 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
                 _put(cmd, R_RAW, PyBytes_FromStringAndSize(<const char*>s3 + 1, end - s3 - 1))
                 _put(cmd, R_CANONICAL, True if canonical else False)
                 _put(cmd, R_LOADS, _loads_row)
+                PyObject_GC_UnTrack(<PyObject*>cmd)  # atomic slots only, see _track_if_holding
                 return cmd
     raise ProtocolError("expected RDATA <stream_name> <instance_name> <token> <row_json>", line)
 
@@ -381,8 +520,8 @@ cdef object _parse_position(const unsigned char* p, const unsigned char* end, ob
         if s2 != NULL:
             s3 = _space(s2 + 1, end)
             if s3 != NULL:
-                stream = _word(p, s1 - p, "stream_name", line)
-                instance = _word(s1 + 1, s2 - s1 - 1, "instance_name", line)
+                stream = _name(p, s1 - p, "stream_name", line)
+                instance = _name(s1 + 1, s2 - s1 - 1, "instance_name", line)
                 prev = _int_field(s2 + 1, s3 - s2 - 1, "prev_token", line)
                 new = _int_field(s3 + 1, end - s3 - 1, "new_token", line)
                 cmd = _alloc(_POSITION)
@@ -390,6 +529,7 @@ cdef object _parse_position(const unsigned char* p, const unsigned char* end, ob
                 _put(cmd, P_INSTANCE, instance)
                 _put(cmd, P_PREV, prev)
                 _put(cmd, P_NEW, new)
+                PyObject_GC_UnTrack(<PyObject*>cmd)  # str and int slots only
                 return cmd
     raise ProtocolError("expected POSITION <stream_name> <instance_name> <prev_token> <new_token>", line)
 
@@ -601,18 +741,31 @@ cdef int _enc_str(_Out out, str s) except -1:
     cdef Py_ssize_t i, run
     cdef unsigned int c
     cdef const char* ascii
+    cdef uint64_t mask
     out.byte(34)
     if PyUnicode_IS_ASCII(s):
         ascii = <const char*>data
         run = 0
-        for i in range(n):
+        i = 0
+        while i < n:
+            # eight characters at a time up to the next one that needs escaping
+            while i + 8 <= n:
+                mask = _string_special8(_load8(<const unsigned char*>ascii + i))
+                if mask:
+                    i += _first_flagged(mask)
+                    break
+                i += 8
+            if i >= n:
+                break
             c = <unsigned char>ascii[i]
             if c >= 0x20 and c != 34 and c != 92 and c != 0x7f:
+                i += 1
                 continue
             if i > run:
                 out.write(ascii + run, i - run)
             run = i + 1
             _enc_char(out, c)
+            i += 1
         if n > run:
             out.write(ascii + run, n - run)
     else:
@@ -795,24 +948,51 @@ cdef int _enc_token(_Out out, object value, str what, str cmd) except -1:
     return _enc_int(out, value)
 
 
+cdef inline object _slot_or_attr(object cmd, Py_ssize_t offset, str name):
+    # Exactly-typed commands hold their fields in slots; an empty slot (a
+    # command made without __init__) goes through getattr for its usual error.
+    cdef PyObject* v = _slot_get(cmd, offset)
+    if v == NULL:
+        return getattr(cmd, name)
+    return <object>v
+
+
 cdef int _encode_into(_Out out, object cmd) except -1:
     cdef bytes raw
+    cdef object prefix
+    cdef PyObject* rawp
+    cdef Py_ssize_t mark
     t = type(cmd)
     if t is _RDATA:
+        rawp = _slot_get(cmd, R_RAW)
+        if rawp != NULL and rawp != <PyObject*>None and _slot_get(cmd, R_CANONICAL) == <PyObject*>True:
+            out.write(b"RDATA ", 6)
+            _enc_word(out, _slot_or_attr(cmd, R_STREAM, "stream_name"), "stream_name", "RDATA")
+            out.byte(32)
+            _enc_word(out, _slot_or_attr(cmd, R_INSTANCE, "instance_name"), "instance_name", "RDATA")
+            out.byte(32)
+            token = _slot_or_attr(cmd, R_TOKEN, "token")
+            if token is None:
+                out.write(b"batch", 5)
+            else:
+                _enc_token(out, token, "token", "RDATA")
+            out.byte(32)
+            out.write(PyBytes_AS_STRING(<bytes>rawp), PyBytes_GET_SIZE(<bytes>rawp))
+            return 0
         out.write(b"RDATA ", 6)
-        _enc_word(out, cmd.stream_name, "stream_name", "RDATA")
+        _enc_word(out, _slot_or_attr(cmd, R_STREAM, "stream_name"), "stream_name", "RDATA")
         out.byte(32)
-        _enc_word(out, cmd.instance_name, "instance_name", "RDATA")
+        _enc_word(out, _slot_or_attr(cmd, R_INSTANCE, "instance_name"), "instance_name", "RDATA")
         out.byte(32)
-        token = cmd.token
+        token = _slot_or_attr(cmd, R_TOKEN, "token")
         if token is None:
             out.write(b"batch", 5)
         else:
             _enc_token(out, token, "token", "RDATA")
         out.byte(32)
-        raw = cmd._raw
+        raw = _slot_or_attr(cmd, R_RAW, "_raw")
         if raw is None:
-            _enc_json(out, cmd._row, "row", "RDATA")  # no bytes held: _row is the value
+            _enc_json(out, _slot_or_attr(cmd, R_ROW, "_row"), "row", "RDATA")  # no bytes held: _row is the value
         elif cmd._canonical:
             out.write(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
         else:
@@ -820,14 +1000,38 @@ cdef int _encode_into(_Out out, object cmd) except -1:
         return 0
     if t is _POSITION:
         out.write(b"POSITION ", 9)
-        _enc_word(out, cmd.stream_name, "stream_name", "POSITION")
+        _enc_word(out, _slot_or_attr(cmd, P_STREAM, "stream_name"), "stream_name", "POSITION")
         out.byte(32)
-        _enc_word(out, cmd.instance_name, "instance_name", "POSITION")
+        _enc_word(out, _slot_or_attr(cmd, P_INSTANCE, "instance_name"), "instance_name", "POSITION")
         out.byte(32)
-        _enc_token(out, cmd.prev_token, "prev_token", "POSITION")
+        _enc_token(out, _slot_or_attr(cmd, P_PREV, "prev_token"), "prev_token", "POSITION")
         out.byte(32)
-        _enc_token(out, cmd.new_token, "new_token", "POSITION")
+        _enc_token(out, _slot_or_attr(cmd, P_NEW, "new_token"), "new_token", "POSITION")
         return 0
+    prefix = _SIMPLE_PREFIX.get(t)
+    if prefix is not None and _enc_simple(out, <bytes>prefix, cmd):
+        return 0
+    if t is _USER_SYNC:
+        mark = out.len
+        try:
+            out.write(b"USER_SYNC ", 10)
+            _enc_word(out, cmd.instance_id, "instance_id", "USER_SYNC")
+            out.byte(32)
+            _enc_word(out, cmd.user_id, "user_id", "USER_SYNC")
+            out.byte(32)
+            device = cmd.device_id
+            if device is None:
+                out.write(b"None", 4)
+            else:
+                _enc_word(out, device, "device_id", "USER_SYNC")
+            if cmd.is_syncing:
+                out.write(b" start ", 7)
+            else:
+                out.write(b" end ", 5)
+            _enc_token(out, cmd.last_sync_ms, "last_sync_ms", "USER_SYNC")
+            return 0
+        except ProtocolError:
+            out.len = mark  # to_line below raises the error, in its own order
     if not isinstance(cmd, Command):
         raise TypeError(f"encode() takes a Command, not {type(cmd).__name__}")
     text = cmd.NAME + " " + cmd.to_line()
@@ -837,6 +1041,28 @@ cdef int _encode_into(_Out out, object cmd) except -1:
         raise ProtocolError(f"cannot encode {cmd.NAME}: a field contains a lone surrogate") from None
     out.write(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
     return 0
+
+
+cdef object _USER_SYNC = UserSyncCommand
+# The commands whose body is one free-text ``data`` slot, by exact type.
+cdef dict _SIMPLE_PREFIX = {
+    cls: (cls.NAME + " ").encode() for cls in COMMAND_MAP.values() if S_DATA_CLASS in cls.__mro__ and cls.__mro__[1] is S_DATA_CLASS
+}
+
+
+cdef bint _enc_simple(_Out out, bytes prefix, object cmd) except -1:
+    """Write ``NAME data``; False (nothing written) when the generic path must give the error."""
+    cdef PyObject* data = _slot_get(cmd, S_DATA)
+    cdef const char* p
+    cdef Py_ssize_t n
+    if data == NULL or type(<object>data) is not str:
+        return False
+    p = PyUnicode_AsUTF8AndSize(<object>data, &n) if PyUnicode_IS_ASCII(<object>data) else NULL
+    if p == NULL or memchr(p, 10, n) != NULL:
+        return False  # non-ASCII (maybe a lone surrogate) or a newline: to_line decides
+    out.write(PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix))
+    out.write(p, n)
+    return True
 
 
 def encode(cmd) -> bytes:
@@ -857,7 +1083,7 @@ def encode_lines(cmds) -> bytes:
 
 # ------------------------------------------------------------------- decoder
 
-cdef inline bint _blank(const unsigned char* p, Py_ssize_t n) nogil:
+cdef inline bint _blank(const unsigned char* p, Py_ssize_t n) noexcept nogil:
     # bytes.strip() whitespace: space, \t, \n, \r, \v, \f
     cdef Py_ssize_t i
     for i in range(n):

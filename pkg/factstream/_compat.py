@@ -1,16 +1,27 @@
 """The one place that decides between the compiled core and the pure twins.
 
 All compiled modules load or none do, so a process never mixes halves.
-``FACTSTREAM_NO_EXTENSIONS=1`` forces the pure-Python twins.
+
+- ``FACTSTREAM_IMPL=c``: the compiled core or nothing; a missing or broken
+  compiled module is an ``ImportError`` that says which one and why.
+- ``FACTSTREAM_IMPL=python`` (or ``FACTSTREAM_NO_EXTENSIONS=1``): the pure
+  twins, even when the compiled core is installed.
+- unset: the compiled core when it imports; otherwise the pure twins, and why
+  the compiled core did not load is kept in :data:`FALLBACK_REASON` and logged
+  (at debug when it is simply not installed, at warning when it is installed
+  but fails to import).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from types import ModuleType
 
-__all__ = ["IMPL", "NO_EXTENSIONS", "COMPILED_MODULES", "load"]
+__all__ = ["IMPL", "NO_EXTENSIONS", "REQUESTED_IMPL", "FALLBACK_REASON", "COMPILED_MODULES", "load"]
+
+logger = logging.getLogger("factstream")
 
 #: Compiled module -> its pure-Python twin.
 COMPILED_MODULES: dict[str, str] = {
@@ -22,25 +33,65 @@ COMPILED_MODULES: dict[str, str] = {
 
 NO_EXTENSIONS: bool = os.environ.get("FACTSTREAM_NO_EXTENSIONS", "") not in ("", "0")
 
+_IMPL_NAMES = {"": "", "c": "c", "python": "python", "py": "python"}
 
-def _try_compiled() -> bool:
-    found = []
+
+def _requested() -> str:
+    raw = os.environ.get("FACTSTREAM_IMPL", "")
+    try:
+        wanted = _IMPL_NAMES[raw.strip().lower()]
+    except KeyError:
+        raise ImportError(f"FACTSTREAM_IMPL={raw!r} is not an implementation: use 'c' or 'python' (or leave it unset)") from None
+    if wanted == "c" and NO_EXTENSIONS:
+        raise ImportError("FACTSTREAM_IMPL=c contradicts FACTSTREAM_NO_EXTENSIONS=1: unset one of them")
+    return "python" if NO_EXTENSIONS else wanted
+
+
+#: What the environment asked for: "c", "python", or "" (whichever imports).
+REQUESTED_IMPL: str = _requested()
+
+#: Why the compiled core is not in use when it was not switched off ("" when it is, or was switched off).
+FALLBACK_REASON: str = ""
+
+
+def _try_compiled(required: bool) -> bool:
+    """Import every compiled module; True if all did, False if none is installed (or one is broken and not required)."""
+    global FALLBACK_REASON
+    found: list[str] = []
+    missing: dict[str, ImportError] = {}
     for name in COMPILED_MODULES:
         try:
             importlib.import_module(f"factstream.{name}")
-        except ImportError:
-            continue
-        found.append(name)
-    if found and len(found) != len(COMPILED_MODULES):
-        missing = sorted(set(COMPILED_MODULES) - set(found))
+        except ImportError as err:
+            missing[name] = err
+        else:
+            found.append(name)
+    if not missing:
+        return True
+    reasons = "; ".join(f"factstream.{name}: {type(err).__name__}: {err}" for name, err in missing.items())
+    first = next(iter(missing.values()))
+    if required:
         raise ImportError(
-            f"factstream is partly compiled (missing {', '.join(missing)}); reinstall it, "
+            f"FACTSTREAM_IMPL=c but the compiled core cannot be imported ({reasons}); "
+            "reinstall factstream from a compiled wheel, or unset FACTSTREAM_IMPL to allow the pure-Python twins"
+        ) from first
+    if found:
+        raise ImportError(
+            f"factstream is partly compiled ({reasons}); reinstall it, "
             "or set FACTSTREAM_NO_EXTENSIONS=1 to use the pure-Python implementation"
-        )
-    return bool(found)
+        ) from first
+    FALLBACK_REASON = reasons
+    not_installed = all(
+        isinstance(err, ModuleNotFoundError) and err.name == f"factstream.{name}" for name, err in missing.items()
+    )
+    if not_installed:
+        logger.debug("factstream: compiled core not installed, using the pure-Python twins (%s)", reasons)
+    else:
+        logger.warning("factstream: compiled core installed but not importable, using the pure-Python twins (%s)", reasons)
+    return False
 
 
-IMPL: str = "python" if NO_EXTENSIONS or not _try_compiled() else "c"
+IMPL: str = "python" if REQUESTED_IMPL == "python" or not _try_compiled(REQUESTED_IMPL == "c") else "c"
 
 
 def load(twin: str, impl: str | None = None) -> ModuleType:
