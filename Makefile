@@ -6,7 +6,7 @@ PIP    := $(BIN)/python -m pip
 EXTRAS ?= dev,spark
 PYTEST_ARGS ?=
 
-.PHONY: venv install wheel demo test bench clean oracle prerequisites prerequisites
+.PHONY: venv install wheel demo test bench clean oracle prerequisites
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "factstream needs Python 3.11+ (set PYTHON=python3.11)"'
