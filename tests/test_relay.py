@@ -311,3 +311,26 @@ def test_follower_runs_refuse_other_commands() -> None:
     with pytest.raises(TypeError, match="RDATA commands only"):
         fol.on_rdata_many([R(1, "a"), PositionCommand("s", "w", 1, 2)])  # type: ignore[list-item]
     assert fol.positions() == {("s", "w"): 1}
+
+
+def test_gather_keeps_a_cycle_through_a_decoded_row_collectable(relay_impl: ModuleType, wire_impl: ModuleType) -> None:
+    # The compiled codec leaves a parsed command out of the cycle collector
+    # while it holds only atoms; the relay decodes the row into it, so the
+    # relay must put it back (else a cycle through the row would leak).
+    import gc
+    import weakref
+
+    class Probe:
+        pass
+
+    cmd = wire_impl.parse_line(b'RDATA events master 5 ["a",1]')
+    _, facts, _, _ = relay_impl.gather([cmd], 0, None, [])
+    row = facts[0][1][0]
+    assert row == ["a", 1]
+    assert gc.is_tracked(cmd)
+    probe = Probe()
+    row.extend([cmd, probe])
+    ref = weakref.ref(probe)
+    del cmd, probe, row, facts
+    gc.collect()
+    assert ref() is None, "a cycle through a row decoded by the relay was not collected"

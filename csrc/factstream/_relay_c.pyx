@@ -76,6 +76,7 @@ cdef inline object _row_of(object cmd):
         value = (<object>loads)(<object>raw)
         _set(cmd, R_ROW, value)
         _set(cmd, R_RAW, None)
+        _track_if_holding(cmd, value)  # a codec may have left the command untracked (see _slots.pxi)
         return value
     if _get(cmd, R_RAW) != <PyObject*>None:
         _set(cmd, R_RAW, None)

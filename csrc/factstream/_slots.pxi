@@ -16,6 +16,9 @@ cdef extern from "Python.h":
     ctypedef struct _SlotTypeObject "PyTypeObject":
         pass
     PyObject* _slot_generic_alloc "PyType_GenericAlloc"(_SlotTypeObject* t, Py_ssize_t n) except NULL
+    void PyObject_GC_Track(void *op)
+    bint PyObject_GC_IsTracked(object op)
+    bint PyObject_IS_GC(PyObject *op)
 
 
 cdef Py_ssize_t _slot(object cls, str name) except -1:
@@ -46,3 +49,12 @@ cdef Py_ssize_t R_ROW = _slot(RdataCommand, "_row")
 cdef Py_ssize_t R_RAW = _slot(RdataCommand, "_raw")
 cdef Py_ssize_t R_CANONICAL = _slot(RdataCommand, "_canonical")
 cdef Py_ssize_t R_LOADS = _slot(RdataCommand, "_loads")
+
+
+cdef inline void _track_if_holding(object cmd, object value) noexcept:
+    # Parsed commands leave the cycle collector's lists while every slot holds
+    # a str, int, bytes or None (nothing that can lead back to them); a
+    # container stored in one puts the command back, so cycles through it stay
+    # collectable (the rule CPython applies to dicts of atomic values).
+    if PyObject_IS_GC(<PyObject*>value) and not PyObject_GC_IsTracked(cmd):
+        PyObject_GC_Track(<PyObject*>cmd)

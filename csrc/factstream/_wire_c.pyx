@@ -59,9 +59,6 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
     int PyUnicode_4BYTE_KIND
     void PyObject_GC_UnTrack(void *op)
-    void PyObject_GC_Track(void *op)
-    bint PyObject_GC_IsTracked(object op)
-    bint PyObject_IS_GC(PyObject *op)
 
 DEFAULT_MAX_LINE_LENGTH = 16384
 
@@ -99,15 +96,6 @@ cdef inline void _slot_set(object obj, Py_ssize_t offset, object value) noexcept
     Py_INCREF(value)
     at[0] = <PyObject*>value
     Py_XDECREF(old)
-
-
-cdef inline void _track_if_holding(object cmd, object value) noexcept:
-    # Parsed commands leave the cycle collector's lists while every slot holds
-    # a str, int, bytes or None (nothing that can lead back to them); a
-    # container stored in one puts the command back, so cycles through it stay
-    # collectable (the rule CPython applies to dicts of atomic values).
-    if PyObject_IS_GC(<PyObject*>value) and not PyObject_GC_IsTracked(cmd):
-        PyObject_GC_Track(<PyObject*>cmd)
 
 
 cdef class _RowDescriptor:
