@@ -66,6 +66,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port")
     p.add_argument("--tls-cert", help="PEM certificate: enables TLS on the listener")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--tls-client-ca", metavar="FILE",
+                   help="with --tls-cert: PEM CA bundle; readers must present a certificate signed by it (mutual TLS)")
+    p.add_argument("--custom-streams", action="store_true",
+                   help="this channel (listener or Redis channel) is the application's own: allow streams Synapse "
+                        "does not know (without it they are refused, since Synapse processes on the channel "
+                        "would fail on them)")
     p.add_argument("--ping-interval", type=float, default=5.0, help="seconds between keepalives (default 5)")
     p.add_argument("--timeout", type=float, default=15.0,
                    help="close a peer silent this long after its PING (default 15); with --redis, the PING timeout")
@@ -162,7 +168,9 @@ class Writer:
         self.db = await connect(a.db)
         await create_tables(self.db, self.tables)
         self.gens = await open_id_generators(self.db, a.instance_name, self.tables)
-        self.publisher = pub = Publisher(a.instance_name, page_limit=1000)
+        self.publisher = pub = Publisher(
+            a.instance_name, page_limit=1000, custom_streams=getattr(a, "custom_streams", False)
+        )
         for t in self.tables:
             gen = self.gens[t.stream]
             pub.add_stream(t.stream, t.source(self.db), gen.current_token_for_writer(a.instance_name))
@@ -180,7 +188,8 @@ class Writer:
         else:
             from ..transport.tcp import TcpServer, server_ssl_context
 
-            ssl = server_ssl_context(a.tls_cert, a.tls_key) if a.tls_cert else None
+            client_ca = getattr(a, "tls_client_ca", None)
+            ssl = server_ssl_context(a.tls_cert, a.tls_key, client_cafile=client_ca) if a.tls_cert else None
             self.server = await TcpServer(
                 self.hub, a.server_name, host=a.host, port=a.port, ssl=ssl,
                 ping_interval=a.ping_interval, timeout=a.timeout, max_buffered=a.max_buffered,
@@ -243,6 +252,9 @@ async def serve(args: argparse.Namespace) -> int:
         if args.tls_cert:
             cli_error("factstream serve", "--tls-cert applies to the TCP listener; for Redis over TLS use a "
                                           "rediss:// URL (e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)", 2)
+    if args.tls_client_ca and not args.tls_cert:
+        cli_error("factstream serve", "--tls-client-ca needs --tls-cert and --tls-key: client certificates are "
+                                      "checked during the TLS handshake of the listener", 2)
         await check_redis(args.redis, args.server_name, "factstream serve")
     writer = Writer(args)
     await writer.start()
