@@ -7,6 +7,12 @@ otherwise), or over Redis pub/sub with ``--redis URL`` (channel: the server
 name, Synapse's layout). With ``--produce`` it also writes synthetic facts as fast as it
 can (or at ``--rate``), rolling back a share of transactions to leave holes:
 the writer of ``factstream demo``.
+
+A writer outlives its database going away (a restart, a failover, terminated
+connections): the listener keeps serving readers, producing pauses and is
+retried with capped, jittered backoff, one log line marks the start of each
+outage and one its end, and ids reserved by a transaction the outage cut off
+complete as rolled back (or committed), so positions keep advancing after it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import time
 from typing import Any, NoReturn
 
 from .. import transport
+from ..backoff import Outage
+from ..redaction import redact_url
 from ..replication import Publisher, ReplicationHub
 from ..replication.tables import DEMO_TABLES, StreamTable, create_tables, open_id_generators
 
@@ -160,10 +168,11 @@ class Writer:
         self.server: Any = None
         self.hub: ReplicationHub | None = None
         self.publisher: Publisher | None = None
-        self.stats = {"facts": 0, "rows": 0, "rolled_back": 0, "transactions": 0}
+        self.stats = {"facts": 0, "rows": 0, "rolled_back": 0, "transactions": 0, "db_failures": 0, "db_outages": 0}
 
     async def start(self) -> None:
         from ..store.database import connect
+
         a = self.args
         self.db = await connect(a.db)
         await create_tables(self.db, self.tables)
@@ -204,8 +213,11 @@ class Writer:
         return {s: g.current_token_for_writer(self.args.instance_name) for s, g in self.gens.items()}
 
     async def produce(self, stop: asyncio.Event) -> None:
-        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks."""
+        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks, riding out database outages."""
+        from ..store.database import DatabaseUnavailable
+
         a = self.args
+        outage = Outage(log, f"database {redact_url(a.db)}", initial=0.1, maximum=5.0)
         rng = random.Random(a.seed)
         deadline = time.monotonic() + a.duration if a.duration else None
         interval = 1.0 / a.rate if a.rate else 0.0
@@ -230,15 +242,32 @@ class Writer:
                         raise _Rollback
             except _Rollback:
                 self.stats["rolled_back"] += n
+            except DatabaseUnavailable as err:
+                # The transaction is gone with its connection; its ids completed as rolled back
+                # (or committed, if the COMMIT got through): the position is not held back.
+                self.stats["db_failures"] += 1
+                delay = outage.failed(err)
+                self.stats["db_outages"] = outage.count
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                except TimeoutError:
+                    pass
+                continue
             else:
+                outage.recovered()
                 self.stats["facts"] += facts
                 self.stats["rows"] += rows
             self.stats["transactions"] += 1
             await asyncio.sleep(interval)
 
-    async def stop(self) -> None:
+    async def stop(self, flush_timeout: float = 5.0) -> None:
+        """Publish what is complete (for up to ``flush_timeout`` s: the database may be down), then close."""
         if self.publisher is not None:
-            await self.publisher.flush()
+            try:
+                await asyncio.wait_for(self.publisher.flush(), flush_timeout)
+            except TimeoutError:
+                log.warning("stopping with facts unpublished (the database does not answer); readers catch up later")
+            self.publisher.close()
         if self.server is not None:
             await self.server.stop()
         for g in self.gens.values():
@@ -252,22 +281,26 @@ async def serve(args: argparse.Namespace) -> int:
         if args.tls_cert:
             cli_error("factstream serve", "--tls-cert applies to the TCP listener; for Redis over TLS use a "
                                           "rediss:// URL (e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)", 2)
+        await check_redis(args.redis, args.server_name, "factstream serve")
     if args.tls_client_ca and not args.tls_cert:
         cli_error("factstream serve", "--tls-client-ca needs --tls-cert and --tls-key: client certificates are "
                                       "checked during the TLS handshake of the listener", 2)
-        await check_redis(args.redis, args.server_name, "factstream serve")
+    from ..store.database import DatabaseError
+
     writer = Writer(args)
-    await writer.start()
+    try:
+        await writer.start()
+    except DatabaseError as err:  # its message names the database with the password masked
+        await writer.stop()
+        cli_error("factstream serve", f"{err}", 1)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = writer.server
     if args.redis:
-        from ..transport.redis import redacted_url
-
-        where = f"Redis {redacted_url(args.redis)} channel {args.server_name}"
-        listening: dict[str, Any] = {"port": None, "redis": redacted_url(args.redis), "channel": args.server_name}
+        where = f"Redis {redact_url(args.redis)} channel {args.server_name}"
+        listening: dict[str, Any] = {"port": None, "redis": redact_url(args.redis), "channel": args.server_name}
     else:
         where = f"{args.host}:{server.port}"
         listening = {"port": server.port}
@@ -275,7 +308,8 @@ async def serve(args: argparse.Namespace) -> int:
     if args.status:
         emit({"event": "listening", **listening, "positions": writer.positions(), "loop": transport.loop_name()})
     else:
-        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {where}, db {args.db}", file=sys.stderr)
+        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {where}, db {redact_url(args.db)}",
+              file=sys.stderr)
 
     def links() -> dict[str, Any]:
         # Over TCP each reader is a connection; on a Redis bus readers are invisible, the subscription is not.
@@ -302,7 +336,11 @@ async def serve(args: argparse.Namespace) -> int:
             await producer
         elapsed = time.monotonic() - started
         assert writer.publisher is not None
-        await writer.publisher.flush()
+        flushed = asyncio.create_task(writer.publisher.flush())
+        stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait({flushed, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        flushed.cancel()
         if args.status:
             emit({"event": "produced", **writer.stats, "seconds": elapsed, "positions": writer.positions()})
     await stop.wait()

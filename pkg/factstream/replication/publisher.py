@@ -33,8 +33,10 @@ from types import ModuleType
 
 from .. import _relay, metrics
 from .._relay import StreamEmitter
+from ..backoff import Outage
 from ..commands import Command, PositionCommand
 from ..errors import FactstreamError
+from ..store.database import DatabaseUnavailable
 from ..streams.registry import SYNAPSE_STREAMS
 from ..streams.sources import UpdateSource
 
@@ -79,6 +81,8 @@ class Publisher:
         self._sinks: list[Callable[[list[Command]], None]] = []
         self._dirty: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        #: Reading rows failing (the database gone): one log line when it starts, one when it ends.
+        self._outage = Outage(log, f"publisher {instance_name}: the update source", initial=0.1, maximum=5.0)
         self._router = self.relay.Router(instance_name, self._streams, self._schedule)
         self.notify = self._router.notify
         metrics.track(self)
@@ -144,7 +148,7 @@ class Publisher:
             self._task = asyncio.get_running_loop().create_task(self._drain(), name="factstream-publisher")
 
     async def _drain(self) -> None:
-        delay = 0.1
+        outage = self._outage
         while self._dirty:
             name = min(self._dirty)  # any order across streams; within a stream, strict
             st = self._streams[name]
@@ -157,13 +161,13 @@ class Publisher:
                     if cmds:
                         for sink in self._sinks:
                             sink(cmds)
-                delay = 0.1
+                outage.recovered()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("publisher: fetching %s rows after %d failed; retrying in %.1fs", name, st.sent, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            except Exception as err:
+                if not outage.ongoing and not isinstance(err, DatabaseUnavailable):
+                    log.exception("publisher: fetching %s rows after %d failed", name, st.sent)
+                await asyncio.sleep(outage.failed(err))
                 continue
             if st.sent >= st.target:
                 self._dirty.discard(name)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import ssl as _ssl
 import time
 from collections import deque
@@ -37,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import _json, _relay, metrics, wire
+from ..backoff import backoff_delay
 from ..commands import (
     CLIENT_COMMANDS,
     SERVER_COMMANDS,
@@ -516,8 +516,7 @@ class TcpClient:
 
     def next_delay(self, attempt: int) -> float:
         """Backoff before retry ``attempt`` (1-based): exponential, capped, with jitter."""
-        base: float = min(self.backoff_max, self.backoff_initial * (2 ** min(attempt - 1, 30)))
-        return base * random.uniform(0.5, 1.0)
+        return backoff_delay(attempt - 1, self.backoff_initial, self.backoff_max)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
