@@ -76,6 +76,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument("--tls-client-ca", metavar="FILE",
                    help="with --tls-cert: PEM CA bundle; readers must present a certificate signed by it (mutual TLS)")
+    p.add_argument("--tls-handshake-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="with --tls-cert: drop a connection whose TLS handshake is not done in time (default 10); "
+                        "it counts as a reader only once done")
     p.add_argument("--custom-streams", action="store_true",
                    help="this channel (listener or Redis channel) is the application's own: allow streams Synapse "
                         "does not know (without it they are refused, since Synapse processes on the channel "
@@ -202,6 +205,7 @@ class Writer:
             self.server = await TcpServer(
                 self.hub, a.server_name, host=a.host, port=a.port, ssl=ssl,
                 ping_interval=a.ping_interval, timeout=a.timeout, max_buffered=a.max_buffered,
+                handshake_timeout=getattr(a, "tls_handshake_timeout", 10.0),
             ).start()
         if a.metrics_port:
             from ..metrics import start_http_server
@@ -285,13 +289,26 @@ async def serve(args: argparse.Namespace) -> int:
     if args.tls_client_ca and not args.tls_cert:
         cli_error("factstream serve", "--tls-client-ca needs --tls-cert and --tls-key: client certificates are "
                                       "checked during the TLS handshake of the listener", 2)
+    if args.tls_cert:
+        import ssl
+
+        from ..transport.tcp import server_ssl_context
+
+        try:
+            server_ssl_context(args.tls_cert, args.tls_key, client_cafile=args.tls_client_ca)
+        except (OSError, ssl.SSLError) as err:
+            cli_error("factstream serve", f"cannot load the TLS files (--tls-cert {args.tls_cert}, --tls-key "
+                                          f"{args.tls_key}, --tls-client-ca {args.tls_client_ca}): {err}", 2)
     from ..store.database import DatabaseError
 
     writer = Writer(args)
     try:
         await writer.start()
     except DatabaseError as err:  # its message names the database with the password masked
-        await writer.stop()
+        try:
+            await writer.stop()
+        except Exception:  # noqa: BLE001 - the start error is the one to report
+            pass
         cli_error("factstream serve", f"{err}", 1)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -315,7 +332,7 @@ async def serve(args: argparse.Namespace) -> int:
         # Over TCP each reader is a connection; on a Redis bus readers are invisible, the subscription is not.
         if args.redis:
             return {"subscribed": bool(server.connections), "pending": server.carrier.pending}
-        return {"readers": len(server.connections)}
+        return {"readers": len(server.connections), "handshakes": server.handshakes}
 
     async def report() -> None:
         while True:
