@@ -259,6 +259,11 @@ class Database:
         raise NotImplementedError
 
 
+def _shown(url: str) -> str:
+    """``url`` as it may appear in a message: a password in the authority, the query or a ``password=`` masked."""
+    return redact_text(redact_url(url))
+
+
 def _driver_text(err: BaseException) -> str:
     """A driver error's message on one line, any password in it masked."""
     text = " ".join(str(err).split()) or type(err).__name__
@@ -302,7 +307,7 @@ class SqliteDatabase(Database):
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._closed:
-            raise DatabaseError(f"database {redact_url(self.url)} is closed; connect() again")
+            raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _c(self) -> sqlite3.Connection:
@@ -392,7 +397,7 @@ class PostgresDatabase(Database):
         except psycopg.Error as err:
             # from None: the driver's exception (and its traceback) would show its text unredacted.
             raise DatabaseUnavailable(
-                f"cannot connect to PostgreSQL at {redact_url(self.url)}: {_driver_text(err)}; check that the "
+                f"cannot connect to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}; check that the "
                 "server is running and the URL (postgresql://user:password@host:port/db) is right"
             ) from None
 
@@ -411,7 +416,7 @@ class PostgresDatabase(Database):
                 await other.close()
             except Exception:  # noqa: BLE001 - closing a dead connection may fail any way
                 pass
-        return DatabaseUnavailable(f"lost the connection to PostgreSQL at {redact_url(self.url)}: {_driver_text(err)}")
+        return DatabaseUnavailable(f"lost the connection to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}")
 
     @asynccontextmanager
     async def _guard(self, conn: Any) -> AsyncIterator[None]:
@@ -430,7 +435,7 @@ class PostgresDatabase(Database):
         async with self._cond:
             while True:
                 if self._closed:
-                    raise DatabaseError(f"database {redact_url(self.url)} is closed; connect() again")
+                    raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
                 if self._idle:
                     return self._idle.pop()
                 if len(self._all) + self._opening < self.max_connections:
@@ -549,7 +554,7 @@ async def connect(url: str, *, max_connections: int = 10) -> Database:
         await pg._release(conn)
         return pg
     raise DatabaseError(
-        f"unsupported database URL {redact_url(url)!r}; use sqlite:///path/file.db, sqlite:///:memory: "
+        f"unsupported database URL {_shown(url)!r}; use sqlite:///path/file.db, sqlite:///:memory: "
         "or postgresql://user@host:port/dbname"
     )
 
