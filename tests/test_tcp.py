@@ -528,7 +528,7 @@ async def test_connection_closed_before_it_is_set_up_is_dropped_not_served() -> 
     hub = ReplicationHub("master")
     server = await TcpServer(hub, "early.hs").start()
     conn = server._protocol()  # what the listener creates for an incoming peer
-    assert conn in server.connections
+    assert conn not in server.connections  # a reader only once its connection is made
     conn.close("server stopping")
     async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()  # EOF: the early-closed connection drops the link at once

@@ -7,6 +7,12 @@ otherwise), or over Redis pub/sub with ``--redis URL`` (channel: the server
 name, Synapse's layout). With ``--produce`` it also writes synthetic facts as fast as it
 can (or at ``--rate``), rolling back a share of transactions to leave holes:
 the writer of ``factstream demo``.
+
+A writer outlives its database going away (a restart, a failover, terminated
+connections): the listener keeps serving readers, producing pauses and is
+retried with capped, jittered backoff, one log line marks the start of each
+outage and one its end, and ids reserved by a transaction the outage cut off
+complete as rolled back (or committed), so positions keep advancing after it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import time
 from typing import Any, NoReturn
 
 from .. import transport
+from ..backoff import Outage
+from ..redaction import redact_url
 from ..replication import Publisher, ReplicationHub
 from ..replication.tables import DEMO_TABLES, StreamTable, create_tables, open_id_generators
 
@@ -75,6 +83,15 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port")
     p.add_argument("--tls-cert", help="PEM certificate: enables TLS on the listener")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--tls-client-ca", metavar="FILE",
+                   help="with --tls-cert: PEM CA bundle; readers must present a certificate signed by it (mutual TLS)")
+    p.add_argument("--tls-handshake-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="with --tls-cert: drop a connection whose TLS handshake is not done in time (default 10); "
+                        "it counts as a reader only once done")
+    p.add_argument("--custom-streams", action="store_true",
+                   help="this channel (listener or Redis channel) is the application's own: allow streams Synapse "
+                        "does not know (without it they are refused, since Synapse processes on the channel "
+                        "would fail on them)")
     p.add_argument("--ping-interval", type=float, default=5.0, help="seconds between keepalives (default 5)")
     p.add_argument("--timeout", type=float, default=15.0,
                    help="close a peer silent this long after its PING (default 15); with --redis, the PING timeout")
@@ -176,15 +193,18 @@ class Writer:
         self.server: Any = None
         self.hub: ReplicationHub | None = None
         self.publisher: Publisher | None = None
-        self.stats = {"facts": 0, "rows": 0, "rolled_back": 0, "transactions": 0}
+        self.stats = {"facts": 0, "rows": 0, "rolled_back": 0, "transactions": 0, "db_failures": 0, "db_outages": 0}
 
     async def start(self) -> None:
         from ..store.database import connect
+
         a = self.args
         self.db = await connect(a.db)
         await create_tables(self.db, self.tables)
         self.gens = await open_id_generators(self.db, a.instance_name, self.tables)
-        self.publisher = pub = Publisher(a.instance_name, page_limit=1000)
+        self.publisher = pub = Publisher(
+            a.instance_name, page_limit=1000, custom_streams=getattr(a, "custom_streams", False)
+        )
         for t in self.tables:
             gen = self.gens[t.stream]
             pub.add_stream(t.stream, t.source(self.db), gen.current_token_for_writer(a.instance_name))
@@ -208,10 +228,12 @@ class Writer:
         else:
             from ..transport.tcp import TcpServer, server_ssl_context
 
-            ssl = server_ssl_context(a.tls_cert, a.tls_key) if a.tls_cert else None
+            client_ca = getattr(a, "tls_client_ca", None)
+            ssl = server_ssl_context(a.tls_cert, a.tls_key, client_cafile=client_ca) if a.tls_cert else None
             self.server = await TcpServer(
                 self.hub, a.server_name, host=a.host, port=a.port, ssl=ssl,
                 ping_interval=a.ping_interval, timeout=a.timeout, max_buffered=a.max_buffered,
+                handshake_timeout=getattr(a, "tls_handshake_timeout", 10.0),
             ).start()
         if a.metrics_port:
             from ..metrics import start_http_server
@@ -223,8 +245,11 @@ class Writer:
         return {s: g.current_token_for_writer(self.args.instance_name) for s, g in self.gens.items()}
 
     async def produce(self, stop: asyncio.Event) -> None:
-        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks."""
+        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks, riding out database outages."""
+        from ..store.database import DatabaseUnavailable
+
         a = self.args
+        outage = Outage(log, f"database {redact_url(a.db)}", initial=0.1, maximum=5.0)
         rng = random.Random(a.seed)
         deadline = time.monotonic() + a.duration if a.duration else None
         interval = 1.0 / a.rate if a.rate else 0.0
@@ -249,15 +274,32 @@ class Writer:
                         raise _Rollback
             except _Rollback:
                 self.stats["rolled_back"] += n
+            except DatabaseUnavailable as err:
+                # The transaction is gone with its connection; its ids completed as rolled back
+                # (or committed, if the COMMIT got through): the position is not held back.
+                self.stats["db_failures"] += 1
+                delay = outage.failed(err)
+                self.stats["db_outages"] = outage.count
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                except TimeoutError:
+                    pass
+                continue
             else:
+                outage.recovered()
                 self.stats["facts"] += facts
                 self.stats["rows"] += rows
             self.stats["transactions"] += 1
             await asyncio.sleep(interval)
 
-    async def stop(self) -> None:
+    async def stop(self, flush_timeout: float = 5.0) -> None:
+        """Publish what is complete (for up to ``flush_timeout`` s: the database may be down), then close."""
         if self.publisher is not None:
-            await self.publisher.flush()
+            try:
+                await asyncio.wait_for(self.publisher.flush(), flush_timeout)
+            except TimeoutError:
+                log.warning("stopping with facts unpublished (the database does not answer); readers catch up later")
+            self.publisher.close()
         if self.server is not None:
             await self.server.stop()
         for g in self.gens.values():
@@ -277,21 +319,39 @@ async def serve(args: argparse.Namespace) -> int:
             cli_error("factstream serve", "--nats replaces the TCP listener and --redis; give only one carrier "
                                           "(for TLS to NATS use a tls:// URL)", 2)
         await check_nats(args.nats, args.server_name, "factstream serve")
+    if args.tls_client_ca and not args.tls_cert:
+        cli_error("factstream serve", "--tls-client-ca needs --tls-cert and --tls-key: client certificates are "
+                                      "checked during the TLS handshake of the listener", 2)
+    if args.tls_cert:
+        import ssl
+
+        from ..transport.tcp import server_ssl_context
+
+        try:
+            server_ssl_context(args.tls_cert, args.tls_key, client_cafile=args.tls_client_ca)
+        except (OSError, ssl.SSLError) as err:
+            cli_error("factstream serve", f"cannot load the TLS files (--tls-cert {args.tls_cert}, --tls-key "
+                                          f"{args.tls_key}, --tls-client-ca {args.tls_client_ca}): {err}", 2)
+    from ..store.database import DatabaseError
+
     writer = Writer(args)
-    await writer.start()
+    try:
+        await writer.start()
+    except DatabaseError as err:  # its message names the database with the password masked
+        try:
+            await writer.stop()
+        except Exception:  # noqa: BLE001 - the start error is the one to report
+            pass
+        cli_error("factstream serve", f"{err}", 1)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = writer.server
     if args.redis:
-        from ..transport.redis import redacted_url
-
-        where = f"Redis {redacted_url(args.redis)} channel {args.server_name}"
-        listening: dict[str, Any] = {"port": None, "redis": redacted_url(args.redis), "channel": args.server_name}
+        where = f"Redis {redact_url(args.redis)} channel {args.server_name}"
+        listening: dict[str, Any] = {"port": None, "redis": redact_url(args.redis), "channel": args.server_name}
     elif args.nats:
-        from ..redaction import redact_url
-
         where = f"NATS JetStream {redact_url(args.nats)} stream {server.layout.stream}"
         listening = {"port": None, "nats": redact_url(args.nats), "stream": server.layout.stream}
     else:
@@ -301,7 +361,8 @@ async def serve(args: argparse.Namespace) -> int:
     if args.status:
         emit({"event": "listening", **listening, "positions": writer.positions(), "loop": transport.loop_name()})
     else:
-        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {where}, db {args.db}", file=sys.stderr)
+        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {where}, db {redact_url(args.db)}",
+              file=sys.stderr)
 
     def links() -> dict[str, Any]:
         # Over TCP each reader is a connection; on a Redis bus readers are invisible, the subscription is not.
@@ -309,7 +370,7 @@ async def serve(args: argparse.Namespace) -> int:
             return {"subscribed": bool(server.connections), "pending": server.carrier.pending}
         if args.nats:
             return {"connected": server.connected, "nats": server.status()["keys"]}
-        return {"readers": len(server.connections)}
+        return {"readers": len(server.connections), "handshakes": server.handshakes}
 
     async def report() -> None:
         while True:
@@ -330,7 +391,11 @@ async def serve(args: argparse.Namespace) -> int:
             await producer
         elapsed = time.monotonic() - started
         assert writer.publisher is not None
-        await writer.publisher.flush()
+        flushed = asyncio.create_task(writer.publisher.flush())
+        stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait({flushed, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        flushed.cancel()
         if args.status:
             emit({"event": "produced", **writer.stats, "seconds": elapsed, "positions": writer.positions()})
     await stop.wait()

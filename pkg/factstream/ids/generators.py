@@ -33,7 +33,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ..store.database import Database, Transaction
+from ..backoff import Outage
+from ..redaction import redact_url
+from ..store.database import Database, DatabaseUnavailable, Transaction
 from ..store.migrations import migrate
 from .errors import IdGeneratorError, PositionWaitTimeout, SequenceBehindError
 from .tracker import Listener, PositionTracker
@@ -100,6 +102,9 @@ class IdGenerator:
         #: seconds between background writes of the local position
         self.flush_interval = 0.01
         self._flush_sleeping = False
+        self._outage = Outage(
+            logger, f"stream {tracker.stream_name}: recording the position in stream_positions", maximum=5.0
+        )
         tracker.on_change = self._on_change
         if tracker.is_writer:
             tracker.add_listener(self._on_local_advance)
@@ -303,13 +308,23 @@ class IdGenerator:
         if not self._closed:
             await self._flush_loop()
 
-    async def _flush_loop(self) -> None:
+    async def _flush_loop(self, retry: bool = True) -> None:
+        # With ``retry`` (the background flush) a database outage is waited out with
+        # backoff, logged once; an explicit flush (close) tries once.
         try:
             while True:
                 pos = self._tracker.current_token_for_writer(self.instance_name)
                 if pos <= self._flushed:
+                    self._outage.recovered()
                     return
-                await self._write_position(pos)
+                try:
+                    await self._write_position(pos)
+                except DatabaseUnavailable as err:
+                    delay = self._outage.failed(err)
+                    if not retry or self._closed:
+                        return
+                    await asyncio.sleep(delay)
+                    continue
                 self._flushed = pos
         except Exception:  # noqa: BLE001 - a hint only; the tables are the truth
             logger.exception("stream %s: could not record the position in stream_positions", self.stream_name)
@@ -330,7 +345,7 @@ class IdGenerator:
         ``flush_interval`` seconds (0.01 by default).
         """
         if self.is_writer:
-            await self._flush_loop()
+            await self._flush_loop(retry=False)
 
     async def close(self) -> None:
         """Record the local position and stop; the database stays open (it is the caller's)."""
@@ -342,8 +357,8 @@ class IdGenerator:
             self._closed = True
             task = self._flush_task
             if task is not None and not task.done():
-                if self._flush_sleeping:
-                    task.cancel()  # nothing left to write: flush_positions() just did
+                if self._flush_sleeping or self._outage.ongoing:
+                    task.cancel()  # nothing left to write (flush_positions() just did), or nowhere to write it
                 await asyncio.wait([task])
             for waiting in self._waiters.values():
                 for _, fut in waiting:
@@ -513,7 +528,7 @@ async def create_id_generator(
         key = _sqlite_key(db, stream_name)
         if is_writer and key in _SQLITE_WRITERS:
             raise IdGeneratorError(
-                f"stream {stream_name!r} already has a writer id generator on {db.url} in this process; "
+                f"stream {stream_name!r} already has a writer id generator on {redact_url(db.url)} in this process; "
                 "share it (or close() it first): two counters would hand out the same ids"
             )
         recorded = await _stream_positions(db, stream_name)

@@ -17,10 +17,11 @@ from .follower import Follower, PositionTimeout, Update
 from .hub import OutboxFull, ReplicationHub
 from .local import LocalStream
 from .memory import MemoryConnection, MemoryPipe
-from .publisher import Publisher
+from .publisher import ForeignStreamError, Publisher
 
 __all__ = [
     "Publisher",
+    "ForeignStreamError",
     "Follower",
     "Update",
     "PositionTimeout",

@@ -14,6 +14,14 @@ published inside ``notify`` itself; others (database tables) are drained by
 one background task in pages of ``page_limit`` rows. The per-row work (rows
 to commands, the synchronous drain) is the relay's
 (:class:`factstream._relay.StreamEmitter`, compiled in a compiled build).
+
+By default a publisher only publishes Synapse's streams: a Synapse process
+that hears a POSITION of a stream it does not know fails on it (a KeyError in
+its command handler) and drops its replication connection, then reconnects,
+asks REPLICATE, hears the same POSITION and drops again, in a loop. A stream
+of your own is refused (:class:`ForeignStreamError`) unless the application
+declares the channel its own with ``custom_streams=True`` (CLI:
+``--custom-streams``). See docs/replication.md, "Sharing a channel with Synapse".
 """
 
 from __future__ import annotations
@@ -25,10 +33,21 @@ from types import ModuleType
 
 from .. import _relay, metrics
 from .._relay import StreamEmitter
+from ..backoff import Outage
 from ..commands import Command, PositionCommand
+from ..errors import FactstreamError
+from ..store.database import DatabaseUnavailable
+from ..streams.registry import SYNAPSE_STREAMS
 from ..streams.sources import UpdateSource
 
-__all__ = ["Publisher"]
+__all__ = ["Publisher", "ForeignStreamError", "SYNAPSE_STREAM_NAMES"]
+
+#: The streams every Synapse process knows: the only ones safe on a channel shared with Synapse.
+SYNAPSE_STREAM_NAMES: frozenset[str] = frozenset(d.name for d in SYNAPSE_STREAMS)
+
+
+class ForeignStreamError(FactstreamError, ValueError):
+    """A stream Synapse does not know, published without declaring the channel the application's own."""
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +62,18 @@ class Publisher:
     #: Python call of its own.
     notify: Callable[[str, str, int, int], None]
 
-    def __init__(self, instance_name: str, *, page_limit: int = 1000, relay: ModuleType | None = None) -> None:
+    def __init__(
+        self,
+        instance_name: str,
+        *,
+        page_limit: int = 1000,
+        relay: ModuleType | None = None,
+        custom_streams: bool = False,
+    ) -> None:
         self.instance_name = instance_name
+        #: True when the channel belongs to the application (no Synapse process on it), so
+        #: streams outside Synapse's registry may be published; see the module doc.
+        self.custom_streams = custom_streams
         self._page_limit = page_limit
         #: The relay twin running the per-row loops (default: the active implementation).
         self.relay = relay or _relay
@@ -52,6 +81,8 @@ class Publisher:
         self._sinks: list[Callable[[list[Command]], None]] = []
         self._dirty: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        #: Reading rows failing (the database gone): one log line when it starts, one when it ends.
+        self._outage = Outage(log, f"publisher {instance_name}: the update source", initial=0.1, maximum=5.0)
         self._router = self.relay.Router(instance_name, self._streams, self._schedule)
         self.notify = self._router.notify
         metrics.track(self)
@@ -70,7 +101,20 @@ class Publisher:
             st.page_limit = value
 
     def add_stream(self, name: str, source: UpdateSource, current_token: int) -> None:
-        """Publish stream ``name`` from ``current_token`` on, reading rows from ``source``."""
+        """Publish stream ``name`` from ``current_token`` on, reading rows from ``source``.
+
+        Raises :class:`ForeignStreamError` for a stream outside Synapse's
+        registry unless the publisher was made with ``custom_streams=True``.
+        """
+        if name not in SYNAPSE_STREAM_NAMES and not self.custom_streams:
+            raise ForeignStreamError(
+                f"refusing to publish stream {name!r}: it is not one of Synapse's streams, and a Synapse process "
+                f"on the same channel fails on its POSITION (KeyError in its replication handler) and drops its "
+                f"connection in a loop, so rows it writes meanwhile never reach Redis. If no Synapse process "
+                f"shares this channel (TCP listener or Redis channel), declare it yours: Publisher(..., "
+                f"custom_streams=True), or 'factstream serve --custom-streams'. Synapse's streams: "
+                f"{', '.join(sorted(SYNAPSE_STREAM_NAMES))}"
+            )
         if name in self._streams:
             raise ValueError(f"stream {name!r} is already published by {self.instance_name}")
         self._streams[name] = self.relay.StreamEmitter(
@@ -104,7 +148,7 @@ class Publisher:
             self._task = asyncio.get_running_loop().create_task(self._drain(), name="factstream-publisher")
 
     async def _drain(self) -> None:
-        delay = 0.1
+        outage = self._outage
         while self._dirty:
             name = min(self._dirty)  # any order across streams; within a stream, strict
             st = self._streams[name]
@@ -117,13 +161,13 @@ class Publisher:
                     if cmds:
                         for sink in self._sinks:
                             sink(cmds)
-                delay = 0.1
+                outage.recovered()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("publisher: fetching %s rows after %d failed; retrying in %.1fs", name, st.sent, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            except Exception as err:
+                if not outage.ongoing and not isinstance(err, DatabaseUnavailable):
+                    log.exception("publisher: fetching %s rows after %d failed", name, st.sent)
+                await asyncio.sleep(outage.failed(err))
                 continue
             if st.sent >= st.target:
                 self._dirty.discard(name)

@@ -102,14 +102,20 @@ async def create_tables(db: Any, tables: Sequence[StreamTable] = DEMO_TABLES) ->
 
 
 async def open_id_generators(
-    db: Any, instance_name: str, tables: Sequence[StreamTable] = DEMO_TABLES, writers: Sequence[str] = ("master",)
+    db: Any, instance_name: str, tables: Sequence[StreamTable] = DEMO_TABLES, writers: Sequence[str] | None = None
 ) -> dict[str, Any]:
-    """Stream -> id generator (recovering positions from the tables)."""
+    """Stream -> id generator (recovering positions from the tables).
+
+    ``writers`` names every writer instance of the streams; by default this
+    instance is the only one, whatever its name (a writer need not be called
+    ``master``). On PostgreSQL, several writers share one sequence per stream.
+    """
     from ..ids import create_id_generator
 
+    names = tuple(writers) if writers is not None else (instance_name,)
     return {
         t.stream: await create_id_generator(
-            db, stream_name=t.stream, instance_name=instance_name, writers=tuple(writers), tables=t.id_tables()
+            db, stream_name=t.stream, instance_name=instance_name, writers=names, tables=t.id_tables()
         )
         for t in tables
     }

@@ -15,6 +15,15 @@ is rewritten to ``%s`` (a literal ``%`` is escaped).
 Inside ``async with db.transaction() as txn`` the same task may also call
 ``db.execute(...)`` (it is routed into the open transaction instead of
 deadlocking on the lock); a nested ``db.transaction()`` joins the outer one.
+
+When PostgreSQL cannot be reached or a connection dies under a statement
+(a restart, a failover, ``pg_terminate_backend``), the call raises
+:class:`DatabaseUnavailable`: a clear message with the URL's password masked
+and the driver's text redacted, never the driver's own exception. Nothing is
+retried here (a statement cut off may or may not have committed); callers
+that must ride out an outage retry whole transactions with backoff
+(:class:`factstream.backoff.Outage`). The other pooled connections, opened
+before the outage, are dropped at once so the next call opens a fresh one.
 """
 
 from __future__ import annotations
@@ -32,8 +41,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import FactstreamError
+from ..redaction import redact_text, redact_url
 
-__all__ = ["Database", "DatabaseError", "Transaction", "connect", "to_pyformat"]
+__all__ = ["Database", "DatabaseError", "DatabaseUnavailable", "Transaction", "connect", "to_pyformat"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +58,10 @@ _current_txn: contextvars.ContextVar[Transaction | None] = contextvars.ContextVa
 
 class DatabaseError(FactstreamError):
     """A database URL, connection or usage problem (SQL errors are the driver's own)."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached, or the connection died under a statement; retrying later may work."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -245,6 +259,17 @@ class Database:
         raise NotImplementedError
 
 
+def _shown(url: str) -> str:
+    """``url`` as it may appear in a message: a password in the authority, the query or a ``password=`` masked."""
+    return redact_text(redact_url(url))
+
+
+def _driver_text(err: BaseException) -> str:
+    """A driver error's message on one line, any password in it masked."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return redact_text(text)
+
+
 # ----------------------------------------------------------------------------- SQLite
 
 
@@ -282,7 +307,7 @@ class SqliteDatabase(Database):
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._closed:
-            raise DatabaseError(f"database {self.url} is closed; connect() again")
+            raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _c(self) -> sqlite3.Connection:
@@ -369,17 +394,48 @@ class PostgresDatabase(Database):
 
         try:
             return await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-        except psycopg.OperationalError as err:
-            raise DatabaseError(
-                f"cannot connect to PostgreSQL at {self.url}: {err}; check that the server is "
-                "running and the URL (postgresql://user@host:port/db) is right"
-            ) from err
+        except psycopg.Error as err:
+            # from None: the driver's exception (and its traceback) would show its text unredacted.
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}; check that the "
+                "server is running and the URL (postgresql://user:password@host:port/db) is right"
+            ) from None
+
+    async def _lost(self, conn: Any, err: BaseException) -> DatabaseUnavailable | None:
+        """The error to raise instead of ``err`` when ``conn`` died under it (None: an ordinary SQL error)."""
+        if not (conn.closed or getattr(conn, "broken", False)):
+            return None
+        # The server went away for one connection: the idle ones opened before are most
+        # likely gone too (a restart, pg_terminate_backend of every backend); drop them now.
+        async with self._cond:
+            stale, self._idle = self._idle, []
+            for other in stale:
+                self._all.discard(other)
+        for other in stale:
+            try:
+                await other.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection may fail any way
+                pass
+        return DatabaseUnavailable(f"lost the connection to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}")
+
+    @asynccontextmanager
+    async def _guard(self, conn: Any) -> AsyncIterator[None]:
+        """Turn a connection dying under a statement into :class:`DatabaseUnavailable`."""
+        import psycopg
+
+        try:
+            yield
+        except psycopg.Error as err:
+            lost = await self._lost(conn, err)
+            if lost is None:
+                raise
+            raise lost from None
 
     async def _acquire(self) -> Any:
         async with self._cond:
             while True:
                 if self._closed:
-                    raise DatabaseError(f"database {self.url} is closed; connect() again")
+                    raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
                 if self._idle:
                     return self._idle.pop()
                 if len(self._all) + self._opening < self.max_connections:
@@ -420,12 +476,12 @@ class PostgresDatabase(Database):
         return await conn.execute(sql)
 
     async def _auto_execute(self, sql: str, params: Params) -> int:
-        async with self._conn() as conn:
+        async with self._conn() as conn, self._guard(conn):
             cur = await self._exec(conn, sql, params)
             return int(cur.rowcount)
 
     async def _auto_fetchall(self, sql: str, params: Params) -> list[Row]:
-        async with self._conn() as conn:
+        async with self._conn() as conn, self._guard(conn):
             cur = await self._exec(conn, sql, params)
             rows: list[Row] = await cur.fetchall()
             return rows
@@ -433,28 +489,33 @@ class PostgresDatabase(Database):
     @asynccontextmanager
     async def _begin(self) -> AsyncIterator[Any]:
         async with self._conn() as conn:
-            await conn.execute("BEGIN")
+            async with self._guard(conn):
+                await conn.execute("BEGIN")
             yield conn
 
     async def _commit(self, conn: Any) -> None:
-        await conn.execute("COMMIT")
+        async with self._guard(conn):
+            await conn.execute("COMMIT")
 
     async def _rollback(self, conn: Any) -> None:
         if not conn.closed and conn.info.transaction_status != 0:
-            await conn.execute("ROLLBACK")
+            async with self._guard(conn):
+                await conn.execute("ROLLBACK")
 
     async def _txn_execute(self, conn: Any, sql: str, params: Params) -> int:
-        cur = await self._exec(conn, sql, params)
-        return int(cur.rowcount)
+        async with self._guard(conn):
+            cur = await self._exec(conn, sql, params)
+            return int(cur.rowcount)
 
     async def _txn_executemany(self, conn: Any, sql: str, seq: Iterable[Params]) -> None:
-        async with conn.cursor() as cur:
+        async with self._guard(conn), conn.cursor() as cur:
             await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
 
     async def _txn_fetchall(self, conn: Any, sql: str, params: Params) -> list[Row]:
-        cur = await self._exec(conn, sql, params)
-        rows: list[Row] = await cur.fetchall()
-        return rows
+        async with self._guard(conn):
+            cur = await self._exec(conn, sql, params)
+            rows: list[Row] = await cur.fetchall()
+            return rows
 
     async def close(self) -> None:
         async with self._cond:
@@ -493,7 +554,7 @@ async def connect(url: str, *, max_connections: int = 10) -> Database:
         await pg._release(conn)
         return pg
     raise DatabaseError(
-        f"unsupported database URL {url!r}; use sqlite:///path/file.db, sqlite:///:memory: "
+        f"unsupported database URL {_shown(url)!r}; use sqlite:///path/file.db, sqlite:///:memory: "
         "or postgresql://user@host:port/dbname"
     )
 

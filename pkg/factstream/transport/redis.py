@@ -55,6 +55,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from .. import metrics, wire
+from ..backoff import backoff_delay
 from ..commands import Command, PositionCommand, RdataCommand, ReplicateCommand
 from ..redaction import redact_url as redacted_url
 from ..replication.carrier import CommandSink, Connection
@@ -133,17 +134,6 @@ class RedisCarrierStats:
     def as_dict(self) -> dict[str, int]:
         """The counters as a dict (for logs, JSON and metrics)."""
         return asdict(self)
-
-
-def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random | None = None) -> float:
-    """Seconds to wait before reconnect ``attempt`` (0-based).
-
-    Exponential from ``initial`` capped at ``maximum``, with jitter over the
-    upper half so that many instances restarted together do not reconnect in
-    lockstep, yet never retry faster than half the nominal delay.
-    """
-    ceiling = min(maximum, initial * (2 ** min(attempt, 62)))
-    return (rng or random).uniform(ceiling / 2, ceiling)
 
 
 def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[AbstractConnection], dict[str, Any]]:

@@ -17,7 +17,16 @@ carrier contract and handle, themselves and nothing more:
 * congestion: while the socket is backed up, at most ``max_buffered``
   commands wait per connection; past that the peer is told it fell behind
   and disconnected (it reconnects and catches up from the database);
-* optional TLS (:func:`server_ssl_context`, :func:`client_ssl_context`).
+* optional TLS (:func:`server_ssl_context`, :func:`client_ssl_context`;
+  ``client_cafile`` for mutual TLS). The TLS listener accepts sockets itself
+  and runs each handshake as a task (``loop.connect_accepted_socket``): a
+  connection becomes a reader (in
+  ``TcpServer.connections``) only once its handshake is done; a handshake
+  not done within ``handshake_timeout`` seconds is aborted, and at most
+  ``max_handshakes`` run at once (connections past that are closed at once,
+  counted as ``factstream_disconnects{reason="tls_handshake_limit"}``). A
+  plaintext client, a port scanner or a client refusing the certificate
+  therefore costs a few seconds and one slot, never a reader forever.
 
 The fetch endpoint (:class:`FetchServer`, :class:`RemoteUpdateSource`) lets
 readers fetch missed facts of in-memory streams from the writer: one JSON
@@ -29,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
+import socket
 import ssl as _ssl
 import time
 import weakref
@@ -38,6 +47,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import _json, _relay, metrics, wire
+from ..backoff import backoff_delay
 from ..commands import (
     CLIENT_COMMANDS,
     SERVER_COMMANDS,
@@ -64,6 +74,8 @@ __all__ = [
     "DEFAULT_PING_INTERVAL",
     "DEFAULT_TIMEOUT",
     "DEFAULT_MAX_BUFFERED",
+    "DEFAULT_HANDSHAKE_TIMEOUT",
+    "DEFAULT_MAX_HANDSHAKES",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,6 +83,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PING_INTERVAL = 5.0
 DEFAULT_TIMEOUT = 15.0
 DEFAULT_MAX_BUFFERED = 10_000
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+DEFAULT_MAX_HANDSHAKES = 256
 _ABORT_GRACE = 1.0  # seconds a closing connection may take to flush its ERROR
 
 
@@ -106,6 +120,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
         on_close: Any = None,
+        on_made: Any = None,
         codec: Any = None,
         relay: Any = None,
     ) -> None:
@@ -136,6 +151,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._timer: asyncio.TimerHandle | None = None
         self._close_reason = "closed"
         self._on_close = on_close
+        self._on_made = on_made
         self.handshake_done = False
         self.closed: asyncio.Future[str] = asyncio.get_event_loop().create_future()
         self.description = "tcp"
@@ -165,6 +181,8 @@ class TcpConnection(asyncio.Protocol, Connection):
             self._write([NameCommand(self.local_name), PingCommand(_now_ms())])
         self._schedule()
         self._made = True
+        if self._on_made is not None:
+            self._on_made(self)
         self.sink.connection_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -218,8 +236,8 @@ class TcpConnection(asyncio.Protocol, Connection):
             metrics.PENDING_OUT.dec(len(self._pending))
             self._pending.clear()
         reason = self._close_reason if exc is None or self._close_reason != "closed" else f"error: {exc}"
-        metrics.DISCONNECTS.labels(reason.split(":")[0]).inc()
-        if self._made:
+        if self._made:  # one that never came up (a failed TLS handshake) is counted where it failed
+            metrics.DISCONNECTS.labels(reason.split(":")[0]).inc()
             self._made = False
             self.sink.connection_lost(self, reason)
         if not self.closed.done():
@@ -391,7 +409,13 @@ class TcpConnection(asyncio.Protocol, Connection):
 
 
 class TcpServer:
-    """The writer end: accepts readers on ``host:port`` (loopback unless told otherwise)."""
+    """The writer end: accepts readers on ``host:port`` (loopback unless told otherwise).
+
+    ``connections`` holds the readers: connections that are up (over TLS:
+    whose handshake is done). ``handshakes`` says how many TLS handshakes are
+    in progress (at most ``max_handshakes``, each at most
+    ``handshake_timeout`` seconds).
+    """
 
     def __init__(
         self,
@@ -405,20 +429,40 @@ class TcpServer:
         timeout: float = DEFAULT_TIMEOUT,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        max_handshakes: int = DEFAULT_MAX_HANDSHAKES,
         codec: Any = None,
         relay: Any = None,
     ) -> None:
+        if handshake_timeout <= 0 or max_handshakes < 1:
+            raise ValueError("need handshake_timeout > 0 and max_handshakes >= 1")
         self.sink = sink
         self.server_name = server_name
         self.host = host
         self.port = port
         self.ssl = ssl
+        self.handshake_timeout = handshake_timeout
+        self.max_handshakes = max_handshakes
         self.opts = dict(
             ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length,
             codec=codec, relay=relay,
         )
         self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._accept_task: asyncio.Task[None] | None = None
+        #: Readers: connections that are up (over TLS: handshake done).
         self.connections: set[TcpConnection] = set()
+        self._unmade: set[TcpConnection] = set()  # accepted, connection_made not yet called
+        self._handshakes: set[asyncio.Task[None]] = set()
+        #: TLS handshakes that failed or timed out, and connections refused for too many handshakes at once.
+        self.handshake_failures = 0
+        self.handshakes_refused = 0
+        self._refused_logged = 0.0
+
+    @property
+    def handshakes(self) -> int:
+        """TLS handshakes in progress."""
+        return len(self._handshakes)
 
     def connections_info(self) -> list[dict[str, Any]]:
         """The connected readers, read only: name, address, connected since, commands buffered, last PING."""
@@ -430,31 +474,119 @@ class TcpServer:
 
     def _protocol(self) -> TcpConnection:
         conn = TcpConnection(
-            self.sink, is_server=True, local_name=self.server_name, on_close=self.connections.discard, **self.opts
+            self.sink, is_server=True, local_name=self.server_name, on_close=self._closed_connection,
+            on_made=self._made_connection, **self.opts,
         )
-        self.connections.add(conn)
+        self._unmade.add(conn)
         return conn
+
+    def _made_connection(self, conn: TcpConnection) -> None:
+        self._unmade.discard(conn)
+        self.connections.add(conn)
+
+    def _closed_connection(self, conn: TcpConnection) -> None:
+        self._unmade.discard(conn)
+        self.connections.discard(conn)
+
+    def _tls_accepted(self, sock: socket.socket, peer: Any) -> None:
+        if len(self._handshakes) >= self.max_handshakes:
+            sock.close()
+            self.handshakes_refused += 1
+            metrics.DISCONNECTS.labels("tls_handshake_limit").inc()
+            now = time.monotonic()
+            if now - self._refused_logged > 10:
+                self._refused_logged = now
+                log.warning(
+                    "replication listener: %d TLS handshakes in progress (the limit); closing new connections "
+                    "at once (%d so far)", len(self._handshakes), self.handshakes_refused,
+                )
+            return
+        task = asyncio.get_running_loop().create_task(self._handshake(sock, peer))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _accept_tls(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(listener)
+            except asyncio.CancelledError:
+                raise
+            except OSError as err:  # e.g. out of file descriptors: wait, do not spin
+                log.warning("replication listener: accept failed (%s)", err)
+                await asyncio.sleep(0.1)
+                continue
+            self._tls_accepted(sock, peer)
+
+    async def _handshake(self, sock: socket.socket, peer: Any) -> None:
+        assert self.ssl is not None
+        conn = self._protocol()
+        try:
+            # The connection's connection_made (hence counting it as a reader) comes once the handshake is done.
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: conn, sock, ssl=self.ssl, ssl_handshake_timeout=self.handshake_timeout
+            )
+        except asyncio.CancelledError:
+            self._unmade.discard(conn)
+            sock.close()
+            raise
+        except (OSError, _ssl.SSLError, TimeoutError, ConnectionError) as err:
+            # A plaintext client, a scanner, a client refusing our certificate (or, with
+            # client_cafile, one without a valid certificate of its own).
+            self._unmade.discard(conn)
+            sock.close()
+            self.handshake_failures += 1
+            metrics.DISCONNECTS.labels("tls_handshake").inc()
+            log.info("replication listener: TLS handshake with %s failed (%s)", _peer_text(peer),
+                     str(err) or type(err).__name__)
 
     async def start(self) -> TcpServer:
         """Start listening; ``self.port`` holds the bound port (useful with port 0)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, self.host, self.port, ssl=self.ssl, reuse_address=True)
-        self.port = self._server.sockets[0].getsockname()[1]
+        if self.ssl is None:
+            self._server = await loop.create_server(self._protocol, self.host, self.port, reuse_address=True)
+            self.port = self._server.sockets[0].getsockname()[1]
+        else:
+            # TLS: accept sockets here and run each handshake as a bounded, timed task (see _handshake).
+            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            listener = socket.create_server((self.host, self.port), family=infos[0][0], backlog=1024)
+            listener.setblocking(False)
+            self._listener = listener
+            self.port = listener.getsockname()[1]
+            self._accept_task = loop.create_task(self._accept_tls(listener), name="factstream-tls-accept")
         _LISTENING.add(self)
         log.info("replication listening on %s:%d%s", self.host, self.port, " (TLS)" if self.ssl else "")
         return self
 
     async def stop(self, reason: str = "server stopping") -> None:
-        """Stop listening and close every connection with ERROR ``reason``."""
+        """Stop listening, abort handshakes in progress and close every connection with ERROR ``reason``.
+
+        Connections are closed together: the wait is one grace period in all,
+        not one per connection.
+        """
         if self._server is not None:
             self._server.close()
-        for conn in list(self.connections):
-            conn.close(reason)
-        for conn in list(self.connections):
+        if self._accept_task is not None:
+            self._accept_task.cancel()
             try:
-                await asyncio.wait_for(asyncio.shield(conn.closed), _ABORT_GRACE + 1)
-            except TimeoutError:
+                await self._accept_task
+            except asyncio.CancelledError:
                 pass
+            self._accept_task = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        handshakes = list(self._handshakes)
+        for task in handshakes:
+            task.cancel()
+        for conn in list(self._unmade):
+            conn.close(reason)  # made later, it aborts at once
+        conns = list(self.connections)
+        for conn in conns:
+            conn.close(reason)
+        waits: list[Any] = [asyncio.shield(conn.closed) for conn in conns] + handshakes
+        if waits:
+            await asyncio.wait(waits, timeout=_ABORT_GRACE + 1)
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), _ABORT_GRACE + 1)
@@ -467,6 +599,10 @@ class TcpServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _peer_text(peer: Any) -> str:
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "a client"
 
 
 class _ReaderCollector:
@@ -573,8 +709,7 @@ class TcpClient:
 
     def next_delay(self, attempt: int) -> float:
         """Backoff before retry ``attempt`` (1-based): exponential, capped, with jitter."""
-        base: float = min(self.backoff_max, self.backoff_initial * (2 ** min(attempt - 1, 30)))
-        return base * random.uniform(0.5, 1.0)
+        return backoff_delay(attempt - 1, self.backoff_initial, self.backoff_max)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
