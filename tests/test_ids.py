@@ -144,6 +144,37 @@ async def test_restart_recovers_position_from_tables(db: Database) -> None:
     await again.close()
 
 
+async def test_sqlite_writer_restarted_after_a_crash_never_reuses_an_id(tmp_path: Path) -> None:
+    # A crashed SQLite writer (no close(), stream_positions not yet written) had
+    # handed out ids whose facts rolled back: readers saw a POSITION past them.
+    # Restarted, its counter used to come from the tables only and gave those
+    # ids out again, and readers dropped the new facts as stale.
+    path = tmp_path / "crash.db"
+    db = await connect(f"sqlite:///{path}")
+    await db.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
+    gen = await make(db)
+    used = []
+    for _ in range(5):
+        with pytest.raises(RuntimeError):
+            async with gen.get_next() as sid:
+                used.append(sid)
+                raise RuntimeError("rolled back: nothing written")
+    assert gen.current_token() == max(used)  # announced: readers are past these ids
+    gen._closed = True  # the process dies: no close(), nothing more written
+    if gen._flush_task is not None:
+        gen._flush_task.cancel()
+    from factstream.ids import generators
+
+    generators._SQLITE_WRITERS.clear()  # a new process: it knows nothing of the dead one's counter
+    await db.execute("DELETE FROM stream_positions")  # the background write had not happened yet
+    again = await make(db)
+    async with again.get_next() as sid:
+        assert sid > max(used), f"id {sid} handed out again after a restart (used before: {used})"
+    assert again.current_token() >= max(used)
+    await again.close()
+    await db.close()
+
+
 async def test_stream_positions_records_the_local_position(db: Database) -> None:
     gen = await make(db)
     async with gen.get_next_mult(5):

@@ -49,6 +49,9 @@ TableSpec = tuple[str, "str | None", str]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+#: SQLite counters: ids made durable (``stream_id_blocks``) per write, ahead of use.
+SQLITE_ID_BLOCK = 1000
+
 #: (database file, stream) -> live SQLite writer generator: one counter per stream.
 _SQLITE_WRITERS: weakref.WeakValueDictionary[tuple[str, str], IdGenerator] = weakref.WeakValueDictionary()
 
@@ -95,6 +98,7 @@ class IdGenerator:
         self._sign = -1 if backwards else 1
         self.sequence_name = sequence_name
         self._counter = counter  # SQLite: last id handed out (token orientation)
+        self._block_end = counter  # SQLite: ids up to here are recorded in stream_id_blocks
         self._waiters: dict[str | None, list[tuple[int, asyncio.Future[None]]]] = {}
         self._flush_task: asyncio.Task[None] | None = None
         self._flushed = tracker.current_token_for_writer(tracker.instance_name) if tracker.is_writer else 0
@@ -158,7 +162,10 @@ class IdGenerator:
         if n < 1:
             raise ValueError(f"cannot reserve {n} ids; ask for at least 1")
         tracker = self._tracker
-        if self._counter is not None:  # no await between allocation and registration
+        if self._counter is not None:
+            while self._counter + n > self._block_end:  # type: ignore[operator]
+                await self._extend_block(self._counter + n, txn)
+            # no await between allocation and registration
             tracker._local_heap()
             ids = await self._fetch(n, txn)
             tracker.reserve(ids)
@@ -173,6 +180,29 @@ class IdGenerator:
 
     def _complete(self, ids: list[int]) -> None:
         self._tracker.complete(ids)
+
+    async def _extend_block(self, needed: int, txn: Transaction | None) -> None:
+        """Record in ``stream_id_blocks`` that ids up to ``needed`` (and a block beyond) may be handed out.
+
+        Before this, a SQLite writer restarted after a crash took its counter
+        from the tables and ``stream_positions`` only, and could hand out again
+        an id it had already used for a rolled-back or empty fact that readers
+        had seen a POSITION past: they then dropped the new fact as stale.
+        Inside a caller's transaction the record goes through it (the database
+        is held by it); should it roll back, the record is written again.
+        """
+        upto = needed + SQLITE_ID_BLOCK
+        await self._write_block(upto, txn)
+        if txn is not None:
+            txn.call_after_rollback(self._write_block, upto, None)
+        self._block_end = max(self._block_end or 0, upto)
+
+    async def _write_block(self, upto: int, txn: Transaction | None) -> None:
+        await (txn if txn is not None else self._db).execute(
+            "INSERT INTO stream_id_blocks (stream_name, reserved_upto) VALUES (?, ?) "
+            "ON CONFLICT (stream_name) DO UPDATE SET reserved_upto = MAX(stream_id_blocks.reserved_upto, excluded.reserved_upto)",
+            (self.stream_name, upto),
+        )
 
     @asynccontextmanager
     async def get_next(self) -> AsyncIterator[int]:
@@ -353,6 +383,12 @@ class IdGenerator:
             return
         try:
             await self.flush_positions()
+            if self._counter is not None and self._block_end is not None and self._block_end > self._counter:
+                # a clean stop: give back the ids recorded ahead of use, so a restart does not skip them
+                await self._db.execute(
+                    "UPDATE stream_id_blocks SET reserved_upto = ? WHERE stream_name = ?", (self._counter, self.stream_name)
+                )
+                self._block_end = self._counter
         finally:
             self._closed = True
             task = self._flush_task
@@ -533,7 +569,9 @@ async def create_id_generator(
             )
         recorded = await _stream_positions(db, stream_name)
         table_max = await _max_in_tables(db, specs, backwards)
-        start = max(1, table_max, max(recorded.values(), default=1))
+        row = await db.fetchone("SELECT reserved_upto FROM stream_id_blocks WHERE stream_name = ?", (stream_name,))
+        handed_out = int(row[0]) if row else 0  # a crashed writer may have used ids up to here
+        start = max(1, table_max, max(recorded.values(), default=1), handed_out if is_writer else 0)
         tracker = PositionTracker(stream_name, instance_name, writers, {writers[0]: start}, heap_class=heap_class)
         gen = IdGenerator(db, tracker, backwards=backwards, sequence_name=None, counter=start if is_writer else None)
         if is_writer:

@@ -171,5 +171,11 @@ register(
         "CREATE TABLE IF NOT EXISTS instance_map ("
         " instance_id {serial_primary_key},"
         " instance_name TEXT NOT NULL UNIQUE)",
+        # 3: SQLite writers: the highest id a counter may have handed out, written
+        # before the ids are (PostgreSQL's sequences are this already), so a
+        # writer that crashed never hands out an id again after restarting.
+        "CREATE TABLE IF NOT EXISTS stream_id_blocks ("
+        " stream_name TEXT NOT NULL PRIMARY KEY,"
+        " reserved_upto BIGINT NOT NULL)",
     ],
 )
