@@ -192,3 +192,15 @@ def test_ctrl_c_in_a_terminal(cmd: list[str]) -> None:
     assert "Traceback" not in text and "IndexError" not in text, text[-2000:]
     time.sleep(0.5)
     assert kids and not [k for k in kids if _alive(k)]
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_serve_ctrl_c_exits_130_and_sigterm_is_a_clean_stop(tmp_path: Any, sig: int, status: int) -> None:
+    proc = start("serve", "--db", f"sqlite:///{tmp_path / 'w.db'}", "--port", "0", "--status")
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the first status line: it is listening
+    assert line, proc.stderr.read() if proc.stderr else ""
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == status, err
+    assert no_traceback(err), err

@@ -344,9 +344,15 @@ async def serve(args: argparse.Namespace) -> int:
             pass
         cli_error("factstream serve", f"{err}", 1)
     stop = asyncio.Event()
+    interrupted: list[int] = []
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: int) -> None:
+        interrupted.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     server = writer.server
     if args.redis:
         where = f"Redis {redact_url(args.redis)} channel {args.server_name}"
@@ -401,7 +407,8 @@ async def serve(args: argparse.Namespace) -> int:
     await stop.wait()
     reporter.cancel()
     await writer.stop()
-    return 0
+    # Ctrl-C ends with 130 as shells expect; SIGTERM (a service manager stopping it) is a clean stop
+    return 130 if signal.SIGINT in interrupted else 0
 
 
 def run(args: argparse.Namespace) -> int:
