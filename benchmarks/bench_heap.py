@@ -23,7 +23,7 @@ random.Random(1234).shuffle(SHUFFLED)
 
 @pytest.fixture
 def heap_impl(impl: str) -> ModuleType:
-    return twin("_heap", impl)
+    return twin("ids._heap", impl)
 
 
 def in_order(heap_cls: type) -> int:

@@ -14,7 +14,7 @@ so the loop and the implementation are separated:
 
 The publisher, hub and follower are the same Python code in every row; the
 loop, the codec and the relay (the per-row loops of the publisher and the
-follower, ``factstream._relay``) differ. Rows are events-stream ``ev`` rows.
+follower, ``factstream.replication._relay``) differ. Rows are events-stream ``ev`` rows.
 The grid's follower runs untyped (``typed=False``: handlers get the decoded
 JSON); ``test_default_follower_rows_per_second`` measures the default, typed
 follower (handlers get row objects), which is what an application gets
@@ -37,7 +37,7 @@ import pytest
 
 from conftest import twin
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
-from factstream.streams import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource
 from factstream.transport.tcp import TcpClient, TcpServer
 
 CONFIGS = [pytest.param(("uvloop", "c"), id="uvloop-c"), pytest.param(("asyncio", "py"), id="asyncio-py")]
@@ -87,7 +87,7 @@ async def _teardown(server: Any, clients: list[TcpClient]) -> None:
 
 def _throughput(cfg: tuple[str, str], readers: int, typed: bool = False) -> float:
     loop_kind, impl = cfg
-    codec, relay = twin("_wire", impl), twin("_relay", impl)
+    codec, relay = twin("_wire", impl), twin("replication._relay", impl)
     n = N_ROWS[readers]
 
     async def main() -> float:
@@ -140,7 +140,7 @@ def test_default_follower_rows_per_second(benchmark: Any, cfg: tuple[str, str]) 
 
 def _latency(cfg: tuple[str, str], readers: int, n: int = 2000) -> tuple[float, float]:
     loop_kind, impl = cfg
-    codec, relay = twin("_wire", impl), twin("_relay", impl)
+    codec, relay = twin("_wire", impl), twin("replication._relay", impl)
 
     async def main() -> tuple[float, float]:
         ls, server, fols, clients = await _setup(codec, relay, readers, n * 2)

@@ -156,13 +156,13 @@ def channel_prefix() -> str:
 @pytest.fixture(scope="session")
 def heap_impl(impl: str) -> ModuleType:
     """The pending-completion heap twin under test (``PendingHeap``)."""
-    return twin("_heap", impl)
+    return twin("ids._heap", impl)
 
 
 @pytest.fixture(scope="session")
 def relay_impl(impl: str) -> ModuleType:
     """The replication relay twin under test (``RowWindow``, ``StreamEmitter``, ``gather``, ``tally``)."""
-    return twin("_relay", impl)
+    return twin("replication._relay", impl)
 
 
 # --------------------------------------------------------------- event loops

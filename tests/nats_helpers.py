@@ -24,7 +24,7 @@ import pytest
 
 from conftest import IN_CI, require_service
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
-from factstream.streams import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource
 from factstream.transport.nats import JetStreamLayout, NatsReplication
 
 NATS_SERVER = shutil.which("nats-server")

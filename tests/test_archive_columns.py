@@ -1,4 +1,4 @@
-"""The archive column builder twins (factstream._archive_c / _archive_py).
+"""The archive column builder twins (factstream.spark._archive_c / _archive_py).
 
 The row function (``spark.lines.line_values``) is the specification; the pure
 builder only collects its rows. The compiled builder computes most lines'
@@ -33,7 +33,7 @@ import spark_archives  # noqa: E402
 @pytest.fixture
 def archive_impl(impl: str) -> ModuleType:
     """The archive column builder twin under test (``ArchiveColumns``)."""
-    return twin("_archive", impl)
+    return twin("spark._archive", impl)
 
 
 def _table(mod: ModuleType, data: bytes, typed: bool, batch_rows: int = 1000, fmt: str = "lines") -> Any:
@@ -164,8 +164,8 @@ def test_builder_holds_what_the_row_function_says(archive_impl: ModuleType, type
 @pytest.mark.parametrize("typed", [True, False])
 def test_twins_give_equal_arrow_columns(typed: bool) -> None:
     data = _corpus()
-    c = _table(twin("_archive", "c"), data, typed)
-    py = _table(twin("_archive", "py"), data, typed)
+    c = _table(twin("spark._archive", "c"), data, typed)
+    py = _table(twin("spark._archive", "py"), data, typed)
     assert c.schema == py.schema
     for name in c.column_names:
         assert c.column(name).equals(py.column(name)), name
@@ -264,8 +264,8 @@ archive_lines = st.lists(st.one_of(typed_lines, ws.lines, ws.commands.map(lambda
 @given(archive_lines, st.booleans(), st.integers(1, 7))
 def test_fuzz_twins_agree_on_any_bytes(lines: list[bytes], typed: bool, batch_rows: int) -> None:
     data = b"\n".join(lines)
-    c = _table(twin("_archive", "c"), data, typed, batch_rows)
-    py = _table(twin("_archive", "py"), data, typed, batch_rows)
+    c = _table(twin("spark._archive", "c"), data, typed, batch_rows)
+    py = _table(twin("spark._archive", "py"), data, typed, batch_rows)
     assert _rows(c) == _rows(py)
     assert _rows(py) == [_normalise(v) for v in _expected(data, typed)]
 
@@ -343,8 +343,8 @@ FORMAT_LINES = {"lines": prefixed_lines, "monitor": monitor_lines, "redis-csv": 
 def test_fuzz_twins_agree_on_every_format(case: tuple[str, list[bytes]], typed: bool, batch_rows: int) -> None:
     fmt, lines = case
     data = b"\n".join(lines)
-    c = _table(twin("_archive", "c"), data, typed, batch_rows, fmt)
-    py = _table(twin("_archive", "py"), data, typed, batch_rows, fmt)
+    c = _table(twin("spark._archive", "c"), data, typed, batch_rows, fmt)
+    py = _table(twin("spark._archive", "py"), data, typed, batch_rows, fmt)
     assert _rows(c) == _rows(py)
     assert _rows(py) == [_normalise(v) for v in _expected(data, typed, fmt)]
 
@@ -413,6 +413,6 @@ def test_timestamp_twins_agree_with_timestamp_micros(texts: list[str | None], of
     for name in ("c", "py"):
         for a in (arr, arr.slice(1)):
             skip = len(texts) - len(a)
-            micros, days = twin("_archive", name).timestamp_columns(a, offset, lambda t: timestamp_micros(t, zone))
+            micros, days = twin("spark._archive", name).timestamp_columns(a, offset, lambda t: timestamp_micros(t, zone))
             assert micros.to_pylist() == want_micros[skip:], name
             assert days.to_pylist() == want_days[skip:], name

@@ -64,7 +64,12 @@ def _package_copy(tmp_path: Path, damage: str) -> Path:
     src = Path(factstream.__file__).resolve().parent
     dst = tmp_path / "factstream"
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-    compiled = sorted(p for p in dst.iterdir() if p.name.split(".")[0] in _compat.COMPILED_MODULES and p.suffix in (".so", ".pyd"))
+    compiled = sorted(
+        p
+        for p in dst.rglob("*")
+        if p.suffix in (".so", ".pyd")
+        and ".".join(p.relative_to(dst).with_name(p.name.split(".")[0]).parts) in _compat.COMPILED_MODULES
+    )
     assert len(compiled) == len(_compat.COMPILED_MODULES), compiled
     for lib in compiled[:1] if damage == "one-broken" else compiled:
         if damage == "missing":

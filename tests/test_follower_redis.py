@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
 from factstream.replication.tables import DEMO_TABLES, TableWriter, create_tables, open_id_generators
 from factstream.store.database import connect
-from factstream.streams import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource
 from factstream.transport.redis import RedisReplication
 
 sys.path.insert(0, str(Path(__file__).parent))

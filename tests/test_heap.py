@@ -210,10 +210,10 @@ def run(impl: ModuleType | Model, ops: list[tuple[str, int]], start: int) -> lis
 @given(ops=OPS, start=st.sampled_from([0, 1, -50, 2**40]))
 def test_differential_against_model_and_other_twin(ops: list[tuple[str, int]], start: int) -> None:
     expected = run(Model(start), ops, start)
-    py = _compat.load("_heap", "py")
+    py = _compat.load("ids._heap", "py")
     assert run(py.PendingHeap(start), ops, start) == expected
     if not _compat.NO_EXTENSIONS:
-        c = _compat.load("_heap", "c")
+        c = _compat.load("ids._heap", "c")
         assert run(c.PendingHeap(start), ops, start) == expected
 
 
@@ -239,10 +239,10 @@ def test_position_never_passes_an_incomplete_id(heap_impl: ModuleType, perm: lis
 
 def test_selector_uses_the_compiled_twin_when_built() -> None:
     """Sentinel: a build that should be compiled really selects _heap_c."""
-    from factstream import _heap
+    from factstream.ids import _heap
 
     expected = "_heap_py" if _compat.IMPL == "python" else "_heap_c"
-    assert _heap.PendingHeap.__module__ == f"factstream.{expected}"
+    assert _heap.PendingHeap.__module__ == f"factstream.ids.{expected}"
 
 
 def test_switch_selects_the_pure_twin() -> None:
@@ -252,13 +252,13 @@ def test_switch_selects_the_pure_twin() -> None:
 
     env = dict(os.environ, FACTSTREAM_NO_EXTENSIONS="1")
     out = subprocess.run(
-        [sys.executable, "-c", "from factstream import _heap; print(_heap.PendingHeap.__module__)"],
+        [sys.executable, "-c", "from factstream.ids import _heap; print(_heap.PendingHeap.__module__)"],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    assert out.stdout.strip() == "factstream._heap_py"
+    assert out.stdout.strip() == "factstream.ids._heap_py"
 
 
 def test_hold_keeps_the_position_below_an_id_on_its_way(heap_impl: ModuleType) -> None:
@@ -292,9 +292,9 @@ def test_hold_keeps_the_position_below_an_id_on_its_way(heap_impl: ModuleType) -
 def test_differential_wide_ids_and_interleaving(ids: list[int], seed: int) -> None:
     """Sparse ids, interleaved reserve/complete (exercises the compiled hash table's growth and deletion)."""
     rng = random.Random(seed)
-    twins = [_compat.load("_heap", "py")]
+    twins = [_compat.load("ids._heap", "py")]
     if not _compat.NO_EXTENSIONS:
-        twins.append(_compat.load("_heap", "c"))
+        twins.append(_compat.load("ids._heap", "c"))
     heaps = [t.PendingHeap(1) for t in twins]
     todo = sorted(ids)
     reserved: list[int] = []

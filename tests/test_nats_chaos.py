@@ -14,7 +14,7 @@ import random
 from typing import Any
 
 from chaos_proxy import ChaosProxy
-from factstream.streams import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource
 
 from nats_helpers import (
     Reader,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from factstream.streams import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource
 from factstream.transport.nats import Retention
 
 from nats_helpers import (

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from factstream import wire
-from factstream.streams import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource
 from factstream.transport.nats import JetStreamLayout, NatsReplication, Retention, subject_token
 
 from nats_helpers import (

@@ -19,7 +19,7 @@ import pytest
 
 from factstream import wire
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
-from factstream.streams import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource
 from factstream.transport.redis import RedisReplication
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -21,7 +21,8 @@ from conftest import twin
 from factstream import wire
 from factstream.commands import Command, PingCommand, PositionCommand, RdataCommand, ReplicateCommand
 from factstream.replication import Follower
-from factstream.streams import MemoryUpdateSource, UpdatesUnavailable
+from factstream.streams import UpdatesUnavailable
+from factstream.replication import MemoryUpdateSource
 from factstream.streams.rows import CachesRow
 
 # ---------------------------------------------------------------- RowWindow
@@ -250,7 +251,7 @@ def test_gather_twins_agree(cmds: list[Command], position: int | None, data: st.
     if not starts:
         return
     start = data.draw(st.sampled_from(starts))
-    results = [twin("_relay", impl).gather(cmds, start, position, ["held"]) for impl in ("c", "py")]
+    results = [twin("replication._relay", impl).gather(cmds, start, position, ["held"]) for impl in ("c", "py")]
     assert results[0] == results[1]
 
 
@@ -265,14 +266,14 @@ def test_emitter_twins_agree(ups: list[tuple[int, int]], sent: int, extra: int) 
     upto = max([sent, *(t for t, _ in ups)]) + extra
     out = []
     for impl in ("c", "py"):
-        em = twin("_relay", impl).StreamEmitter("s", "w", None, sent, None, [], 5)
+        em = twin("replication._relay", impl).StreamEmitter("s", "w", None, sent, None, [], 5)
         out.append((em.commands(ups, upto), em.sent, em.rows))
     assert out[0] == out[1]
 
 
 def _deliveries(impl: str, cmds: list[Command], runs: bool, position: int | None, start: int | None) -> Any:
     positions = {("s", "w"): position} if position is not None else None
-    fol = Follower(typed=False, positions=positions, start_position=start, relay=twin("_relay", impl))
+    fol = Follower(typed=False, positions=positions, start_position=start, relay=twin("replication._relay", impl))
     got: list[Any] = []
     fol.add_handler(lambda s, w, t, rows: got.append((s, w, t, list(rows), fol.position(s, w))))
     if runs:
@@ -299,7 +300,7 @@ def test_follower_runs_deliver_like_single_commands(cmds: list[Command], positio
 def test_follower_runs_count_tokens_and_rows_per_stream() -> None:
     cmds = [R(1, "a"), R(None, "b"), R(2, "c"), R(1, "dup"), R(3, "x", stream="t")]
     for impl in ("c", "py"):
-        fol = Follower(typed=False, start_position=0, relay=twin("_relay", impl))
+        fol = Follower(typed=False, start_position=0, relay=twin("replication._relay", impl))
         fol.on_rdata_many(cmds)
         assert fol.positions() == {("s", "w"): 2, ("t", "w"): 3}
         assert Counter({(s, n) for _, s, n in fol.metric_rows()}) == Counter({("s", 3), ("t", 1)})

@@ -30,7 +30,8 @@ from factstream.replication import (
     ReplicationHub,
     SimpleCache,
 )
-from factstream.streams import MemoryUpdateSource, ToDeviceRow
+from factstream.streams import ToDeviceRow
+from factstream.replication import MemoryUpdateSource
 
 Got = list[tuple[str, str, int, list[Any]]]
 

@@ -6,7 +6,9 @@ import sqlite3
 
 import pytest
 
-from factstream.streams import MemoryUpdateSource, TableUpdateSource, UpdatesUnavailable
+from factstream.streams import TableUpdateSource, UpdatesUnavailable
+
+from factstream.replication import MemoryUpdateSource
 from factstream.streams.sources import page
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from factstream.commands import RemoteServerUpCommand
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
-from factstream.streams import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource
 from factstream.transport.tcp import (
     FetchServer,
     RemoteUpdateSource,

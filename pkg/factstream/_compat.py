@@ -15,8 +15,11 @@ All compiled modules load or none do, so a process never mixes halves.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import sys
 from types import ModuleType
 
 __all__ = ["IMPL", "NO_EXTENSIONS", "REQUESTED_IMPL", "FALLBACK_REASON", "COMPILED_MODULES", "load"]
@@ -26,9 +29,9 @@ logger = logging.getLogger("factstream")
 #: Compiled module -> its pure-Python twin.
 COMPILED_MODULES: dict[str, str] = {
     "_wire_c": "_wire_py",
-    "_heap_c": "_heap_py",
-    "_archive_c": "_archive_py",
-    "_relay_c": "_relay_py",
+    "ids._heap_c": "ids._heap_py",
+    "spark._archive_c": "spark._archive_py",
+    "replication._relay_c": "replication._relay_py",
 }
 
 NO_EXTENSIONS: bool = os.environ.get("FACTSTREAM_NO_EXTENSIONS", "") not in ("", "0")
@@ -54,6 +57,39 @@ REQUESTED_IMPL: str = _requested()
 FALLBACK_REASON: str = ""
 
 
+def _import_compiled(name: str) -> ModuleType:
+    """Import the compiled module ``factstream.<name>`` without running its package's ``__init__``.
+
+    The twins live with their subsystems (``ids._heap_c``), and a subsystem's
+    ``__init__`` imports its selector, which asks this module for ``IMPL``:
+    importing the package from here, while ``IMPL`` is being decided, would be
+    a circular import. So the extension is loaded from its file and entered
+    in ``sys.modules``, where the normal import finds it later.
+    """
+    full = f"factstream.{name}"
+    if full in sys.modules:
+        return sys.modules[full]
+    *package, leaf = name.split(".")
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), *package)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(folder, leaf + suffix)
+        if os.path.exists(path):
+            break
+    else:
+        raise ModuleNotFoundError(f"No module named {full!r}", name=full)
+    spec = importlib.util.spec_from_file_location(full, path)
+    if spec is None or spec.loader is None:  # pragma: no cover - an extension file always has a loader
+        raise ImportError(f"cannot load {path}", name=full)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[full] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[full]
+        raise
+    return module
+
+
 def _try_compiled(required: bool) -> bool:
     """Import every compiled module; True if all did, False if none is installed (or one is broken and not required)."""
     global FALLBACK_REASON
@@ -61,7 +97,7 @@ def _try_compiled(required: bool) -> bool:
     missing: dict[str, ImportError] = {}
     for name in COMPILED_MODULES:
         try:
-            importlib.import_module(f"factstream.{name}")
+            _import_compiled(name)
         except ImportError as err:
             missing[name] = err
         else:

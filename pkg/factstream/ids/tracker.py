@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._heap import PendingHeap
+from ._heap import PendingHeap
 from .errors import IdGeneratorError
 
 __all__ = ["PositionTracker", "Listener"]

@@ -7,6 +7,7 @@
   :class:`~factstream.replication.carrier.Connection` it implements.
 * :class:`LocalStream`: an in-memory writer; :mod:`.caches`: cache invalidation.
 * :class:`MemoryPipe`: two hubs connected in-process (tests, single-process apps).
+* :class:`MemoryUpdateSource`: the recent facts of in-memory streams, kept by their writer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .follower import Follower, PositionTimeout, Update
 from .hub import OutboxFull, ReplicationHub
 from .local import LocalStream
 from .memory import MemoryConnection, MemoryPipe
+from .memory_source import MemoryUpdateSource
 from .publisher import ForeignStreamError, Publisher
 
 __all__ = [
@@ -35,4 +37,5 @@ __all__ = [
     "SimpleCache",
     "MemoryPipe",
     "MemoryConnection",
+    "MemoryUpdateSource",
 ]

@@ -34,7 +34,7 @@ A transport may hand over a whole run of RDATA at once
 (:meth:`Follower.on_rdata_many`, e.g. everything one socket read decoded);
 the result is the same as one :meth:`Follower.on_rdata` per command, and the
 per-row loop (decode, batches, stale check) is the relay's
-(:func:`factstream._relay.gather`, compiled in a compiled build).
+(:func:`factstream.replication._relay.gather`, compiled in a compiled build).
 
 Delivery: ``add_handler(fn, stream=None)`` with ``fn(stream, writer, token,
 rows)`` (synchronous, called in order), or ``async for update in
@@ -55,7 +55,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .. import _relay, metrics
+from .. import metrics
+from . import _relay
 from ..commands import PositionCommand, RdataCommand
 from ..errors import FactstreamError, ProtocolError
 from ..redaction import redact_text

@@ -14,7 +14,7 @@ import heapq
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..streams.sources import MemoryUpdateSource
+from .memory_source import MemoryUpdateSource
 
 __all__ = ["LocalStream"]
 

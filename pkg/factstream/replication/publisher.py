@@ -13,7 +13,7 @@ Sources with a synchronous ``get_updates_now`` (the in-memory source) are
 published inside ``notify`` itself; others (database tables) are drained by
 one background task in pages of ``page_limit`` rows. The per-row work (rows
 to commands, the synchronous drain) is the relay's
-(:class:`factstream._relay.StreamEmitter`, compiled in a compiled build).
+(:class:`factstream.replication._relay.StreamEmitter`, compiled in a compiled build).
 
 By default a publisher only publishes Synapse's streams: a Synapse process
 that hears a POSITION of a stream it does not know fails on it (a KeyError in
@@ -31,8 +31,9 @@ import logging
 from collections.abc import Callable
 from types import ModuleType
 
-from .. import _relay, metrics
-from .._relay import StreamEmitter
+from .. import metrics
+from . import _relay
+from ._relay import StreamEmitter
 from ..backoff import Outage
 from ..commands import Command, PositionCommand
 from ..errors import FactstreamError
@@ -58,7 +59,7 @@ class Publisher:
     #: The id-generator listener ``notify(stream_name, instance_name, old, new)``: this
     #: writer's position in ``stream_name`` moved to ``new``; publish up to it (other
     #: writers' streams and backward moves are ignored). It is the relay's
-    #: :meth:`factstream._relay.Router.notify`, so a compiled build publishes without a
+    #: :meth:`factstream.replication._relay.Router.notify`, so a compiled build publishes without a
     #: Python call of its own.
     notify: Callable[[str, str, int, int], None]
 

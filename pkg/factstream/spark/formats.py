@@ -160,7 +160,7 @@ def detect_format(head: Iterable[bytes], lines_to_try: int = 50) -> str | None:
 # Per line: (timestamp, direction, channel, protocol line, problem), or None for
 # a line that carries no payload (blank, MONITOR's other commands, subscribe
 # confirmations). These are the specification the compiled column builder
-# (factstream._archive_c) follows for its fast lines.
+# (factstream.spark._archive_c) follows for its fast lines.
 
 Split = tuple["bytes | None", "bytes | None", "bytes | None", bytes, "str | None"]
 

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import wire
-from .._archive_py import HEADER_COLUMNS
+from ._archive_py import HEADER_COLUMNS
 from .._compat import load
 from ..commands import FederationAckCommand, PositionCommand, RdataCommand
 from ..errors import ProtocolError
@@ -120,7 +120,7 @@ class ParseOptions:
 # --------------------------------------------------------------- row values
 #
 # ``line_values`` is the specification of what one archive line becomes; the
-# column builders (factstream._archive_py / _archive_c) only collect its rows,
+# column builders (factstream.spark._archive_py / _archive_c) only collect its rows,
 # and the compiled one computes the common lines' rows itself, identically.
 
 
@@ -280,7 +280,7 @@ def _batch(columns: Any, source: str, session_time_zone: str, impl: str | None) 
 
 
 def _builder(typed: bool, impl: str | None) -> Any:
-    return load("_archive", impl).ArchiveColumns(typed)
+    return load("spark._archive", impl).ArchiveColumns(typed)
 
 
 def parse_blocks(

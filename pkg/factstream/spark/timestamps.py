@@ -127,7 +127,7 @@ def timestamp_columns(ts_text: pa.Array, session_time_zone: str, impl: str | Non
     zone = _zone(session_time_zone)
     if isinstance(zone, dt.timezone):
         offset = zone.utcoffset(None)
-        micros, days = load("_archive", impl).timestamp_columns(
+        micros, days = load("spark._archive", impl).timestamp_columns(
             ts_text, offset.days * 86_400 + offset.seconds, lambda text: timestamp_micros(text, zone)
         )
         return micros.cast(TS_TYPE), days.cast(pa.date32())

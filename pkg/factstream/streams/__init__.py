@@ -12,7 +12,7 @@ from . import rows
 from .registry import SYNAPSE_STREAMS, StreamDefinition, StreamRegistry, UnknownStreamError, default_registry
 from .rows import *  # noqa: F403
 from .rows import __all__ as _row_names
-from .sources import MemoryUpdateSource, TableUpdateSource, UpdateSource, Updates, UpdatesUnavailable
+from .sources import TableUpdateSource, UpdateSource, Updates, UpdatesUnavailable
 
 __all__ = [
     "StreamDefinition",
@@ -23,7 +23,6 @@ __all__ = [
     "UpdateSource",
     "Updates",
     "UpdatesUnavailable",
-    "MemoryUpdateSource",
     "TableUpdateSource",
     "rows",
     *_row_names,

@@ -12,8 +12,9 @@ token are included) and the caller asks again from there. A writer uses its
 source to turn "position moved old -> new" into rows; a reader uses one to
 repair gaps (catch-up).
 
-- :class:`MemoryUpdateSource`: facts held in a writer's memory (typing,
-  benchmarks, tests); bounded, answers only for what it still holds.
+- ``factstream.replication.MemoryUpdateSource``: facts held in a writer's
+  memory (typing, benchmarks, tests); bounded, answers only for what it
+  still holds. It lives with the replication relay, whose window it is.
 - :class:`TableUpdateSource`: facts in a backing table, read through
   ``factstream.store.database`` (SQLite or PostgreSQL).
 - ``factstream.transport.tcp.RemoteUpdateSource``: asks the writer process.
@@ -22,7 +23,6 @@ repair gaps (catch-up).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FactstreamError
@@ -31,7 +31,6 @@ __all__ = [
     "UpdateSource",
     "HeadSource",
     "Updates",
-    "MemoryUpdateSource",
     "TableUpdateSource",
     "UpdatesUnavailable",
 ]
@@ -83,49 +82,6 @@ def page(updates: Sequence[tuple[int, Any]], upto_token: int, limit: int) -> Upd
     if end == len(updates):
         return list(updates), upto_token, False
     return list(updates[:end]), last, True
-
-
-class MemoryUpdateSource:
-    """The recent facts of in-memory streams, kept by the writer (bounded per stream).
-
-    The writer calls ``add(instance_name, token, row)`` for each row *before*
-    completing its token; rows older than ``capacity`` are forgotten, and a
-    request reaching below the window raises :class:`UpdatesUnavailable` so a
-    reader knows it lost facts instead of silently skipping them. Holes
-    (tokens without rows) need no record. ``get_updates_now`` is the
-    synchronous :meth:`get_updates` (the writer's hot path).
-
-    The rows live in a :class:`factstream._relay.RowWindow` (compiled in a
-    compiled build; ``relay`` picks the twin, default the active one), whose
-    ``add`` and ``get_updates_now`` are this source's, without a Python call
-    in between.
-    """
-
-    #: ``add(instance_name, token, row)``: record a row (tokens non-decreasing, except out-of-order completions).
-    add: Callable[[str, int, Any], None]
-    #: ``get_updates_now(instance_name, from_token, upto_token, limit)``: :meth:`get_updates`, synchronously.
-    get_updates_now: Callable[[str, int, int, int], Updates]
-
-    def __init__(self, capacity: int = 100_000, *, relay: ModuleType | None = None) -> None:
-        if relay is None:
-            from .. import _relay  # not at import time: the relay imports this module
-
-            relay = _relay
-        self.window = relay.RowWindow(capacity)
-        self.add = self.window.add
-        self.get_updates_now = self.window.get_updates_now
-
-    @property
-    def capacity(self) -> int:
-        """Rows kept per writer instance (up to twice as many before the oldest are dropped)."""
-        return int(self.window.capacity)
-
-    @capacity.setter
-    def capacity(self, value: int) -> None:
-        self.window.capacity = value
-
-    async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
-        return self.get_updates_now(instance_name, from_token, upto_token, limit)
 
 
 class TableUpdateSource:

@@ -46,7 +46,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import _json, _relay, metrics, wire
+from .. import _json, metrics, wire
+from ..replication import _relay
 from ..backoff import backoff_delay
 from ..commands import (
     CLIENT_COMMANDS,

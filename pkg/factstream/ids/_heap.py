@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._compat import load
+from .._compat import load
 
 if TYPE_CHECKING:
     from ._heap_py import INT64_MAX, INT64_MIN, PendingHeap
 else:
-    _impl = load("_heap")
+    _impl = load("ids._heap")
     PendingHeap = _impl.PendingHeap
     INT64_MIN = _impl.INT64_MIN
     INT64_MAX = _impl.INT64_MAX

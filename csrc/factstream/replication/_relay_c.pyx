@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""The replication relay's hot loops, compiled twin of ``factstream._relay_py``.
+"""The replication relay's hot loops, compiled twin of ``factstream.replication._relay_py``.
 
 Same names, behaviour and results; the pure twin is the specification. The
 gain is per row: building and reading the commands happens here without a
@@ -25,7 +25,7 @@ cdef object _ROW = Row
 cdef object _UNSET = _UNSET_PY
 
 
-include "_slots.pxi"
+include "factstream/_slots.pxi"
 
 
 cdef inline PyObject* _get(object obj, Py_ssize_t offset) noexcept:

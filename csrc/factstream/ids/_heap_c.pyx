@@ -1,6 +1,6 @@
 # distutils: language = c++
 # cython: language_level=3
-"""The pending-completion heap, compiled twin of ``factstream._heap_py``.
+"""The pending-completion heap, compiled twin of ``factstream.ids._heap_py``.
 
 Same names, behaviour, error types and messages; see the pure twin for the
 specification. Storage: a binary min-heap of tracked ids in a C++ vector and

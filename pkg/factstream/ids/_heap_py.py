@@ -12,7 +12,7 @@ the smallest tracked id is still pending, so everything below it is settled
 and the position is the last id absorbed. Completing an id therefore costs one
 hash lookup plus O(log n) per id absorbed, each id being absorbed once.
 
-The compiled twin ``factstream._heap_c`` has the same names and behaviour,
+The compiled twin ``factstream.ids._heap_c`` has the same names and behaviour,
 including error types and messages.
 """
 

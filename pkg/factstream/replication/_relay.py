@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._compat import load
+from .._compat import load
 
 if TYPE_CHECKING:
     from ._relay_py import Fact, Fanout, Router, RowWindow, Sink, StreamEmitter, SyncGet, gather, tally
 else:
-    _impl = load("_relay")
+    _impl = load("replication._relay")
     RowWindow = _impl.RowWindow
     StreamEmitter = _impl.StreamEmitter
     Router = _impl.Router

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Compiled twin of the archive column builder (see ``factstream._archive_py``).
+"""Compiled twin of the archive column builder (see ``factstream.spark._archive_py``).
 
 Columns live in C buffers laid out as Arrow wants them (validity bitmaps,
 int32 offsets, value bytes), so a batch becomes Arrow arrays with one copy per
@@ -32,15 +32,15 @@ from libc.string cimport memchr, memcmp, memcpy, memset
 
 import sys
 
-from . import _json
+from .. import _json
 from ._archive_py import COLUMNS, HEADER_COLUMNS, RowFunction, _valid_text
-from .commands import COMMAND_MAP
+from ..commands import COMMAND_MAP
 
 __all__ = ["ArchiveColumns", "COLUMNS", "HEADER_COLUMNS", "RowFunction"]
 
 cdef int MAX_DEPTH = _json.MAX_DEPTH
 
-include "_json_scan.pxi"
+include "factstream/_json_scan.pxi"
 
 cdef enum:
     K_I64 = 0

@@ -7,7 +7,7 @@ rows with POSITION; the reader folds a run of RDATA for one (stream, writer)
 into facts (all rows of one token), dropping the ones at or below its
 position. These loops are here, away from the publisher and the follower
 that own the state, so that a compiled build runs them as C
-(``factstream._relay_c``, same names and behaviour) and every row costs no
+(``factstream.replication._relay_c``, same names and behaviour) and every row costs no
 Python call of its own.
 
 * :class:`RowWindow` holds the recent rows of an in-memory stream (the
@@ -34,9 +34,9 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .commands import Command, PositionCommand, RdataCommand
-from .streams.rows import Row
-from .streams.sources import Updates, UpdatesUnavailable, page
+from ..commands import Command, PositionCommand, RdataCommand
+from ..streams.rows import Row
+from ..streams.sources import Updates, UpdatesUnavailable, page
 
 __all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally", "Fact", "Sink", "SyncGet"]
 
