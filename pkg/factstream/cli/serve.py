@@ -337,12 +337,12 @@ async def serve(args: argparse.Namespace) -> int:
     writer = Writer(args)
     try:
         await writer.start()
-    except DatabaseError as err:  # its message names the database with the password masked
+    except DatabaseError:  # its message names the database with the password masked
         try:
             await writer.stop()
         except Exception:  # noqa: BLE001 - the start error is the one to report
             pass
-        cli_error("factstream serve", f"{err}", 1)
+        raise  # the CLI's error boundary prints it as one line (a traceback with --debug)
     stop = asyncio.Event()
     interrupted: list[int] = []
     loop = asyncio.get_running_loop()

@@ -417,17 +417,18 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
     from ..replication import Follower, ReplicationHub
     from ..replication.tables import DEMO_TABLES
 
+    from ..store.database import connect
+
+    db = await connect(args.db)  # the local mistake first: a wrong --db is named even when the writer is down
     if not args.redis and not args.nats:
         opts = link_options(args, args.name, replicate=False)
         try:
             probe = await connect_within(opts)  # fail fast and clearly before the forever-retrying reader starts
         except LinkError as err:
+            await db.close()
             print(f"{PROG}: {err}", file=sys.stderr)
             return 1
         await probe.close()
-    from ..store.database import connect
-
-    db = await connect(args.db)
     sources = {t.stream: t.source(db) for t in DEMO_TABLES}
     start = 0 if args.from_start else args.from_token
     fol = Follower(sources=sources, start_position=start, streams=set(args.streams) if args.streams else None,
