@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
@@ -33,6 +34,21 @@ def register(subparsers: Any) -> None:
     )
     g.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)"
+    )
+    g.add_argument(
+        "--ship-env",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="ZIP",
+        help="ship factstream (compiled core included) and pyarrow to the executors with spark.archives, for "
+        "workers whose Python lacks them; without ZIP the overlay of this installation is built and cached "
+        "(~/.cache/factstream). Workers need the same CPython version (see docs/spark.md)",
+    )
+    g.add_argument(
+        "--executor-python",
+        metavar="PATH",
+        help="Python the executors run (default: this Python; with --ship-env: python3 on the workers' PATH)",
     )
     g.add_argument(
         "--progress",
@@ -103,10 +119,26 @@ def _session(args: argparse.Namespace) -> Any:
     saved = os.dup(1)
     try:
         os.dup2(2, 1)
-        return make_session(args.master, conf=conf)
+        return make_session(args.master, conf=conf, ship_env=args.ship_env, executor_python=args.executor_python)
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+
+
+_PY_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)): .*$", re.M)
+
+
+def job_error(err: BaseException) -> str:
+    """The one line of a failed Spark job a user needs: the executors' Python error, with a hint."""
+    from ..redaction import redact_text
+
+    text = str(err)
+    found = _PY_ERROR.findall(text)
+    line = found[-1] if found else (text.strip().splitlines() or [type(err).__name__])[0]
+    if "No module named" in line and any(m in line for m in ("'factstream", "'pyarrow")):
+        line += (" (the executors' Python lacks it: install factstream[spark] on every worker, "
+                 "or ship it with --ship-env; see docs/spark.md)")
+    return redact_text(line[:2000])
 
 
 def _progress_enabled(args: argparse.Namespace) -> bool:
@@ -141,7 +173,8 @@ def run_parse(args: argparse.Namespace) -> int:
         if "already exists" in str(err):
             print(f"factstream logs: {args.out} already exists; use --mode overwrite or --mode append", file=sys.stderr)
             return 2
-        raise
+        print(f"factstream logs: the Spark job failed: {job_error(err)}", file=sys.stderr)
+        return 1
     out = spark.read.parquet(args.out)
     counts = out.selectExpr("count(1) AS lines", "count(error) AS bad").first()
     print(f"wrote {counts['lines']} lines ({counts['bad']} malformed) to {args.out}", file=sys.stderr)
