@@ -47,7 +47,7 @@ from .lines import SPARK_DDL, parse_block
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
     from ..replication.tables import StreamTable
 
@@ -306,7 +306,9 @@ def run_stream(query: StreamingQuery, stop_when_idle: float = 0.0, poll: float =
             last_batch = progress["batchId"]
             if progress.get("numInputRows", 0):
                 last_seen = time.monotonic()
-        if time.monotonic() - last_seen >= stop_when_idle and not query.status.get("isDataAvailable"):
+        status = query.status
+        idle = progress is not None and not status.get("isDataAvailable") and not status.get("isTriggerActive")
+        if idle and time.monotonic() - last_seen >= stop_when_idle:
             query.stop()
             break
         time.sleep(poll)
