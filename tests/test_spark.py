@@ -433,3 +433,25 @@ def test_cli_rejects_a_bad_capture_pattern(tmp_path: Path) -> None:
         done = _cli("report", str(tmp_path), "--capture-pattern", pattern)
         assert done.returncode == 2 and problem in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------ streaming sink
+
+def test_publishing_a_batch_again_replaces_it(spark: Any, report_dir: str, tmp_path: Path) -> None:
+    """A micro-batch re-run after a crash (same id, same rows) must not add its rows twice."""
+    from factstream.spark.streaming import publish_batch
+
+    df = spark.read.parquet(report_dir)
+    out, staging = str(tmp_path / "out"), str(tmp_path / "staging")
+    assert publish_batch(df, 7, out, staging) > 0
+    # an interrupted second attempt left a stray file of batch 7 and its staging directory
+    stray = next(p for p in (tmp_path / "out").rglob("part-b000000000007-*.parquet"))
+    shutil.copy(stray, stray.with_name("part-b000000000007-stray.parquet"))
+    os.makedirs(os.path.join(staging, "batch-7", "date=2026-11-22", "stream=events"))
+    publish_batch(df, 7, out, staging)
+    publish_batch(df.where("stream = 'caches'"), 8, out, staging)
+    back = spark.read.parquet(out)
+    assert back.count() == df.count() + df.where("stream = 'caches'").count()
+    assert sorted(map(tuple, back.where("stream = 'events'").select("line_number", "token").collect())) == sorted(
+        map(tuple, df.where("stream = 'events'").select("line_number", "token").collect()))
+    assert not os.path.exists(os.path.join(staging, "batch-7"))

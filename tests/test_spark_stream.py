@@ -120,7 +120,7 @@ def test_stream_killed_and_restarted_matches_the_writers_database(postgres_dsn: 
                   "--trigger", "0.5", *spark_args]
     # the writer produces until told to stop (SIGTERM: it stops producing, records its positions and exits)
     writer = Proc([FACTSTREAM, "serve", "--produce", "--db", postgres_dsn, "--port", "0", "--rate", "100",
-                   "--seed", "3", "--status", "--instance-name", "w1"], stream="stdout")
+                   "--seed", "3", "--status"], stream="stdout")
     first = second = None
     try:
         writer.wait_for(lambda line: '"listening"' in line, 60)

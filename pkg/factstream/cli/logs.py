@@ -150,6 +150,7 @@ def _session(args: argparse.Namespace) -> Any:
             raise SystemExit(f"factstream logs: --conf expects KEY=VALUE, got {item!r}")
         conf[key] = value
     conf.setdefault("spark.ui.showConsoleProgress", "false")
+    # Failures are reported by us in one line (job_error), so Spark logs only what is fatal.
     # The JVM inherits our stdout and log4j writes notices there; start it with
     # stdout pointing at stderr so that stdout carries only the report.
     sys.stdout.flush()
@@ -157,7 +158,7 @@ def _session(args: argparse.Namespace) -> Any:
     try:
         os.dup2(2, 1)
         return make_session(
-            args.master, conf=conf, ship_env=args.ship_env, executor_python=args.executor_python, log_level="ERROR"
+            args.master, conf=conf, ship_env=args.ship_env, executor_python=args.executor_python, log_level="FATAL"
         )
     finally:
         os.dup2(saved, 1)
