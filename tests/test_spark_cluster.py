@@ -159,7 +159,7 @@ def test_executors_run_the_compiled_core_of_the_shipped_env(cluster: Any, worker
         f"spark = make_session({cluster.url!r}, conf={{'spark.ui.enabled': 'false', 'spark.executor.memory': '512m'}},"
         " ship_env=True)\n"
         "def probe(_):\n"
-        "    import factstream, factstream._archive_c, sys\n"
+        "    import factstream, factstream.spark._archive_c, sys\n"
         "    return (factstream.IMPL, sys.prefix, factstream.__file__)\n"
         "got = spark.sparkContext.parallelize(range(4), 4).map(probe).collect()\n"
         "print(repr(got))\n"
