@@ -424,3 +424,31 @@ async def test_backwards_multi_writer_recovery(pg: Database) -> None:
     assert reader.positions() == {"w1": 4, "w2": 5}
     assert reader.current_token() == 4
     await reader.close()
+
+
+async def test_sqlite_block_recorded_in_a_rolled_back_transaction_is_written_again(tmp_path: Path) -> None:
+    # The first id of a fresh SQLite writer records its block inside the caller's
+    # transaction; when that rolls back, the record is written again (and must
+    # not deadlock the writer, whose next transactions go on).
+    db = await connect(f"sqlite:///{tmp_path / 'rb.db'}")
+    await db.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
+    gen = await make(db)
+
+    async def two_transactions() -> tuple[int, int]:
+        first = second = 0
+        with pytest.raises(RuntimeError):
+            async with db.transaction() as txn:
+                first = await gen.get_next_txn(txn)
+                raise RuntimeError("roll back")
+        async with db.transaction() as txn:
+            second = await gen.get_next_txn(txn)
+            await txn.execute("INSERT INTO facts VALUES (?, 'master', 'x')", (second,))
+        return first, second
+
+    first, second = await asyncio.wait_for(two_transactions(), 10)  # a deadlock fails here instead of hanging
+    assert second > first
+    await asyncio.sleep(0.05)
+    row = await db.fetchone("SELECT reserved_upto FROM stream_id_blocks WHERE stream_name = 'events'")
+    assert row is not None and int(row[0]) >= second
+    await gen.close()
+    await db.close()

@@ -99,6 +99,7 @@ class IdGenerator:
         self.sequence_name = sequence_name
         self._counter = counter  # SQLite: last id handed out (token orientation)
         self._block_end = counter  # SQLite: ids up to here are recorded in stream_id_blocks
+        self._block_writes: set[asyncio.Task[None]] = set()
         self._waiters: dict[str | None, list[tuple[int, asyncio.Future[None]]]] = {}
         self._flush_task: asyncio.Task[None] | None = None
         self._flushed = tracker.current_token_for_writer(tracker.instance_name) if tracker.is_writer else 0
@@ -194,8 +195,14 @@ class IdGenerator:
         upto = needed + SQLITE_ID_BLOCK
         await self._write_block(upto, txn)
         if txn is not None:
-            txn.call_after_rollback(self._write_block, upto, None)
+            # not awaited in the hook: rollback hooks run while the transaction still holds the database
+            txn.call_after_rollback(self._rewrite_block_later, upto)
         self._block_end = max(self._block_end or 0, upto)
+
+    def _rewrite_block_later(self, upto: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._write_block(upto, None))
+        self._block_writes.add(task)
+        task.add_done_callback(self._block_writes.discard)
 
     async def _write_block(self, upto: int, txn: Transaction | None) -> None:
         await (txn if txn is not None else self._db).execute(
@@ -383,6 +390,8 @@ class IdGenerator:
             return
         try:
             await self.flush_positions()
+            if self._block_writes:
+                await asyncio.gather(*self._block_writes, return_exceptions=True)
             if self._counter is not None and self._block_end is not None and self._block_end > self._counter:
                 # a clean stop: give back the ids recorded ahead of use, so a restart does not skip them
                 await self._db.execute(
