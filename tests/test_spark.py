@@ -327,3 +327,131 @@ def test_timestamps_out_of_range_are_null_not_fatal() -> None:
     texts = ["99999999999999.5", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999-18:00", "0000-01-01T00:00:00", None]
     ts, date = T.timestamp_columns(pa.array(texts, pa.string()), "Asia/Kolkata")
     assert ts.null_count == date.null_count == len(texts)
+
+
+# ------------------------------------------------------------ rotated captures
+
+def _rotated_lines() -> list[str]:
+    """One connection's traffic: events tokens 2..31 with a batch run of caches around token 10."""
+    lines = []
+    for i, tok in enumerate(range(2, 32)):
+        ts = f"2026-11-24T11:00:{i:02d}.000Z"
+        if tok == 10:
+            lines.append(f'{ts} > RDATA caches master batch ["f",["a"],1]')
+            lines.append(f'{ts} > RDATA caches master batch ["f",["b"],1]')
+            lines.append(f'{ts} > RDATA caches master 10 ["f",["c"],1]')
+            continue
+        lines.append(f'{ts} > RDATA events master {tok} ["state-all",["!r:hs"]]')
+    return lines
+
+
+def _figures(report: dict[str, Any]) -> dict[tuple[str, str], tuple[int, ...]]:
+    keys = ("rows", "batch_rows", "backwards", "gaps", "skipped_tokens", "unterminated_batches")
+    return {(s["stream"], s["writer"]): tuple(s[k] for k in keys) for s in report["streams"]}
+
+
+def test_a_rotated_capture_is_judged_as_one_sequence(spark: Any, tmp_path: Path) -> None:
+    from factstream.spark.pipeline import parse_archives
+    from factstream.spark.report import build_report
+
+    lines = _rotated_lines()
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    (whole / "session.log").write_text("\n".join(lines) + "\n")
+    # the recorder's naming: rotated inside the caches batch run (after line 9) and later; files in two
+    # directories, and listed out of order on purpose (a later file sorts first by path)
+    rot = tmp_path / "rotated"
+    (rot / "b").mkdir(parents=True)
+    (rot / "a").mkdir()
+    parts = [
+        (rot / "b" / "hs1-9092.20261124T110000000000Z.000000.log", lines[:9]),
+        (rot / "a" / "hs1-9092.20261124T110009000000Z.000001.log", lines[9:20]),
+        (rot / "b" / "hs1-9092.20261124T110020000000Z.000002.log", lines[20:]),
+    ]
+    for path, body in parts:
+        path.write_text("\n".join(body) + "\n")
+    want = build_report(parse_archives(spark, [str(whole)]))
+    got = build_report(parse_archives(spark, [str(rot)]))
+    assert _figures(want) == {("caches", "master"): (3, 2, 0, 0, 0, 0), ("events", "master"): (29, 0, 0, 1, 1, 0)}
+    assert _figures(got) == _figures(want)
+    assert got["captures"] == [
+        {"capture": "hs1-9092", "files": [str(p) for p, _ in parts], "lines": len(lines), "disconnects": 0}
+    ]
+
+
+def test_files_not_named_by_the_recorder_need_a_capture_pattern(spark: Any, tmp_path: Path) -> None:
+    from factstream.spark.pipeline import parse_archives
+    from factstream.spark.report import build_report
+
+    lines = _rotated_lines()
+    for n, body in ((1, lines[:9]), (2, lines[9:20]), (3, lines[20:])):
+        (tmp_path / f"cap-{n}.log").write_text("\n".join(body) + "\n")
+    df = parse_archives(spark, [str(tmp_path)])
+    # file by file: the batch run cut by a rotation looks unterminated
+    alone = _figures(build_report(df))
+    assert alone[("caches", "master")][5] == 1
+    # one capture, its files ordered by the (?P<order>...) group
+    report = build_report(df, capture_pattern=r"^(?P<capture>cap)-(?P<order>\d+)\.log$")
+    assert _figures(report) == {("caches", "master"): (3, 2, 0, 0, 0, 0), ("events", "master"): (29, 0, 0, 1, 1, 0)}
+    assert [c["capture"] for c in report["captures"]] == ["cap"]
+
+
+def test_a_disconnect_marker_is_a_hole_not_a_gap(spark: Any) -> None:
+    from factstream.spark.report import build_report
+
+    schema = ("source_file string, line_number bigint, ts timestamp, command string, stream string, "
+              "instance string, token bigint, prev_token bigint, error string")
+    t0 = dt.datetime(2026, 11, 24, 11, 0, 0)
+
+    def rows(marker: bool) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        f1 = "/cap/hs1-9092.20261124T110000000000Z.000000.log.gz"
+        f2 = "/cap/hs1-9092.20261124T110100000000Z.000001.log.gz"
+        for n, tok in enumerate([2, 3, 4]):
+            out.append((f1, n + 1, t0, "RDATA", "events", "master", tok, None, None))
+            out.append((f1, n + 10, t0, "RDATA", "caches", "w1", tok + 100, None, None))
+        out.append((f1, 20, t0, "RDATA", "caches", "w1", None, None, None))  # a batch row cut by the disconnect
+        if marker:
+            out.append((f2, 1, t0, "#disconnected", None, None, None, None, None))
+        out.append((f2, 2, t0, "RDATA", "events", "master", 9, None, None))
+        out.append((f2, 3, t0, "POSITION", "caches", "w1", 120, 110, None))
+        out.append((f2, 4, t0, "RDATA", "events", "master", 12, None, None))  # a real gap after the hole
+        return out
+
+    holes = build_report(spark.createDataFrame(rows(True), schema))
+    gaps = build_report(spark.createDataFrame(rows(False), schema))
+    # without the marker: 4 -> 9 and 104 -> POSITION 110 are gaps; with it, only 9 -> 12 is
+    assert _figures(gaps)[("events", "master")][3:5] == (2, 6)
+    assert _figures(holes)[("events", "master")][3:5] == (1, 2)
+    assert _figures(gaps)[("caches", "w1")][3:] == (1, 6, 1)
+    assert _figures(holes)[("caches", "w1")][3:] == (0, 0, 1)  # the cut batch stays unterminated
+    assert holes["captures"][0]["disconnects"] == 1 and holes["captures"][0]["capture"] == "hs1-9092"
+
+
+def test_cli_rejects_a_bad_capture_pattern(tmp_path: Path) -> None:
+    for pattern, problem in (("(", "not a regular expression"), ("cap", "has no group"), ("(?P<a_b>x)", "letters")):
+        done = _cli("report", str(tmp_path), "--capture-pattern", pattern)
+        assert done.returncode == 2 and problem in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------ streaming sink
+
+def test_publishing_a_batch_again_replaces_it(spark: Any, report_dir: str, tmp_path: Path) -> None:
+    """A micro-batch re-run after a crash (same id, same rows) must not add its rows twice."""
+    from factstream.spark.streaming import publish_batch
+
+    df = spark.read.parquet(report_dir)
+    out, staging = str(tmp_path / "out"), str(tmp_path / "staging")
+    assert publish_batch(df, 7, out, staging) > 0
+    # an interrupted second attempt left a stray file of batch 7 and its staging directory
+    stray = next(p for p in (tmp_path / "out").rglob("part-b000000000007-*.parquet"))
+    shutil.copy(stray, stray.with_name("part-b000000000007-stray.parquet"))
+    os.makedirs(os.path.join(staging, "batch-7", "date=2026-11-22", "stream=events"))
+    publish_batch(df, 7, out, staging)
+    publish_batch(df.where("stream = 'caches'"), 8, out, staging)
+    back = spark.read.parquet(out)
+    assert back.count() == df.count() + df.where("stream = 'caches'").count()
+    assert sorted(map(tuple, back.where("stream = 'events'").select("line_number", "token").collect())) == sorted(
+        map(tuple, df.where("stream = 'events'").select("line_number", "token").collect()))
+    assert not os.path.exists(os.path.join(staging, "batch-7"))

@@ -1,8 +1,13 @@
 """Figures per (stream, writer) over parsed replication lines.
 
 Sequences (tokens going backwards, gaps, unterminated batches) are judged in
-line order *within each source file*: one file is one capture of one
-connection or channel, so two files never interleave. The figures:
+line order *within each capture*: one capture is one recording of one
+connection or channel, possibly rotated into several files, which are one
+ordered sequence (see :mod:`.captures`). Captures never interleave, so each
+is judged on its own, all of them in parallel. A recorder's
+``#disconnected`` marker is a hole: it resets the sequence of every (stream,
+writer) of its capture, so what was missed while disconnected is not a gap.
+The figures:
 
 ``rows``, ``batch_rows``, ``positions``
     RDATA lines (all, and those with token ``batch``) and POSITION lines.
@@ -24,6 +29,8 @@ connection or channel, so two files never interleave. The figures:
 ``rows_per_second``
     RDATA lines per second in time buckets (needs timestamps): mean over the
     covered span, peak bucket, and the series.
+``captures``
+    per capture: its files (in sequence order), lines and disconnect holes.
 """
 
 from __future__ import annotations
@@ -46,15 +53,22 @@ def _iso(value: Any) -> str | None:
     return str(value)
 
 
-def build_report(df: DataFrame, bucket_seconds: int = 60) -> dict[str, Any]:
-    """Compute the report (a JSON-ready dict) from a parsed DataFrame or its Parquet copy."""
+def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str | None = None) -> dict[str, Any]:
+    """Compute the report (a JSON-ready dict) from a parsed DataFrame or its Parquet copy.
+
+    ``capture_pattern`` names the files of one capture when they do not
+    follow the recorder's naming (see :func:`.captures.capture_columns`).
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from .captures import DISCONNECTED, capture_columns
+
     if bucket_seconds <= 0:
         raise ValueError("bucket_seconds must be positive")
-    df = df.select(
-        "source_file", "line_number", "ts", "command", "stream", "instance", "token", "prev_token", "error"
+    df = capture_columns(
+        df.select("source_file", "line_number", "ts", "command", "stream", "instance", "token", "prev_token", "error"),
+        capture_pattern,
     ).cache()
     try:
         totals = df.agg(
@@ -74,7 +88,24 @@ def build_report(df: DataFrame, bucket_seconds: int = 60) -> dict[str, Any]:
             for r in df.where("error IS NOT NULL").orderBy("source_file", "line_number").limit(20).collect()
         ]
 
-        seq = df.where("command IN ('RDATA', 'POSITION') AND stream IS NOT NULL")
+        capture_rows = (
+            df.groupBy("capture")
+            .agg(
+                F.count(F.lit(1)).alias("lines"),
+                F.count(F.when(F.col("command") == DISCONNECTED, 1)).alias("disconnects"),
+                F.array_sort(F.collect_set(F.struct("file_order", "source_file"))).alias("files"),
+            )
+            .orderBy("capture")
+            .collect()
+        )
+        # A disconnect starts a new segment of its capture: sequences never run across it.
+        order = ["file_order", "line_number"]
+        w_cap = Window.partitionBy("capture").orderBy(*order).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        seq = (
+            df.where(f"(command IN ('RDATA', 'POSITION') AND stream IS NOT NULL) OR command = '{DISCONNECTED}'")
+            .withColumn("segment", F.sum(F.when(F.col("command") == DISCONNECTED, 1).otherwise(0)).over(w_cap))
+            .where("command IN ('RDATA', 'POSITION')")
+        )
         key = ["stream", "instance"]
         basic = seq.groupBy(*key).agg(
             F.count(F.when(F.col("command") == "RDATA", 1)).alias("rows"),
@@ -93,7 +124,7 @@ def build_report(df: DataFrame, bucket_seconds: int = 60) -> dict[str, Any]:
             F.max(F.when(F.col("command") == "RDATA", F.col("ts"))).alias("last_ts"),
         )
 
-        w_tok = Window.partitionBy("source_file", *key).orderBy("line_number")
+        w_tok = Window.partitionBy("capture", "segment", *key).orderBy(*order)
         tok = seq.where("token IS NOT NULL").withColumn("last", F.lag("token").over(w_tok))
         skipped = (
             F.when(
@@ -102,13 +133,13 @@ def build_report(df: DataFrame, bucket_seconds: int = 60) -> dict[str, Any]:
             .when((F.col("command") == "POSITION") & (F.col("prev_token") > F.col("last")), F.col("prev_token") - F.col("last"))
             .otherwise(0)
         )
-        order = tok.withColumn("skipped", skipped).groupBy(*key).agg(
+        ordering = tok.withColumn("skipped", skipped).groupBy(*key).agg(
             F.count(F.when(F.col("token") < F.col("last"), 1)).alias("backwards"),
             F.count(F.when(F.col("skipped") > 0, 1)).alias("gaps"),
             F.coalesce(F.sum("skipped"), F.lit(0)).alias("skipped_tokens"),
         )
 
-        w_all = Window.partitionBy("source_file", *key).orderBy("line_number")
+        w_all = Window.partitionBy("capture", "segment", *key).orderBy(*order)
         nxt = seq.withColumn("next_cmd", F.lead("command").over(w_all)).withColumn("next_tok", F.lead("token").over(w_all))
         is_batch = (F.col("command") == "RDATA") & F.col("token").isNull()
         closes = (F.col("next_cmd") == "RDATA")  # a batch row or the closing row follows
@@ -123,7 +154,7 @@ def build_report(df: DataFrame, bucket_seconds: int = 60) -> dict[str, Any]:
             .agg(F.count(F.lit(1)).alias("n"))
             .collect()
         )
-        stats = basic.join(order, key, "left").join(batches, key, "left").orderBy(*key).collect()
+        stats = basic.join(ordering, key, "left").join(batches, key, "left").orderBy(*key).collect()
     finally:
         df.unpersist()
 
@@ -175,6 +206,15 @@ def build_report(df: DataFrame, bucket_seconds: int = 60) -> dict[str, Any]:
         "bucket_seconds": bucket_seconds,
         "commands": dict(sorted(commands.items())),
         "streams": streams,
+        "captures": [
+            {
+                "capture": r["capture"],
+                "files": [f["source_file"] for f in r["files"]],
+                "lines": r["lines"],
+                "disconnects": r["disconnects"],
+            }
+            for r in capture_rows
+        ],
     }
 
 
@@ -214,6 +254,15 @@ def render_text(report: dict[str, Any], out: IO[str]) -> None:
             "and how many;\n  jumps: POSITION prev<new; open: unterminated batch runs; rows/s per "
             f"{report['bucket_seconds']} s bucket.\n"
         )
+    captures = report.get("captures", [])
+    rotated = [c for c in captures if len(c["files"]) > 1 or c["disconnects"]]
+    if captures:
+        files = sum(len(c["files"]) for c in captures)
+        holes = sum(c["disconnects"] for c in captures)
+        out.write(f"\n{len(captures)} captures in {files} files, {holes} disconnect holes"
+                  " (sequences are judged per capture, across its files; a disconnect is a hole, not a gap)\n")
+        for c in rotated:
+            out.write(f"  {c['capture']:<40}{len(c['files']):>6} files{c['lines']:>12} lines{c['disconnects']:>6} holes\n")
     if report["malformed"]:
         out.write("\nmalformed lines per file:\n")
         for path, n in report["malformed_by_file"].items():

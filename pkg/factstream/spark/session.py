@@ -77,6 +77,8 @@ def make_session(
     *,
     progress: bool = False,
     log_level: str = "WARN",
+    ship_env: bool | str = False,
+    executor_python: str | None = None,
 ) -> SparkSession:
     """Get or create a SparkSession configured for factstream's Arrow pipeline.
 
@@ -84,6 +86,12 @@ def make_session(
     on a cluster every node needs the same Python (with factstream and pyarrow)
     at ``sys.executable``, or set ``spark.pyspark.python`` in ``conf``.
     ``progress`` turns on Spark's console progress bar.
+
+    ``ship_env`` ships factstream (compiled core included) and pyarrow to the
+    executors as a site-packages overlay (see :mod:`.shipping`): ``True``
+    builds or reuses the cached zip, a string names a zip to ship. Executors
+    then run ``executor_python`` (default ``python3`` on the workers' PATH)
+    instead of the driver's ``sys.executable``.
     """
     require_spark()
     quiet_pyspark_warnings()
@@ -103,13 +111,24 @@ def make_session(
     }
     if not master.startswith("local"):
         settings["spark.executorEnv.PYSPARK_PYTHON"] = python
+    if ship_env:
+        from .shipping import pack_executor_env, ship_settings
+
+        archive = pack_executor_env() if ship_env is True else str(ship_env)
+        settings.update(ship_settings(archive, executor_python or "python3"))
+    elif executor_python:
+        settings["spark.pyspark.python"] = settings["spark.executorEnv.PYSPARK_PYTHON"] = executor_python
     settings.update(conf or {})
+    # pyspark takes the executors' Python from PYSPARK_PYTHON when the context starts.
+    worker_python = settings["spark.pyspark.python"]
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     # Local executors inherit the environment the JVM starts with; set it only
     # for that start, so the caller's process environment is left as it was.
-    with _environ(PYTHONPATH=pythonpath, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", python),
+    if worker_python == python:
+        worker_python = os.environ.get("PYSPARK_PYTHON", python)
+    with _environ(PYTHONPATH=pythonpath, PYSPARK_PYTHON=worker_python,
                   PYSPARK_DRIVER_PYTHON=os.environ.get("PYSPARK_DRIVER_PYTHON", python)):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
