@@ -203,10 +203,12 @@ def test_truncated_and_corrupt_gzip_are_named_and_the_rest_is_parsed(tmp_path: P
     # what was parsed: all of the good inputs, and the damaged ones up to where they broke
     rep = logs("report", str(out), "--json", *SPARK)
     assert rep.returncode == 0, rep.stderr
-    per_capture = {c["capture"]: c["lines"] for c in json.loads(rep.stdout)["captures"]}
+    per_capture = {os.path.basename(c["capture"]): c["lines"] for c in json.loads(rep.stdout)["captures"]}
     assert per_capture["good.log.gz"] == 300 and per_capture["plain.log"] == 200
     assert per_capture["truncated.log.gz"] == trunc_at
-    assert 0 < per_capture.get("corrupt.log.gz", 0) < 40000
+    # deflate finds damage late (here at the CRC check); the lines before that point are kept, malformed or not
+    corrupt_at = int(corrupt[0].split("after line ")[1].split(";")[0])
+    assert per_capture["corrupt.log.gz"] == corrupt_at > 0
 
 
 # ------------------------------------------------------------- Ctrl-C

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -282,6 +283,13 @@ def _gzip_problems(spark: Any, files: list[tuple[str, int]]) -> list[tuple[str, 
     return [(path, problem) for path, problem in found if problem is not None]
 
 
+class _DropPy4j(logging.Filter):
+    """Drops py4j's own log records (it logs on the root logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
 class _Interrupted(Exception):
     """Ctrl-C arrived while Spark was working."""
 
@@ -331,13 +339,17 @@ def run_parse(args: argparse.Namespace) -> int:
     previous = signal.getsignal(signal.SIGINT)
 
     def on_sigint(signum: int, frame: Any) -> None:
+        # Not pyspark's own handler: it calls the JVM from inside the call that was interrupted
+        # (py4j then logs "reentrant call" tracebacks). The jobs are cancelled below instead.
         nonlocal interrupted
         interrupted = True
-        if callable(previous):
-            previous(signum, frame)  # pyspark's handler cancels the running jobs, then raises KeyboardInterrupt
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
+    # py4j logs a traceback on the root logger when a signal cuts one of its calls short.
+    quiet_py4j = _DropPy4j()
+    if not getattr(args, "verbose", 0):
+        logging.getLogger().addFilter(quiet_py4j)
     bad: list[tuple[str, str]] = []
     try:
         try:
@@ -376,6 +388,7 @@ def run_parse(args: argparse.Namespace) -> int:
     except _Interrupted:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleaning up
         try:
+            spark.sparkContext.cancelAllJobs()
             spark.stop()  # tasks still running must not write into what is removed next
         except Exception:  # noqa: BLE001 - the context may already be half gone; the files still go
             pass

@@ -52,7 +52,11 @@ def render_chart(
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
+
+    def x(unix: float) -> float:
+        return float(mdates.date2num(dt.datetime.fromtimestamp(unix, dt.timezone.utc)))  # type: ignore[no-untyped-call]
 
     bucket = int(report["bucket_seconds"])
     first = min(min(v) for v in lines.values())
@@ -62,54 +66,72 @@ def render_chart(
     partial = covered is not None and covered < bucket and (last_ts := report.get("last_ts")) is not None and (
         int(_when(last_ts).timestamp()) // bucket * bucket == last
     )
-    xs = [dt.datetime.fromtimestamp(b, dt.timezone.utc) for b in buckets]
-    fig, ax = plt.subplots(figsize=(11, 5), dpi=100)
+    xs = [x(b) for b in buckets]
+    fig, ax = plt.subplots(figsize=(12, 5), dpi=100)
     try:
-        ys_by_label: dict[str, list[float]] = {}
+        scale = bucket / covered if partial and covered else 1.0  # the partial last bucket: rate over what is covered
+
+        def rate_at(label: str, b: int) -> float:
+            value = lines.get(label, {}).get(b, 0.0)
+            return value * scale if partial and b == last else value
+
+        end = x(last + bucket)
         for label in sorted(lines):
-            ys = [lines[label].get(b, 0.0) for b in buckets]
-            ys_by_label[label] = ys
+            ys = [rate_at(label, b) for b in buckets]
             full = len(ys) - 1 if partial and len(ys) > 1 else len(ys)
-            # Each point is the rate over its whole bucket: steps show where an outage starts and ends.
+            # Each bucket is a step over its whole width: an outage starts and ends where it did.
+            edge = xs[full] if full < len(xs) else end
             (drawn,) = ax.plot(
-                xs[:full], ys[:full], label=label, linewidth=1.2, drawstyle="steps-post",  # type: ignore[arg-type]
-                marker="." if full < 50 else None,
+                xs[:full] + [edge], ys[:full] + ys[full - 1:full], label=label, linewidth=1.2,
+                drawstyle="steps-post", marker=None,
             )
-            if partial and len(ys) > 1 and covered:
-                rate = ys[-1] * bucket / covered  # rows seen in the part of the bucket the archive covers
-                ax.plot(xs[-2:], [ys[-2], rate], linestyle=":", color=drawn.get_color(), linewidth=1.2)  # type: ignore[arg-type]
+            if full < 50:
+                ax.plot(xs[:full], ys[:full], linestyle="", marker=".", color=drawn.get_color())
+            if full < len(ys):
+                ax.plot(
+                    [xs[-2], xs[-1], end], [ys[-2], ys[-1], ys[-1]], drawstyle="steps-post",
+                    linestyle=":", color=drawn.get_color(), linewidth=1.2,
+                )
         marks = report.get("marks", {})
-        for kind, style in (("gap", dict(marker="x", color="red")), ("backwards", dict(marker="v", color="purple"))):
+        for kind, marker, color in (("gap", "x", "red"), ("backwards", "v", "purple")):
             points = [m for m in marks.get("sequence", []) if m["kind"] == kind and m["ts"]]
             if not points:
                 continue
-            mx, my = [], []
+            seen = set()
+            mx: list[float] = []
+            my: list[float] = []
             for m in points:
                 b = int(_when(m["ts"]).timestamp()) // bucket * bucket
                 label = f"{m['stream']} / {m['writer']}" if by_writer else m["stream"]
-                mx.append(dt.datetime.fromtimestamp(b, dt.timezone.utc))
-                my.append(lines.get(label, {}).get(b, 0.0))
-            total = sum(1 for m in marks.get("sequence", []) if m["kind"] == kind)
-            name = "gap (tokens skipped)" if kind == "gap" else "token went backwards"
-            ax.scatter(mx, my, s=36, zorder=5, label=f"{name}: {total}", **style)  # type: ignore[arg-type]
+                if (label, b) in seen:
+                    continue  # one mark per line and bucket; the legend counts them all
+                seen.add((label, b))
+                mx.append(x(b + bucket / 2))
+                my.append(rate_at(label, b))
+            total = len(points)
+            more = "+" if total >= 1000 else ""
+            name = "gaps (tokens skipped)" if kind == "gap" else "tokens went backwards"
+            ax.scatter(mx, my, s=36, zorder=5, label=f"{name}: {total}{more}", marker=marker, color=color)
         holes = marks.get("holes", [])
-        end = dt.datetime.fromtimestamp(last + bucket, dt.timezone.utc)
         for i, hole in enumerate(holes):
             ax.axvspan(
-                _when(hole["from"]), _when(hole["to"]) if hole["to"] else end,  # type: ignore[arg-type]
+                x(_when(hole["from"]).timestamp()), x(_when(hole["to"]).timestamp()) if hole["to"] else end,
                 color="grey", alpha=0.25, label="recorder disconnected" if i == 0 else None,
             )
         if log_scale:
-            ax.set_yscale("symlog", linthresh=1.0)  # zeros stay visible, unlike a plain log scale
+            # zeros stay visible, unlike a plain log scale; below one row per bucket it is linear
+            ax.set_yscale("symlog", linthresh=1.0 / bucket)
         else:
-            ax.set_ylim(bottom=0)
+            top = max(max(rate_at(label, b) for b in buckets) for label in lines)
+            ax.set_ylim(bottom=0, top=top * 1.15 or 1.0)  # headroom for the marks
         ax.set_title(title)
         what = f"time (UTC, {bucket} s buckets"
         what += "; dotted: last bucket, partly covered)" if partial else ")"
         ax.set_xlabel(what)
         ax.set_ylabel("RDATA rows per second" + (" (symlog)" if log_scale else ""))
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="upper left", fontsize="small", ncol=2)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0.0)  # off the data
+        ax.xaxis_date(tz=dt.timezone.utc)
         fig.autofmt_xdate()
         fig.tight_layout()
         fig.savefig(path, format="png")
