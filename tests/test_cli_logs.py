@@ -108,6 +108,7 @@ def outage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         (("parse", "{tmp}/in", "--out", "{tmp}/o", "--chunk-mb", "-1"), "--chunk-mb must not be negative"),
         (("report", "{tmp}/missing"), "{tmp}/missing: no such directory"),
         (("report", "{tmp}/in"), "holds no Parquet files (archives?): parse them first with 'factstream logs parse"),
+        (("report", "{tmp}/empty"), "{tmp}/empty holds no Parquet files: the 'logs parse' that wrote it found no lines"),
         (("report", "{tmp}/exists", "--bucket", "0"), "--bucket must be a positive number of seconds"),
         (("report", "{tmp}/exists", "--log-scale"), "--by-writer and --log-scale shape the chart: add --chart PNG"),
         (("report", "{tmp}/exists", "--chart", "{tmp}/nodir/c.png"), "--chart {tmp}/nodir/c.png: directory"),
@@ -119,6 +120,8 @@ def test_usage_errors_answer_before_the_jvm_starts(tmp_path: Path, args: tuple[s
     (tmp_path / "in" / "a.log").write_text("2026-11-24T10:00:00Z > POSITION events master 1 2\n")
     (tmp_path / "exists").mkdir()
     (tmp_path / "exists" / "part-0.parquet").write_bytes(b"PAR1")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "_SUCCESS").write_bytes(b"")
     argv = [a.format(tmp=tmp_path) for a in args]
     began = time.monotonic()
     done = logs(*argv, *SPARK, timeout=60, **NO_JAVA)

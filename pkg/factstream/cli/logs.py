@@ -447,6 +447,8 @@ def _check_report(args: argparse.Namespace) -> None:
         parquet = any(
             name.endswith(".parquet") for _, dirs, names in os.walk(path) for name in names if not name.startswith((".", "_"))
         )
+    if not parquet and os.path.exists(os.path.join(path, "_SUCCESS")):
+        raise UsageError(f"{args.dir} holds no Parquet files: the 'logs parse' that wrote it found no lines")
     if not parquet:
         raise UsageError(
             f"{args.dir} holds no Parquet files (archives?): parse them first with "
