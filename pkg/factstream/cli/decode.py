@@ -14,7 +14,6 @@ import gzip
 import itertools
 import json
 import sys
-import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import IO, Any, cast
 
 from .. import wire
 from ..errors import ProtocolError
-from ..spark.formats import NOTE, detect_format, payloads
+from ..spark.formats import NOTE, READ_ERRORS, detect_format, payloads, read_problem
 
 #: Lines read ahead of parsing to detect an input's format.
 HEAD_LINES = 200
@@ -135,20 +134,8 @@ class _Lines:
             yield line.rstrip(b"\n")
 
 
-_READ_ERRORS = (OSError, EOFError, zlib.error)
-
-
-def _read_problem(err: BaseException, where: int) -> str:
-    """What went wrong reading an input, and where."""
-    if isinstance(err, FileNotFoundError | PermissionError | IsADirectoryError):
-        return f"cannot read: {err.strerror}"
-    if isinstance(err, EOFError):
-        what = "truncated gzip (the file ends inside a compressed member)"
-    elif isinstance(err, gzip.BadGzipFile | zlib.error):
-        what = f"corrupt gzip ({err})"
-    else:
-        what = f"read error ({getattr(err, 'strerror', None) or err})"
-    return f"{what} after line {where}" if where else what
+_READ_ERRORS = READ_ERRORS
+_read_problem = read_problem
 
 
 def _summarise_one(path: str, summary: Summary, max_errors: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -99,7 +100,13 @@ def register(subparsers: Any) -> None:
     )
     report.add_argument("dir", metavar="DIR", help="output directory of 'factstream logs parse'")
     report.add_argument("--json", action="store_true", help="print one JSON document instead of text")
-    report.add_argument("--chart", metavar="PNG", help="also draw rows/s per stream over time into this PNG file")
+    report.add_argument(
+        "--chart", metavar="PNG",
+        help="also draw rows/s per stream over time into this PNG file: empty buckets are zeros, gaps and "
+        "backwards tokens are marked, recorder disconnects shaded",
+    )
+    report.add_argument("--by-writer", action="store_true", help="chart: one line per (stream, writer), not per stream")
+    report.add_argument("--log-scale", action="store_true", help="chart: logarithmic rows/s axis (zero stays visible)")
     report.add_argument("--bucket", type=int, default=60, metavar="SECONDS", help="time bucket for rows/s (default 60)")
     report.add_argument(
         "--capture-pattern",
@@ -140,29 +147,80 @@ def register(subparsers: Any) -> None:
     stream.set_defaults(func=run_stream)
 
 
-def _session(args: argparse.Namespace) -> Any:
-    from ..spark.session import make_session
+class UsageError(Exception):
+    """A mistake in the command line or its paths, found before the JVM starts (exit status 2)."""
 
+
+def _conf(args: argparse.Namespace) -> dict[str, str]:
     conf = {}
     for item in args.conf:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"factstream logs: --conf expects KEY=VALUE, got {item!r}")
+        if not sep or not key:
+            raise UsageError(f"--conf expects KEY=VALUE, got {item!r}")
         conf[key] = value
+    return conf
+
+
+def _check_spark_options(args: argparse.Namespace) -> None:
+    """The Spark options that name local things, checked before the JVM starts."""
+    _conf(args)
+    if isinstance(args.ship_env, str) and not os.path.isfile(args.ship_env):
+        raise UsageError(f"--ship-env {args.ship_env}: no such file")
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+
+
+def _session(args: argparse.Namespace) -> Any:
+    """Start Spark; without -v the JVM's own notices (log4j WARNs, native-library hints) go nowhere visible.
+
+    The JVM inherits our stdout and stderr and log4j writes to them for the
+    whole run; it starts with both pointing at a log file of its own (removed
+    at once, kept open), unless -v: then stdout points at stderr, so that
+    stdout carries only the report. If the start fails, its last lines are
+    the error's detail.
+    """
+    import tempfile
+
+    from ..spark.session import make_session
+
+    conf = _conf(args)
     conf.setdefault("spark.ui.showConsoleProgress", "false")
-    # Failures are reported by us in one line (job_error), so Spark logs only what is fatal.
-    # The JVM inherits our stdout and log4j writes notices there; start it with
-    # stdout pointing at stderr so that stdout carries only the report.
+    verbose = int(getattr(args, "verbose", 0) or 0)
     sys.stdout.flush()
-    saved = os.dup(1)
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    jvm_log = None if verbose else tempfile.TemporaryFile(prefix="factstream-jvm-")
     try:
-        os.dup2(2, 1)
-        return make_session(
-            args.master, conf=conf, ship_env=args.ship_env, executor_python=args.executor_python, log_level="FATAL"
-        )
+        if jvm_log is None:
+            os.dup2(2, 1)
+        else:
+            os.dup2(jvm_log.fileno(), 1)
+            os.dup2(jvm_log.fileno(), 2)
+        try:
+            return make_session(
+                args.master, conf=conf, ship_env=args.ship_env, executor_python=args.executor_python,
+                log_level="WARN" if verbose else "FATAL",
+            )
+        except Exception as err:
+            detail = ""
+            if jvm_log is not None:
+                jvm_log.seek(0)
+                tail = [ln for ln in jvm_log.read().decode("utf-8", "replace").splitlines() if ln.strip()][-5:]
+                detail = "".join(f"\n  {ln}" for ln in tail)
+            raise RuntimeError(f"Spark did not start: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}{detail}") from err
     finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_out)
+        os.close(saved_err)
+        if jvm_log is not None:
+            jvm_log.close()  # the JVM keeps its own descriptor of the (unlinked) file
 
 
 # The last line of a Python traceback ("ModuleNotFoundError: No module named ..."), not Java's dotted names.
@@ -187,7 +245,81 @@ def _progress_enabled(args: argparse.Namespace) -> bool:
     return args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
 
 
+def _check_parse(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """Inputs, --out and options checked before the JVM starts; returns the archive files found."""
+    from ..spark.sources import list_files
+
+    _check_spark_options(args)
+    if args.chunk_mb < 0:
+        raise UsageError("--chunk-mb must not be negative (0: never split files)")
+    if _is_local(args.out):
+        out = _local(args.out)
+        if os.path.exists(out):
+            if not os.path.isdir(out):
+                raise UsageError(f"--out {args.out} is a file, not a directory")
+            if args.mode == "error":
+                raise UsageError(f"{args.out} already exists; use --mode overwrite or --mode append")
+        elif not os.path.isdir(os.path.dirname(out)):
+            raise UsageError(f"--out {args.out}: directory {os.path.dirname(out)} does not exist")
+    try:
+        return list_files(args.inputs)
+    except (FileNotFoundError, OSError) as err:
+        raise UsageError(str(err)) from err
+
+
+def _gzip_problems(spark: Any, files: list[tuple[str, int]]) -> list[tuple[str, str]]:
+    """(path, problem) of every gzip input that is truncated or corrupt, checked in parallel by Spark."""
+    from ..spark.sources import gzip_problem
+
+    gz = [path for path, _ in files if path.endswith((".gz", ".gzip"))]
+    if not gz:
+        return []
+    sc = spark.sparkContext
+    sc.setJobDescription("factstream: checking gzip inputs")
+    try:
+        found = sc.parallelize(gz, len(gz)).map(lambda p: (p, gzip_problem(p))).collect()
+    finally:
+        sc.setJobDescription(None)
+    return [(path, problem) for path, problem in found if problem is not None]
+
+
+class _DropPy4j(logging.Filter):
+    """Drops py4j's own log records (it logs on the root logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+class _Interrupted(Exception):
+    """Ctrl-C arrived while Spark was working."""
+
+
+def _temporary_sibling(out: str) -> str:
+    parent, base = os.path.split(out.rstrip(os.sep))
+    return os.path.join(parent, f".{base}.factstream-tmp-{os.getpid()}")
+
+
+def _remove_staging(out: str) -> None:
+    """What an interrupted Spark write leaves inside an existing OUT (readers ignore it, re-runs trip on it)."""
+    import shutil
+
+    if not os.path.isdir(out):
+        return
+    for name in os.listdir(out):
+        if name == "_temporary" or name.startswith(".spark-staging-"):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+
+
 def run_parse(args: argparse.Namespace) -> int:
+    import shutil
+    import signal
+
+    try:
+        files = _check_parse(args)
+    except UsageError as err:
+        print(f"factstream logs: {err}", file=sys.stderr)
+        return 2
+
     from ..spark.lines import ParseOptions
     from ..spark.pipeline import parse_archives, write_parquet
     from ..spark.progress import task_progress
@@ -197,46 +329,142 @@ def run_parse(args: argparse.Namespace) -> int:
     except RuntimeError as err:
         print(f"factstream logs: {err}", file=sys.stderr)
         return 2
+    # A new OUT is written beside it under a hidden name and renamed when complete: an interrupted
+    # or failed run leaves nothing behind that blocks the next one.
+    local = _is_local(args.out)
+    out = _local(args.out) if local else args.out
+    fresh = local and not os.path.exists(out)
+    target = _temporary_sibling(out) if fresh else out
+    interrupted = False
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        # Not pyspark's own handler: it calls the JVM from inside the call that was interrupted
+        # (py4j then logs "reentrant call" tracebacks). The jobs are cancelled below instead.
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    # py4j logs a traceback on the root logger when a signal cuts one of its calls short.
+    quiet_py4j = _DropPy4j()
+    if not getattr(args, "verbose", 0):
+        logging.getLogger().addFilter(quiet_py4j)
+    bad: list[tuple[str, str]] = []
     try:
-        df = parse_archives(
-            spark,
-            args.inputs,
-            ParseOptions(format=args.format, typed=not args.header_only),
-            chunk_bytes=int(args.chunk_mb * 1024 * 1024),
-        )
-    except FileNotFoundError as err:
-        print(f"factstream logs: {err}", file=sys.stderr)
-        return 2
-    mode = "errorifexists" if args.mode == "error" else args.mode
-    try:
-        with task_progress(spark.sparkContext, "parsing", enabled=_progress_enabled(args)):
-            write_parquet(df, args.out, mode)
-    except Exception as err:  # AnalysisException has no stable import path across Spark versions
-        if "already exists" in str(err):
-            print(f"factstream logs: {args.out} already exists; use --mode overwrite or --mode append", file=sys.stderr)
+        try:
+            bad = _gzip_problems(spark, files)
+            df = parse_archives(
+                spark,
+                args.inputs,
+                ParseOptions(format=args.format, typed=not args.header_only),
+                chunk_bytes=int(args.chunk_mb * 1024 * 1024),
+            )
+            mode = "errorifexists" if args.mode == "error" else args.mode
+            with task_progress(spark.sparkContext, "parsing", enabled=_progress_enabled(args)):
+                write_parquet(df, target, mode)
+        except KeyboardInterrupt:
+            raise _Interrupted from None
+        except FileNotFoundError as err:
+            if interrupted:
+                raise _Interrupted from None
+            print(f"factstream logs: {err}", file=sys.stderr)
             return 2
-        print(f"factstream logs: the Spark job failed: {job_error(err)}", file=sys.stderr)
-        return 1
-    out = spark.read.parquet(args.out)
-    counts = out.selectExpr("count(1) AS lines", "count(error) AS bad").first()
+        except Exception as err:  # AnalysisException has no stable import path across Spark versions
+            if interrupted:
+                raise _Interrupted from None
+            if "already exists" in str(err):
+                print(f"factstream logs: {args.out} already exists; use --mode overwrite or --mode append", file=sys.stderr)
+                return 2
+            print(f"factstream logs: the Spark job failed: {job_error(err)}", file=sys.stderr)
+            return 1
+        if fresh:
+            try:
+                os.rename(target, out)
+            except OSError as err:
+                print(f"factstream logs: cannot move the result to {args.out}: {err.strerror}", file=sys.stderr)
+                return 1
+            target = out
+    except _Interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleaning up
+        try:
+            spark.sparkContext.cancelAllJobs()
+            spark.stop()  # tasks still running must not write into what is removed next
+        except Exception:  # noqa: BLE001 - the context may already be half gone; the files still go
+            pass
+        if fresh:
+            shutil.rmtree(target, ignore_errors=True)
+            print(f"factstream logs: interrupted; nothing written to {args.out}", file=sys.stderr)
+        else:
+            if local:
+                _remove_staging(out)
+            print(f"factstream logs: interrupted; {args.out} holds what earlier runs wrote (and any "
+                  "partitions committed before the interruption)", file=sys.stderr)
+        return 130
+    finally:
+        if fresh and target != out:
+            shutil.rmtree(target, ignore_errors=True)
+        if not interrupted:
+            signal.signal(signal.SIGINT, previous)
+    result = spark.read.parquet(args.out)
+    counts = result.selectExpr("count(1) AS lines", "count(error) AS bad").first()
     print(f"wrote {counts['lines']} lines ({counts['bad']} malformed) to {args.out}", file=sys.stderr)
+    for path, problem in bad:
+        print(f"factstream logs: {path}: {problem}; the lines before it were parsed", file=sys.stderr)
+    if bad:
+        print(f"factstream logs: {len(bad)} of {len(files)} inputs could not be read to their end", file=sys.stderr)
+        return 2
     return 0
 
 
-def run_report(args: argparse.Namespace) -> int:
+def _check_report(args: argparse.Namespace) -> None:
+    """DIR and the options checked before the JVM starts."""
     from ..spark.captures import CapturePatternError, check_pattern
-    from ..spark.progress import task_progress
-    from ..spark.report import build_report, render_json, render_text
 
+    _check_spark_options(args)
     if args.capture_pattern is not None:
         try:
             check_pattern(args.capture_pattern)
         except CapturePatternError as err:
-            print(f"factstream logs: {err}", file=sys.stderr)
-            return 2
+            raise UsageError(str(err)) from err
     if args.bucket <= 0:
-        print("factstream logs: --bucket must be a positive number of seconds", file=sys.stderr)
+        raise UsageError("--bucket must be a positive number of seconds")
+    if (args.by_writer or args.log_scale) and not args.chart:
+        raise UsageError("--by-writer and --log-scale shape the chart: add --chart PNG")
+    if args.chart:
+        parent = os.path.dirname(os.path.abspath(args.chart))
+        if not os.path.isdir(parent):
+            raise UsageError(f"--chart {args.chart}: directory {parent} does not exist")
+        if os.path.isdir(args.chart):
+            raise UsageError(f"--chart {args.chart} is a directory; name the PNG file to write")
+    if not _is_local(args.dir):
+        return
+    path = _local(args.dir)
+    if not os.path.exists(path):
+        raise UsageError(f"{args.dir}: no such directory")
+    parquet = os.path.isfile(path) and path.endswith(".parquet")
+    if os.path.isdir(path):
+        parquet = any(
+            name.endswith(".parquet") for _, dirs, names in os.walk(path) for name in names if not name.startswith((".", "_"))
+        )
+    if not parquet and os.path.exists(os.path.join(path, "_SUCCESS")):
+        raise UsageError(f"{args.dir} holds no Parquet files: the 'logs parse' that wrote it found no lines")
+    if not parquet:
+        raise UsageError(
+            f"{args.dir} holds no Parquet files (archives?): parse them first with "
+            f"'factstream logs parse {args.dir} --out PARQUET_DIR', then report on PARQUET_DIR"
+        )
+
+
+def run_report(args: argparse.Namespace) -> int:
+    try:
+        _check_report(args)
+    except UsageError as err:
+        print(f"factstream logs: {err}", file=sys.stderr)
         return 2
+
+    from ..spark.progress import task_progress
+    from ..spark.report import build_report, render_json, render_text
 
     try:
         spark = _session(args)
@@ -250,16 +478,22 @@ def run_report(args: argparse.Namespace) -> int:
         return 2
     with task_progress(spark.sparkContext, "reporting", enabled=_progress_enabled(args)):
         report = build_report(df, bucket_seconds=args.bucket, capture_pattern=args.capture_pattern)
+    status = 0
     if args.chart:
-        from ..spark.chart import render_chart
+        from ..spark.chart import NoTimestamps, render_chart
 
-        render_chart(report, args.chart)
-        print(f"chart written to {args.chart}", file=sys.stderr)
+        try:
+            render_chart(report, args.chart, by_writer=args.by_writer, log_scale=args.log_scale)
+            print(f"chart written to {args.chart}", file=sys.stderr)
+        except NoTimestamps as err:
+            print(f"factstream logs: no chart drawn: {err} (the recorder's files have timestamps; "
+                  "bare wire lines do not)", file=sys.stderr)
+            status = 1
     if args.json:
         render_json(report, sys.stdout)
     else:
         render_text(report, sys.stdout)
-    return 0
+    return status
 
 
 def run_stream(args: argparse.Namespace) -> int:
@@ -277,8 +511,9 @@ def run_stream(args: argparse.Namespace) -> int:
             print(f"factstream logs: --tables {args.tables}: {err}", file=sys.stderr)
             return 2
     try:
+        _check_spark_options(args)
         spark = _session(args)
-    except RuntimeError as err:
+    except (UsageError, RuntimeError) as err:
         print(f"factstream logs: {err}", file=sys.stderr)
         return 2
     from ..spark.streaming import run_stream as wait_for, start_stream

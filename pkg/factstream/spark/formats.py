@@ -24,7 +24,9 @@ Formats (``FORMATS``; ``FORMATS_HELP`` is the user's version):
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "Payload",
     "detect_format",
     "payloads",
+    "read_problem",
+    "READ_ERRORS",
     "redis_unquote",
     "split_csv",
     "split_line",
@@ -266,3 +270,20 @@ def payloads(lines: Iterable[bytes], fmt: str, first_line: int = 1) -> Iterator[
         if parts is not None:
             ts, direction, channel, payload, problem = parts
             yield number, payload, ts, direction, channel, problem
+
+
+#: What reading an archive (plain or gzip) can raise on damaged or missing input.
+READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def read_problem(err: BaseException, where: int) -> str:
+    """What went wrong reading an input, and where (``where``: complete lines read before it)."""
+    if isinstance(err, FileNotFoundError | PermissionError | IsADirectoryError):
+        return f"cannot read: {err.strerror}"
+    if isinstance(err, EOFError):
+        what = "truncated gzip (the file ends inside a compressed member)"
+    elif isinstance(err, gzip.BadGzipFile | zlib.error):
+        what = f"corrupt gzip ({err})"
+    else:
+        what = f"read error ({getattr(err, 'strerror', None) or err})"
+    return f"{what} after line {where}" if where else what

@@ -33,31 +33,46 @@ def task_progress(sc: SparkContext, description: str, *, enabled: bool = True, i
     stop = threading.Event()
     bar = tqdm(total=0, desc=description, unit="task", file=sys.stderr, dynamic_ncols=True, leave=True)
 
+    def poll_once() -> None:
+        done = total = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            if job is None:
+                continue
+            for stage_id in job.stageIds:
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    done += stage.numCompletedTasks
+                    total += stage.numTasks
+        if total:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
     def poll() -> None:
         while True:
-            done = total = 0
-            for job_id in tracker.getJobIdsForGroup(group):
-                job = tracker.getJobInfo(job_id)
-                if job is None:
-                    continue
-                for stage_id in job.stageIds:
-                    stage = tracker.getStageInfo(stage_id)
-                    if stage is not None:
-                        done += stage.numCompletedTasks
-                        total += stage.numTasks
-            if total:
-                bar.total = total
-                bar.n = done
-                bar.refresh()
+            poll_once()
             if stop.wait(interval):
                 return
 
     thread = threading.Thread(target=poll, name="factstream-progress", daemon=True)
     thread.start()
+    ok = False
     try:
         yield
+        ok = True
     finally:
         stop.set()
         thread.join()
+        if ok:
+            # Stages skipped (cached, or already computed) never complete their tasks: a job that
+            # finished has done all the work there was, so the bar ends full.
+            try:
+                poll_once()
+            except Exception:  # noqa: BLE001 - the tracker is gone with the JVM; the bar still closes
+                pass
+            bar.total = bar.total or 1
+            bar.n = bar.total
+            bar.refresh()
         bar.close()
         sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]

@@ -29,6 +29,14 @@ The figures:
 ``rows_per_second``
     RDATA lines per second in time buckets (needs timestamps): mean over the
     covered span, peak bucket, and the series.
+``rows_per_second`` series
+    one point per bucket from the first to the last bucket with rows of that
+    stream and writer: an empty bucket inside is a zero, never left out (an
+    outage must show). ``last_bucket_seconds`` says how much of the report's
+    last bucket the archive covers (a partial bucket is no dip).
+``marks``
+    where sequences broke, for the chart: up to 1000 gaps and backwards
+    tokens with their time, and the disconnect holes of every capture.
 ``captures``
     per capture: its files (in sequence order), lines and disconnect holes.
 """
@@ -42,7 +50,11 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["build_report", "render_text", "render_json"]
+__all__ = ["build_report", "render_text", "render_json", "MAX_MARKS"]
+
+#: Gaps and backwards tokens listed with their time in ``marks`` (the figures count them all).
+MAX_MARKS = 1000
+CONNECTED = "#connected"
 
 
 def _iso(value: Any) -> str | None:
@@ -154,6 +166,18 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             .agg(F.count(F.lit(1)).alias("n"))
             .collect()
         )
+        marks_rows = (
+            tok.withColumn("skipped", skipped)
+            .where("ts IS NOT NULL AND (skipped > 0 OR token < last)")
+            .select(*key, "ts", F.when(F.col("token") < F.col("last"), "backwards").otherwise("gap").alias("kind"),
+                    F.when(F.col("token") < F.col("last"), F.col("last") - F.col("token")).otherwise(F.col("skipped"))
+                    .alias("tokens"))
+            .orderBy("ts").limit(MAX_MARKS).collect()
+        )
+        hole_rows = (
+            df.where(f"ts IS NOT NULL AND command IN ('{DISCONNECTED}', '{CONNECTED}')")
+            .select("capture", "ts", "command").orderBy("capture", "file_order", "line_number").collect()
+        )
         stats = basic.join(ordering, key, "left").join(batches, key, "left").orderBy(*key).collect()
     finally:
         df.unpersist()
@@ -168,6 +192,8 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
         if points:
             span = (points[-1][0] - points[0][0]) + bucket_seconds
             total = sum(n for _, n in points)
+            counts = dict(points)
+            points = [(b, counts.get(b, 0)) for b in range(points[0][0], points[-1][0] + 1, bucket_seconds)]
             rate = {
                 "mean": round(total / span, 3),
                 "peak": round(max(n for _, n in points) / bucket_seconds, 3),
@@ -196,6 +222,18 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
                 "rows_per_second": rate,
             }
         )
+    holes = []
+    open_at: dict[str, Any] = {}
+    for r in hole_rows:
+        if r["command"] == DISCONNECTED:
+            open_at.setdefault(r["capture"], r["ts"])
+        elif r["capture"] in open_at:
+            holes.append({"capture": r["capture"], "from": _iso(open_at.pop(r["capture"])), "to": _iso(r["ts"])})
+    holes.extend({"capture": c, "from": _iso(t), "to": None} for c, t in open_at.items())
+    last_bucket_seconds = None
+    if totals["last_ts"] is not None:
+        last = totals["last_ts"].replace(tzinfo=dt.timezone.utc).timestamp()
+        last_bucket_seconds = round(min(bucket_seconds, last - (last // bucket_seconds) * bucket_seconds), 3)
     return {
         "lines": totals["lines"],
         "malformed": totals["malformed"],
@@ -204,6 +242,7 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
         "first_ts": _iso(totals["first_ts"]),
         "last_ts": _iso(totals["last_ts"]),
         "bucket_seconds": bucket_seconds,
+        "last_bucket_seconds": last_bucket_seconds,
         "commands": dict(sorted(commands.items())),
         "streams": streams,
         "captures": [
@@ -215,6 +254,14 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             }
             for r in capture_rows
         ],
+        "marks": {
+            "sequence": [
+                {"ts": _iso(r["ts"]), "stream": r["stream"], "writer": r["instance"], "kind": r["kind"],
+                 "tokens": int(r["tokens"])}
+                for r in marks_rows
+            ],
+            "holes": holes,
+        },
     }
 
 

@@ -27,12 +27,13 @@ from typing import cast
 
 import pyarrow.fs as pafs
 
-from .formats import detect_format
+from .formats import READ_ERRORS, detect_format, read_problem
 
 __all__ = [
     "Chunk",
     "archive_formats",
     "count_newlines",
+    "gzip_problem",
     "list_files",
     "plan_chunks",
     "read_chunk_blocks",
@@ -46,6 +47,8 @@ _log = logging.getLogger(__name__)
 #: large enough that per-task overhead stays small.
 DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
 _READ = 8 * 1024 * 1024
+#: Decompressed bytes per read of a gzip file: where it breaks, what was read is kept to within this.
+_PIECE = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,9 @@ def _chunk_stream(chunk: Chunk, newlines_before: int, block_bytes: int) -> Itera
     if chunk.gzip:
         with fs.open_input_stream(path, compression=None) as raw, gzip.GzipFile(fileobj=raw) as fh:
             yield 1
-            yield from _line_blocks(fh.read, block_bytes)
+            # A truncated or corrupt file ends where it breaks: the lines before it are parsed, and
+            # the driver names the file and the place (gzip_problem), so one bad file kills no job.
+            yield from _line_blocks(_stop_at_damage(fh.read), block_bytes)
         return
     with fs.open_input_file(path) as fh:
         if chunk.start == 0:
@@ -258,6 +263,45 @@ def _chunk_stream(chunk: Chunk, newlines_before: int, block_bytes: int) -> Itera
                 return  # no line starts in this chunk
         yield 1 + newlines_before + (1 if pos > chunk.start else 0)
         yield from _line_blocks(_RangeReader(fh, pos, chunk.end, chunk.size).read, block_bytes)
+
+
+def _stop_at_damage(read: Callable[[int], bytes]) -> Callable[[int], bytes]:
+    """``read`` that ends the stream (returns b"") where the data is damaged, instead of raising."""
+    broken = False
+
+    def safe(n: int) -> bytes:
+        nonlocal broken
+        if broken:
+            return b""
+        pieces: list[bytes] = []
+        got = 0
+        while got < n:
+            try:
+                data = read(min(_PIECE, n - got))  # small reads: damage loses at most one piece
+            except READ_ERRORS:
+                broken = True
+                whole = b"".join(pieces)
+                return whole[: whole.rfind(b"\n") + 1]  # the line cut by the damage is not a line
+            if not data:
+                break
+            pieces.append(data)
+            got += len(data)
+        return b"".join(pieces)
+
+    return safe
+
+
+def gzip_problem(path: str) -> str | None:
+    """What is wrong with a gzip file (truncated, corrupt) and after which line, or None if it reads to its end."""
+    fs, local = _fs(path)
+    lines = 0
+    try:
+        with fs.open_input_stream(local, compression=None) as raw, gzip.GzipFile(fileobj=raw) as fh:
+            while data := fh.read(_PIECE):
+                lines += data.count(b"\n")
+    except READ_ERRORS as err:
+        return read_problem(err, lines)
+    return None
 
 
 def read_chunk_lines(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> Iterator[tuple[int, list[bytes]]]:
