@@ -10,6 +10,7 @@ import datetime as dt
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
