@@ -230,7 +230,7 @@ async def test_event_store_writer_survives_terminated_connections(postgres_dsn: 
     DatabaseUnavailable; retried, every event is stored exactly once and the position covers every id."""
     import asyncio
 
-    from factstream.store.events import EventStore
+    from factstream.events import EventStore
 
     db = await connect(postgres_dsn)
     store = await EventStore.open(db)

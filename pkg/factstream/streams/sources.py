@@ -189,7 +189,9 @@ class TableUpdateSource:
             )
             if rows and rows[0][0] is not None:
                 head = max(head, int(rows[0][0]))
-        return head
+        # A stream's position starts at 1 (its first id is 2, as in Synapse): a fresh writer's
+        # announced 1 is backed by nothing written yet and must not be held as unbacked.
+        return max(head, 1)
 
 
 async def _fetchall(db: Any, sql: str, params: Sequence[Any]) -> list[Any]:
