@@ -66,7 +66,22 @@ class Setup:
         await self.publisher.flush()
 
     async def settle(self, timeout: float = 10.0) -> None:
-        await self.follower.wait_for_position("caches", "master", self.gen.current_token(), timeout)
+        """Wait until the reader is at the writer's head and no check or fetch of its runs.
+
+        Being at the head is not enough: a POSITION going backwards is checked against the
+        database by a task, while the position still shows the old (higher) value.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            while self.follower.is_catching_up("caches", "master"):
+                assert loop.time() < deadline, "the follower is still checking or fetching"
+                await asyncio.sleep(0.005)
+            await self.follower.wait_for_position(
+                "caches", "master", self.gen.current_token(), max(0.1, deadline - loop.time())
+            )
+            if not self.follower.is_catching_up("caches", "master"):
+                return
 
 
 @pytest.fixture
