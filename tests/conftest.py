@@ -258,3 +258,14 @@ async def engine_db(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
         yield database
     finally:
         await database.close()
+
+
+#: Seconds a test marked ``slow`` (a Spark cluster, a real Synapse) may take before it counts as hung.
+SLOW_TIMEOUT = 1800
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests get a longer hang timeout than pyproject's default, unless they set their own."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
