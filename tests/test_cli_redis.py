@@ -22,7 +22,7 @@ from test_demo import check_demo_report
 import redis
 
 from factstream import wire
-from factstream.cli.demo import committed_facts
+from factstream.demo.live import committed_facts
 from factstream.replication import Follower, ReplicationHub
 from factstream.replication.tables import DEMO_TABLES
 from factstream.store.database import connect

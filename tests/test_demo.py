@@ -13,7 +13,7 @@ import pytest
 
 from conftest import subprocess_env
 
-from factstream.cli.demo import recover_log, verify_log
+from factstream.demo.live import recover_log, verify_log
 
 
 
