@@ -573,3 +573,43 @@ async def test_end_to_end_on_each_relay_twin(relay_impl: ModuleType) -> None:
     finally:
         await client.stop()
         await server.stop()
+
+
+async def test_a_server_link_walks_its_states(writer: Any) -> None:
+    """OPEN until the reader says NAME, READY after, CLOSED once gone; a link never counted twice."""
+    from factstream.transport.tcp import ConnState, ServerConnection
+
+    server, _ = writer
+    raw = await Raw.connect(server.port)
+    await raw.line()
+    for _ in range(100):
+        if server.connections:
+            break
+        await asyncio.sleep(0.01)
+    (conn,) = server.connections
+    assert isinstance(conn, ServerConnection) and conn.state is ConnState.OPEN and not conn.handshake_done
+    raw.send(b"NAME reader.states\n")
+    for _ in range(100):
+        if conn.state is ConnState.READY:
+            break
+        await asyncio.sleep(0.01)
+    assert conn.state is ConnState.READY and conn.handshake_done and conn.peer_name == "reader.states"
+    conn.close("bye")
+    assert conn.state is ConnState.CLOSING and not conn.connected
+    assert await asyncio.wait_for(asyncio.shield(conn.closed), 3) == "closed"
+    assert conn.state is ConnState.CLOSED and conn.handshake_done  # still says the handshake had happened
+    raw.close()
+
+
+async def test_a_client_link_refusing_a_wrong_server_never_becomes_ready(writer: Any) -> None:
+    server, _ = writer
+    hub = ReplicationHub("reader.x")
+    client = await TcpClient(hub, "127.0.0.1", server.port, client_name="reader.x", expected_server_name="not.hs").start()
+    try:
+        for _ in range(300):
+            if client.close_reasons:
+                break
+            await asyncio.sleep(0.01)
+        assert client.close_reasons[0] == "server_name"
+    finally:
+        await client.stop()

@@ -1,0 +1,425 @@
+"""One replication link over TCP: its states, its two ends, keepalive, validation and congestion.
+
+:mod:`factstream.transport.tcp` listens and dials; this module is what runs on
+each link (the protocol rules are in that module's doc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Protocol
+
+from .. import metrics, wire
+from ..commands import (
+    CLIENT_COMMANDS,
+    SERVER_COMMANDS,
+    Command,
+    ErrorCommand,
+    NameCommand,
+    PingCommand,
+    RdataCommand,
+    ServerCommand,
+)
+from ..errors import ProtocolError
+from ..replication import _relay
+from ..replication.carrier import CommandSink, Connection
+
+__all__ = ["ConnState", "TcpConnection", "ServerConnection", "ClientConnection", "Codec", "Relay"]
+
+log = logging.getLogger("factstream.transport.tcp")
+
+DEFAULT_PING_INTERVAL = 5.0
+DEFAULT_TIMEOUT = 15.0
+DEFAULT_MAX_BUFFERED = 10_000
+_ABORT_GRACE = 1.0  # seconds a closing connection may take to flush its ERROR
+
+
+class ConnState(enum.IntEnum):
+    """Where a link is in its life; ordered, so ``state >= CLOSING`` means going or gone."""
+
+    NEW = 0  #: created; the transport has not arrived
+    OPEN = 1  #: transport up, greeting sent; the peer has not introduced itself
+    READY = 2  #: the peer introduced itself (NAME, or the expected SERVER)
+    CLOSING = 3  #: close asked for; the transport is shutting down
+    CLOSED = 4  #: connection_lost ran
+
+
+class Codec(Protocol):
+    """What a link needs of a wire codec (``factstream.wire`` or one of its twins)."""
+
+    LineDecoder: Any
+
+    def encode_lines(self, cmds: Sequence[Command]) -> bytes: ...
+
+
+class Relay(Protocol):
+    """What a link needs of a relay twin: per-name command counts for the metrics."""
+
+    def tally(self, cmds: Sequence[Command]) -> dict[str, int]: ...
+
+
+_IN: dict[str, Any] = {}
+_OUT: dict[str, Any] = {}
+
+
+def _count(cache: dict[str, Any], counter: Any, counts: dict[str, int]) -> None:
+    """One metric update per command name (labels cached); ``counts`` from the relay's ``tally``."""
+    for name, n in counts.items():
+        child = cache.get(name)
+        if child is None:
+            child = cache[name] = counter.labels(name)
+        child.inc(n)
+
+
+def _now_ms() -> str:
+    return str(int(time.time() * 1000))
+
+
+
+class TcpConnection(asyncio.Protocol, Connection):
+    """One TCP link; :class:`ServerConnection` and :class:`ClientConnection` are its two ends.
+
+    Its life is one :class:`ConnState` at a time (NEW -> OPEN -> READY ->
+    CLOSING -> CLOSED; CLOSING straight from NEW when closed before the
+    transport arrived). Flow control (``_paused``) and keepalive
+    (``_peer_pinged``) are separate axes and stay flags.
+    """
+
+    #: Set by the two ends: whether this is the writer's (server's) end.
+    is_server: ClassVar[bool]
+    #: Commands this end accepts from its peer, and may send to it.
+    accepts: ClassVar[frozenset[str]]
+    may_send: frozenset[str]
+
+    def __init__(
+        self,
+        sink: CommandSink,
+        *,
+        local_name: str,
+        expected_server_name: str | None = None,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        max_line_length: int = wire.DEFAULT_MAX_LINE_LENGTH,
+        on_close: Any = None,
+        on_made: Any = None,
+        codec: Codec | None = None,
+        relay: Relay | None = None,
+    ) -> None:
+        self.sink = sink
+        self.local_name = local_name
+        self.expected_server_name = expected_server_name
+        self.ping_interval = ping_interval
+        self.timeout = timeout
+        self.max_buffered = max_buffered
+        self._codec: Codec = codec or wire
+        self._decoder = self._codec.LineDecoder(max_line_length=max_line_length)
+        self._encode_lines = self._codec.encode_lines
+        self._tally = (relay or _relay).tally
+        # Runs of RDATA go to the sink in one call when it takes them (the hub does; readers only).
+        self._rdata_sink = None if self.is_server else getattr(sink, "rdata_received", None)
+        self._outq: list[Command] = []
+        self._flush_scheduled = False
+        self._transport: asyncio.Transport | None = None
+        self._paused = False
+        self._pending: deque[Command] = deque()
+        self.state = ConnState.NEW
+        self._handshaken = False  # stays true after close: the reconnect backoff asks
+        self._peer_pinged = False
+        self._last_recv = self._last_sent = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+        self._close_reason = "closed"
+        self._on_close = on_close
+        self._on_made = on_made
+        self.closed: asyncio.Future[str] = asyncio.get_event_loop().create_future()
+        self.description = "tcp"
+        #: For ``TcpServer.connections_info`` (``factstream status``): peer address, when it connected (epoch
+        #: seconds) and when it last sent PING (None: never).
+        self.peer_address = ""
+        self.connected_at: float | None = None
+        self.last_ping_at: float | None = None
+
+    # ------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
+        if self.state is not ConnState.NEW:
+            # Closed before the transport arrived (a server stopping while a peer
+            # was connecting): never set it up, or it would outlive the server.
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        peer = transport.get_extra_info("peername")
+        self.peer_address = f"{peer[0]}:{peer[1]}" if peer else ""
+        self.connected_at = time.time()
+        side = "from" if self.is_server else "to"
+        self.description = f"tcp {side} {peer[0]}:{peer[1]}" if peer else "tcp"
+        self.state = ConnState.OPEN
+        self._write([self._greeting(), PingCommand(_now_ms())])
+        self._schedule()
+        if self._on_made is not None:
+            self._on_made(self)
+        self.sink.connection_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state >= ConnState.CLOSING:
+            return
+        self._last_recv = time.monotonic()
+        error: ProtocolError | None = None
+        try:
+            cmds = self._decoder.feed(data)
+        except ProtocolError as err:
+            cmds = err.commands
+            error = err
+        if cmds:
+            counts = self._tally(cmds)
+            _count(_IN, metrics.COMMANDS_IN, counts)
+            try:
+                rdata_sink = self._rdata_sink
+                if rdata_sink is not None and counts.get("RDATA") == len(cmds):
+                    rdata_sink(self, cmds)  # the hot path: a read of nothing but RDATA
+                else:
+                    i, n = 0, len(cmds)
+                    while i < n:
+                        if self.state >= ConnState.CLOSING:
+                            return
+                        if rdata_sink is not None and type(cmds[i]) is RdataCommand:
+                            j = i + 1
+                            while j < n and type(cmds[j]) is RdataCommand:
+                                j += 1
+                            rdata_sink(self, cmds[i:j])
+                            i = j
+                        else:
+                            self._handle(cmds[i])
+                            i += 1
+            except Exception:  # a bug behind the sink must not take the process down
+                log.exception("%s: handling a received command failed; closing the connection", self.description)
+                self._abort_with("error", "internal error while handling a command")
+                return
+        if error is not None and self.state < ConnState.CLOSING:
+            log.warning("%s: bad line, closing: %s", self.description, error)
+            self._abort_with("protocol", f"invalid line: {error}")
+
+    def eof_received(self) -> bool | None:
+        self._close_reason = "eof"
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        was_up = self.connected_at is not None and self.state is not ConnState.CLOSED
+        self.state = ConnState.CLOSED
+        if self._pending:
+            metrics.PENDING_OUT.dec(len(self._pending))
+            self._pending.clear()
+        reason = self._close_reason if exc is None or self._close_reason != "closed" else f"error: {exc}"
+        if was_up:  # one that never came up (a failed TLS handshake) is counted where it failed
+            metrics.DISCONNECTS.labels(reason.split(":")[0]).inc()
+            self.sink.connection_lost(self, reason)
+        if not self.closed.done():
+            self.closed.set_result(reason)
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._pending and self.state < ConnState.CLOSING:
+            cmds = list(self._pending)
+            cmds.extend(self._outq)
+            self._outq = []
+            metrics.PENDING_OUT.dec(len(cmds))
+            self._pending.clear()
+            self._write(cmds)
+
+    # ------------------------------------------------------------ Connection
+
+    def send(self, cmd: Command) -> None:
+        self.send_many((cmd,))
+
+    def send_many(self, cmds: Iterable[Command]) -> None:
+        if self.state >= ConnState.CLOSING:
+            return
+        if not self._paused:
+            # Coalesce everything sent in one loop iteration into one write (one syscall).
+            self._outq.extend(cmds)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_event_loop().call_soon(self._flush)
+            return
+        self._buffer(cmds)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.state >= ConnState.CLOSING or not self._outq:
+            self._outq = []
+            return
+        cmds, self._outq = self._outq, []
+        if self._paused:
+            self._buffer(cmds)
+        else:
+            self._write(cmds)
+
+    def _buffer(self, cmds: Iterable[Command]) -> None:
+        """The socket is backed up: hold at most ``max_buffered`` commands, then drop the peer."""
+        before = len(self._pending)
+        self._pending.extend(cmds)
+        metrics.PENDING_OUT.inc(len(self._pending) - before)
+        if len(self._pending) > self.max_buffered:
+            log.error(
+                "%s (%s) fell behind: more than %d commands buffered; disconnecting it "
+                "(it will reconnect and catch up)", self.description, self.peer_name, self.max_buffered,
+            )
+            self._abort_with("congestion", f"client fell behind: more than {self.max_buffered} commands buffered")
+
+    def close(self, reason: str | None = None) -> None:
+        if self.state >= ConnState.CLOSING:
+            return
+        if reason:
+            self._abort_with("closed", reason)
+        else:
+            self._close_reason = "closed"
+            self._shutdown()
+
+    @property
+    def connected(self) -> bool:
+        return self.state < ConnState.CLOSING and self._transport is not None
+
+    @property
+    def handshake_done(self) -> bool:
+        """Whether the peer introduced itself (and, to a reader, as the expected server); stays true after close."""
+        return self._handshaken
+
+    @property
+    def buffered(self) -> int:
+        """Commands waiting because the socket is backed up."""
+        return len(self._pending)
+
+    # ------------------------------------------------------------ internals
+
+    def _write(self, cmds: Iterable[Command]) -> None:
+        cmds = list(cmds) if not isinstance(cmds, (list, tuple)) else cmds
+        if not cmds or self._transport is None:
+            return
+        try:
+            data = self._encode_lines(cmds)
+        except ProtocolError:
+            log.exception("%s: cannot encode outgoing commands; dropping them", self.description)
+            return
+        self._transport.write(data)
+        self._last_sent = time.monotonic()
+        _count(_OUT, metrics.COMMANDS_OUT, self._tally(cmds))
+
+    def _handle(self, cmd: Command) -> None:
+        name = cmd.NAME
+        if name == "RDATA" and not self.is_server:  # the hot path
+            self.sink.command_received(self, cmd)
+            return
+        if name not in self.accepts:
+            side = "client" if self.is_server else "server"
+            self._abort_with("direction", f"{name} is not a command a {side} may send")
+            return
+        if name == "PING":
+            self._peer_pinged = True
+            self.last_ping_at = time.time()
+            return
+        if name == "SERVER":
+            server_name = cmd.data  # type: ignore[attr-defined]
+            self.peer_name = server_name
+            if self.expected_server_name is not None and server_name != self.expected_server_name:
+                log.error("%s: expected server %r but it says it is %r", self.description, self.expected_server_name, server_name)
+                self._abort_with("server_name", f"wrong server name: expected {self.expected_server_name!r}, got {server_name!r}")
+                return
+            self._ready()
+            return
+        if name == "NAME":
+            self.peer_name = cmd.data  # type: ignore[attr-defined]
+            self._ready()
+            return
+        if name == "ERROR":
+            log.warning("%s (%s) reported an error: %s", self.description, self.peer_name, cmd.data)  # type: ignore[attr-defined]
+            return
+        self.sink.command_received(self, cmd)
+
+    def _abort_with(self, reason: str, message: str) -> None:
+        """Send ERROR <message> (bypassing the congestion buffer) and close."""
+        if self.state >= ConnState.CLOSING:
+            return
+        self._close_reason = reason
+        if self._transport is not None:
+            try:
+                self._transport.write(self._encode_lines([ErrorCommand(message.replace("\n", " ").replace("\r", " "))]))
+                metrics.COMMANDS_OUT.labels("ERROR").inc()
+            except Exception:  # the ERROR is a courtesy
+                pass
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self.state < ConnState.CLOSING:
+            self.state = ConnState.CLOSING
+        if self._pending:
+            metrics.PENDING_OUT.dec(len(self._pending))
+            self._pending.clear()
+        transport = self._transport
+        if transport is None:
+            return
+        transport.close()
+        # A peer that does not read would keep the socket open forever: abort after a grace period.
+        asyncio.get_event_loop().call_later(_ABORT_GRACE, transport.abort)
+
+    def _ready(self) -> None:
+        self._handshaken = True
+        if self.state is ConnState.OPEN:
+            self.state = ConnState.READY
+
+    def _greeting(self) -> Command:
+        raise NotImplementedError
+
+    def _schedule(self) -> None:
+        interval = max(0.01, min(self.ping_interval, self.timeout) / 3)
+        self._timer = asyncio.get_event_loop().call_later(interval, self._tick)
+
+    def _tick(self) -> None:
+        if self.state >= ConnState.CLOSING:
+            return
+        now = time.monotonic()
+        if self._peer_pinged and now - self._last_recv > self.timeout:
+            log.warning("%s (%s): nothing received for %.1fs, closing", self.description, self.peer_name, now - self._last_recv)
+            self._abort_with("timeout", f"no command received for {self.timeout:g}s")
+            return
+        if now - self._last_sent >= self.ping_interval:
+            self.send(PingCommand(_now_ms()))
+            self._last_sent = now
+        self._schedule()
+
+
+# ====================================================================== server
+
+
+class ServerConnection(TcpConnection):
+    """The writer's end of one link: greets with SERVER, takes only what a client may send."""
+
+    is_server = True
+    accepts = CLIENT_COMMANDS
+    may_send = SERVER_COMMANDS
+
+    def _greeting(self) -> Command:
+        return ServerCommand(self.local_name)
+
+
+class ClientConnection(TcpConnection):
+    """A reader's end of one link: greets with NAME, checks the server's name, takes what a server may send."""
+
+    is_server = False
+    accepts = SERVER_COMMANDS
+    may_send = CLIENT_COMMANDS
+
+    def _greeting(self) -> Command:
+        return NameCommand(self.local_name)
+
