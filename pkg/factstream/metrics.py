@@ -9,7 +9,7 @@ names, writer names and a short list of disconnect reasons.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, Counter, Gauge
@@ -29,6 +29,7 @@ __all__ = [
     "UNBACKED_CLAIMS",
     "SKIPPED_GAPS",
     "start_http_server",
+    "LabelledCounter",
 ]
 
 COMMANDS_IN = Counter("factstream_commands_in", "Replication commands received, by command", ["command"])
@@ -117,3 +118,41 @@ def start_http_server(port: int, addr: str = "127.0.0.1") -> None:
     import prometheus_client
 
     prometheus_client.start_http_server(port, addr=addr)
+
+
+class LabelledCounter:
+    """A labelled counter whose children are looked up once per label value.
+
+    ``Counter.labels()`` costs more than the event it counts on a hot path;
+    this keeps each child in a dict. Label values are one string, or a tuple
+    of strings for a counter with several labels. ``counts`` is a plain dict
+    hot paths may add to; :meth:`report` moves it into the counter in one go.
+    """
+
+    __slots__ = ("_counter", "_children", "counts")
+
+    def __init__(self, counter: Any) -> None:
+        self._counter = counter
+        self._children: dict[Hashable, Any] = {}
+        #: Increments not yet reported (see :meth:`report`).
+        self.counts: dict[Any, int] = {}
+
+    def inc(self, labels: str | tuple[str, ...], n: float = 1) -> None:
+        """Add ``n`` to the child for ``labels``."""
+        child = self._children.get(labels)
+        if child is None:
+            values = labels if isinstance(labels, tuple) else (labels,)
+            child = self._children[labels] = self._counter.labels(*values)
+        child.inc(n)
+
+    def inc_all(self, counts: Mapping[Any, int]) -> None:
+        """Add each of ``counts`` (label values -> increment)."""
+        for labels, n in counts.items():
+            self.inc(labels, n)
+
+    def report(self) -> None:
+        """Move what hot paths added to :attr:`counts` into the counter."""
+        if self.counts:
+            self.inc_all(self.counts)
+            self.counts.clear()
+

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from .. import metrics
 
@@ -51,7 +50,7 @@ class DropLog:
         self.interval = interval
         #: Total rows counted per (stream, why) since creation (for tests and status).
         self.counts: dict[tuple[str, str], int] = {}
-        self._children: dict[tuple[str, str], Any] = {}
+        self._counter = metrics.LabelledCounter(metrics.DROPPED_ROWS)
         self._next = 0.0
         self._held = 0
         self._held_rows = 0
@@ -61,10 +60,7 @@ class DropLog:
     def dropped(self, why: str, n: int, stream: str, msg: str, *args: object, level: int = logging.WARNING) -> None:
         """Count ``n`` dropped rows of ``stream`` for reason ``why`` and log ``msg % args`` (rate-limited)."""
         key = (stream, why)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metrics.DROPPED_ROWS.labels(stream, why)
-        child.inc(n)
+        self._counter.inc(key, n)
         self.counts[key] = self.counts.get(key, 0) + n
         self.log(msg, *args, rows=n, level=level)
 

@@ -160,30 +160,6 @@ def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[Abstrac
 _NOTHING: Any = object()
 
 
-class _PerCommand:
-    """Counts per command name in a plain dict; ``report()`` adds them to a Prometheus counter.
-
-    A Prometheus ``inc`` per message would cost more than publishing it, so
-    the hot paths count here and report once per round trip or read burst.
-    """
-
-    def __init__(self, counter: Any) -> None:
-        self._counter = counter
-        self._children: dict[str, Any] = {}
-        self.counts: dict[str, int] = {}
-
-    def report(self) -> None:
-        counts = self.counts
-        if not counts:
-            return
-        for name, n in counts.items():
-            child = self._children.get(name)
-            if child is None:
-                child = self._children[name] = self._counter.labels(name)
-            child.inc(n)
-        counts.clear()
-
-
 def _buffered_replies(conn: AbstractConnection) -> tuple[Callable[[], Any], Any]:
     """``(gets, nothing)``: ``gets()`` returns the next reply already buffered, or ``nothing``.
 
@@ -301,8 +277,8 @@ class RedisCarrier:
         self._hook_tasks: set[asyncio.Task[Any]] = set()
         self._rng = random.Random()
         self._pending_reported = 0
-        self._m_in = _PerCommand(metrics.COMMANDS_IN)
-        self._m_out = _PerCommand(metrics.COMMANDS_OUT)
+        self._m_in = metrics.LabelledCounter(metrics.COMMANDS_IN)
+        self._m_out = metrics.LabelledCounter(metrics.COMMANDS_OUT)
         self._invalid_log = DropLog(logger, interval=1.0)
         self._drop_log = DropLog(logger, interval=5.0)
         #: redis-side client ids of the live connections (for operators and tests)

@@ -63,17 +63,8 @@ class Relay(Protocol):
     def tally(self, cmds: Sequence[Command]) -> dict[str, int]: ...
 
 
-_IN: dict[str, Any] = {}
-_OUT: dict[str, Any] = {}
-
-
-def _count(cache: dict[str, Any], counter: Any, counts: dict[str, int]) -> None:
-    """One metric update per command name (labels cached); ``counts`` from the relay's ``tally``."""
-    for name, n in counts.items():
-        child = cache.get(name)
-        if child is None:
-            child = cache[name] = counter.labels(name)
-        child.inc(n)
+_IN = metrics.LabelledCounter(metrics.COMMANDS_IN)
+_OUT = metrics.LabelledCounter(metrics.COMMANDS_OUT)
 
 
 def _now_ms() -> str:
@@ -177,7 +168,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             error = err
         if cmds:
             counts = self._tally(cmds)
-            _count(_IN, metrics.COMMANDS_IN, counts)
+            _IN.inc_all(counts)
             try:
                 rdata_sink = self._rdata_sink
                 if rdata_sink is not None and counts.get("RDATA") == len(cmds):
@@ -314,7 +305,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             return
         self._transport.write(data)
         self._last_sent = time.monotonic()
-        _count(_OUT, metrics.COMMANDS_OUT, self._tally(cmds))
+        _OUT.inc_all(self._tally(cmds))
 
     def _handle(self, cmd: Command) -> None:
         name = cmd.NAME
@@ -355,7 +346,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         if self._transport is not None:
             try:
                 self._transport.write(self._encode_lines([ErrorCommand(message.replace("\n", " ").replace("\r", " "))]))
-                metrics.COMMANDS_OUT.labels("ERROR").inc()
+                _OUT.inc("ERROR")
             except Exception:  # the ERROR is a courtesy
                 pass
         self._shutdown()
