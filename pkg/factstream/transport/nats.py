@@ -46,7 +46,6 @@ import asyncio
 import base64
 import json
 import logging
-import random
 import sys
 import time
 import weakref
@@ -59,6 +58,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import wire
+from ..backoff import backoff_delay
 from ..commands import Command, PositionCommand, RdataCommand
 from ..errors import ProtocolError
 from ..redaction import redact_url
@@ -668,7 +668,7 @@ class _LogConsumer:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - JetStream down or electing: retry
-                delay = min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
+                delay = backoff_delay(attempt, 0.05, 2.0)
                 attempt += 1
                 logger.warning("cannot create the JetStream consumer on %s (%s); retrying in %.2fs",
                                self.api.layout.stream, err, delay)
@@ -1060,7 +1060,7 @@ class NatsReplication:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - retry forever, like the other carriers
-                delay = min(5.0, 0.1 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
+                delay = backoff_delay(attempt, 0.1, 5.0)
                 attempt += 1
                 logger.warning("cannot connect to NATS at %s (%s); retrying in %.2fs", redact_url(self.url),
                                err or type(err).__name__, delay)
