@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import random
 import signal
@@ -32,6 +31,7 @@ from ..backoff import Outage
 from ..redaction import redact_url
 from ..replication import Publisher, ReplicationHub
 from ..replication.tables import DEMO_TABLES, StreamTable, create_tables, open_id_generators
+from ..status_lines import emit
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +159,6 @@ async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.
             await conn.disconnect()
         except Exception:  # noqa: BLE001 - closing a socket that never opened may fail any way
             pass
-
-
-def emit(obj: dict[str, Any]) -> None:
-    """One JSON status line on stdout."""
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 class _Rollback(Exception):

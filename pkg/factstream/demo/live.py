@@ -14,17 +14,13 @@ import json
 import os
 import signal
 import sqlite3
-import sys
 import time
 from typing import Any
 
+from ..status_lines import emit
+
 #: The demo's single writer instance.
 WRITER = "master"
-
-
-def emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 def percentile(values: list[float], q: float) -> float | None:
