@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from ..streams.sources import fetch_page
+
 __all__ = ["EventsStreamSource", "MAX_STATE_ROWS_PER_ROOM"]
 
 MAX_STATE_ROWS_PER_ROOM = 150
@@ -45,28 +47,17 @@ class EventsStreamSource:
         if len(ev_rows) == target:
             limited = True
             upper = int(ev_rows[-1][0])
-        st_rows = await self.db.fetchall(
-            "SELECT stream_id, room_id, type, state_key, event_id FROM current_state_delta_stream"
-            " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
-            " ORDER BY stream_id, room_id, type, state_key LIMIT ?",
-            (instance_name, max(from_token, 0), upper, target + 1),
-        )
-        if len(st_rows) > target:
-            # Cut on a token boundary; a single token larger than the page is kept whole.
-            last = int(st_rows[target - 1][0])
-            if int(st_rows[0][0]) == last:
-                st_rows = await self.db.fetchall(
-                    "SELECT stream_id, room_id, type, state_key, event_id FROM current_state_delta_stream"
-                    " WHERE instance_name = ? AND stream_id = ? ORDER BY room_id, type, state_key",
-                    (instance_name, last),
-                )
-            elif int(st_rows[target][0]) == last:
-                st_rows = [r for r in st_rows if int(r[0]) < last]
-                last = int(st_rows[-1][0])
-            else:
-                st_rows = st_rows[:target]
-            upper = last
-            limited = True
+        def fetch_state(lo: int, hi: int, n: int) -> Any:
+            return self.db.fetchall(
+                "SELECT stream_id, room_id, type, state_key, event_id FROM current_state_delta_stream"
+                " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
+                " ORDER BY stream_id, room_id, type, state_key LIMIT ?",
+                (instance_name, lo, hi, n),
+            )
+
+        st_rows, st_upper, st_limited = await fetch_page(fetch_state, max(from_token, 0), upper, target)
+        if st_limited:
+            upper, limited = st_upper, True
         updates: list[tuple[int, list[Any]]] = []
         for r in ev_rows:
             tok = int(r[0])

@@ -22,7 +22,7 @@ repair gaps (catch-up).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FactstreamError
@@ -84,6 +84,30 @@ def page(updates: Sequence[tuple[int, Any]], upto_token: int, limit: int) -> Upd
     return list(updates[:end]), last, True
 
 
+async def fetch_page(
+    fetch: Callable[[int, int, int], Awaitable[Sequence[Sequence[Any]]]],
+    from_token: int,
+    upto_token: int,
+    limit: int,
+) -> tuple[list[Sequence[Any]], int, bool]:
+    """Rows in ``(from_token, upto_token]``, about ``limit`` of them, never splitting a token.
+
+    ``fetch(from_token, upto_token, n)`` returns at most ``n`` rows ordered by
+    token, the token first in each row. One extra row tells whether the page
+    ended inside a token; if it did, that whole token is fetched and kept (a
+    single token larger than the page is returned whole) and the page stops
+    after it. Returns ``(rows, upto, limited)`` as Synapse's update functions.
+    """
+    rows = list(await fetch(from_token, upto_token, limit + 1))
+    if len(rows) <= limit:
+        return rows, upto_token, False
+    last = int(rows[limit - 1][0])
+    if int(rows[limit][0]) != last:
+        return rows[:limit], last, True
+    whole = await fetch(last - 1, last, 1_000_000_000)
+    return [r for r in rows if int(r[0]) < last] + list(whole), last, True
+
+
 class TableUpdateSource:
     """Facts read from a backing table through ``factstream.store.database``.
 
@@ -142,23 +166,13 @@ class TableUpdateSource:
         self._head_sql = f"SELECT MAX({token_expr}) FROM {table}"
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
-        params: list[Any] = [from_token, upto_token]
-        if self.instance_column:
-            params.append(instance_name)
-        # One extra row tells whether the page ended inside a token.
-        result = await _fetchall(self.db, self._sql, (*params, limit + 1))
-        updates = [(int(t[0]), self.to_row(tuple(t[1:]))) for t in result]
-        if len(updates) <= limit:
-            return updates, upto_token, False
-        last = updates[limit - 1][0]
-        if updates[limit][0] != last:
-            return updates[:limit], last, True
-        # The page ends inside a token: fetch that whole token, keep it, stop after it.
-        rest = await _fetchall(
-            self.db, self._sql, (last - 1, last, *params[2:], 1_000_000_000)
-        )
-        head = [u for u in updates if u[0] < last]
-        return head + [(int(t[0]), self.to_row(tuple(t[1:]))) for t in rest], last, True
+        extra: tuple[Any, ...] = (instance_name,) if self.instance_column else ()
+
+        def fetch(lo: int, hi: int, n: int) -> Awaitable[list[Any]]:
+            return _fetchall(self.db, self._sql, (lo, hi, *extra, n))
+
+        rows, upto, limited = await fetch_page(fetch, from_token, upto_token, limit)
+        return [(int(t[0]), self.to_row(tuple(t[1:]))) for t in rows], upto, limited
 
     async def stream_head(self) -> int:
         """The highest token handed out for the stream, as far as this database shows (see :class:`HeadSource`).
