@@ -28,6 +28,7 @@ from prometheus_client import REGISTRY
 
 from conftest import require, unavailable
 from factstream import wire
+from factstream.cli.tail_redis import tail_redis
 from factstream.transport.redis import (
     RedisCarrier,
     RedisChannels,
@@ -35,7 +36,6 @@ from factstream.transport.redis import (
     command_to_json,
     connection_kwargs_from_url,
     redacted_url,
-    tail_redis,
 )
 
 pytestmark = pytest.mark.redis
@@ -272,10 +272,16 @@ def test_every_command_type_round_trips(run: Any, redis_url: str, channel_prefix
         async with reader, reader_ip, writer:
             await reader.wait_subscribed(5)
             await reader_ip.wait_subscribed(5)
+            await writer.wait_subscribed(5)  # its own subscriber counts what it hears too (below)
             assert writer.send_many(sent) == len(sent)
             await writer.flush(5)
             await eventually(lambda: len(with_ip) == len(sent), what="all commands")
             await eventually(lambda: len(plain) == len(sent) - 1, what="all but USER_IP")
+            # The writer's own subscriber hears them too, at its own pace.
+            await eventually(
+                lambda: sample("factstream_commands_in_total", command="USER_SYNC") - in_before >= 6,
+                what="the writer's own subscriber heard both USER_SYNC",
+            )
         assert with_ip == sent  # equal values, same order
         assert plain == sent[:-1]  # USER_IP is opt-in
         assert writer.stats.published == len(sent) and writer.stats.round_trips == 1

@@ -400,3 +400,11 @@ CLIENT_COMMANDS: frozenset[str] = frozenset(
         "USER_IP", "ERROR", "REMOTE_SERVER_UP", "LOCK_RELEASED",
     }
 )
+
+
+def command_to_json(cmd: Command) -> dict[str, Any]:
+    """A JSON-ready dict of ``cmd``: ``{"command": NAME, <field>: value, ...}``."""
+    out: dict[str, Any] = {"command": cmd.NAME}
+    for field in cmd._FIELDS:  # noqa: SLF001 - the field list is the public shape of a command
+        out[field] = getattr(cmd, field)
+    return out

@@ -397,7 +397,7 @@ async def tail_log(args: argparse.Namespace, output: Output) -> int:
 
 async def tail_traffic(args: argparse.Namespace, output: Output) -> int:
     """``--redis`` without ``--db``: print every command heard on the channel until --count or a signal."""
-    from ..transport.redis import tail_redis
+    from .tail_redis import tail_redis
 
     stats = await tail_redis(
         args.redis, args.server_name, args.streams or (), args.json,

@@ -1847,7 +1847,7 @@ async def tail_nats(
     command, with its JetStream sequence). ``streams`` keeps only those
     streams. Stops after ``limit`` messages or when ``stop`` is set.
     """
-    from .redis import command_to_json
+    from ..commands import command_to_json
 
     out = out or sys.stdout
     layout = JetStreamLayout.for_server(server_name, stream=stream)

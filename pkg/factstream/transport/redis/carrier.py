@@ -1,38 +1,9 @@
-"""Replication over Redis pub/sub: the carrier.
+"""The Redis carrier: two connections (subscriber, publisher) carrying replication commands.
 
-Synapse's Redis layout: every instance (writers and readers alike) holds two
-connections to Redis, one subscribed and one publishing. Each command is one
-pub/sub message holding one line without its newline, published on the
-channel named after the deployment (``<server_name>``), except USER_IP, which
-goes to ``<server_name>/USER_IP`` (subscribing to that one is opt-in).
-
-The carrier turns messages into commands and commands into messages, nothing
-more: it never looks at positions. What it adds around that:
-
-* both connections reconnect forever, independently, with capped exponential
-  backoff and jitter; a silent dead connection is found by PING health checks;
-* ``on_subscribed`` fires every time the subscription is confirmed by Redis
-  (the owner publishes REPLICATE and its positions from there, so no answer
-  can arrive before anyone listens);
-* outbound commands go into a bounded queue that is flushed with pipelining:
-  everything queued in one event-loop tick goes out in one round trip, in
-  order. Past the bound, new commands are refused and counted, loudly;
-  ``on_resync`` then fires once the queue has drained, and after every
-  publisher reconnect, so the owner can announce its positions and let
-  readers repair the gap from the database (pub/sub is at-most-once);
-* an instance's own RDATA / POSITION / LOCK_RELEASED echoes are dropped by
-  instance name;
-* invalid messages are logged (rate-limited) and counted, never raised.
-
-The transport is redis-py's asyncio ``Connection`` with the hiredis parser,
-used directly (no pool, no client object) so reconnects, health checks and
-pipelining are under this module's control.
-
-:class:`RedisReplication` plugs the carrier into a
-:class:`~factstream.replication.ReplicationHub` (REPLICATE after every
-confirmed subscription, positions announced after every reconnect, RDATA
-held back on a fresh subscription until its writer's POSITION);
-:func:`tail_redis` prints a live deployment's traffic. See docs/redis.md.
+Over 600 lines on purpose: :class:`RedisCarrier` is one object whose two
+connection loops share the publish queue, the resync rule and the stats;
+splitting it would pass that state between modules. The package's
+``__init__`` describes what it guarantees.
 """
 
 from __future__ import annotations
@@ -40,73 +11,33 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
 import logging
 import random
-import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import IO, Any
+from typing import Any
 
-from redis.asyncio.connection import AbstractConnection, parse_url
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.connection import Connection as TcpRedisConnection
 from redis.exceptions import RedisError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
-from .. import metrics, wire
-from ..backoff import backoff_delay
-from ..commands import Command, PositionCommand, RdataCommand, ReplicateCommand
-from ..redaction import redact_url as redacted_url
-from ..replication.carrier import CommandSink, Connection
-from ..replication.droplog import DropLog
+from ... import metrics, wire
+from ...backoff import backoff_delay
+from ...commands import Command
+from ...redaction import redact_url as redacted_url
+from ...replication.droplog import DropLog
+from .urls import RedisChannels, connection_kwargs_from_url
 
-__all__ = [
-    "RedisCarrier",
-    "RedisReplication",
-    "RedisConnection",
-    "RedisCarrierStats",
-    "RedisChannels",
-    "backoff_delay",
-    "connection_kwargs_from_url",
-    "redacted_url",
-    "tail_redis",
-    "command_to_json",
-    "USER_IP_CHANNEL",
-    "ECHO_COMMANDS",
-]
+logger = logging.getLogger("factstream.transport.redis")
 
-logger = logging.getLogger(__name__)
 
-#: Suffix of the opt-in channel that carries USER_IP (``<server_name>/USER_IP``).
-USER_IP_CHANNEL = "USER_IP"
 #: Commands an instance drops when they carry its own instance name.
 ECHO_COMMANDS: frozenset[str] = frozenset({"RDATA", "POSITION", "LOCK_RELEASED"})
 
 CommandHandler = Callable[[Command], object]
 Hook = Callable[[], object]
-
-# URL options that configure redis-py's pool, not one connection.
-_POOL_ONLY_OPTIONS = ("max_connections", "timeout")
-
-
-@dataclass(frozen=True)
-class RedisChannels:
-    """The channel names of one deployment (Synapse's layout)."""
-
-    main: str
-    user_ip: str
-
-    @classmethod
-    def for_server(cls, server_name: str) -> RedisChannels:
-        """Channels of the deployment ``server_name``."""
-        if not server_name or any(c in server_name for c in " \r\n"):
-            raise ValueError(f"server name {server_name!r} must be non-empty without spaces or line breaks")
-        return cls(main=server_name, user_ip=f"{server_name}/{USER_IP_CHANNEL}")
-
-    def for_command(self, name: str) -> str:
-        """The channel a command named ``name`` is published on."""
-        return self.user_ip if name == "USER_IP" else self.main
 
 
 @dataclass
@@ -134,27 +65,6 @@ class RedisCarrierStats:
     def as_dict(self) -> dict[str, int]:
         """The counters as a dict (for logs, JSON and metrics)."""
         return asdict(self)
-
-
-def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[AbstractConnection], dict[str, Any]]:
-    """The redis-py connection class and arguments for ``url``.
-
-    Accepts ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS;
-    options such as ``ssl_ca_certs``, ``ssl_cert_reqs`` or
-    ``ssl_check_hostname`` go in the query string or in ``overrides``) and
-    ``unix:///path/to/redis.sock[?db=N&password=...]``. Pub/sub channels are
-    global to a Redis server: the database number does not separate
-    deployments, the server name does.
-    """
-    try:
-        kwargs: dict[str, Any] = dict(parse_url(url))
-    except ValueError as err:
-        raise ValueError(f"bad Redis URL {redacted_url(url)!r}: {err}") from None
-    for option in _POOL_ONLY_OPTIONS:
-        kwargs.pop(option, None)
-    cls: type[AbstractConnection] = kwargs.pop("connection_class", TcpRedisConnection)
-    kwargs.update(overrides)
-    return cls, kwargs
 
 
 _NOTHING: Any = object()
@@ -808,270 +718,3 @@ class RedisCarrier:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-
-
-# ---------------------------------------------------------------------- replication
-
-
-class RedisConnection(Connection):
-    """The hub's view of one confirmed subscription (a shared bus: ``broadcast``).
-
-    A new object is made for every (re)subscription, so the hub's
-    ``connection_made`` / ``connection_lost`` pair brackets exactly the time
-    during which this instance heard everything published.
-    """
-
-    broadcast = True
-
-    def __init__(self, carrier: RedisCarrier, generation: int) -> None:
-        self._carrier = carrier
-        self._open = True
-        self.generation = generation
-        self.description = f"redis {redacted_url(carrier.url)} #{carrier.server_name} (subscription {generation})"
-        self.peer_name = carrier.server_name
-
-    def send(self, cmd: Command) -> None:
-        """Publish ``cmd`` (queued, pipelined; refused and counted when the queue is full)."""
-        if self._open:
-            self._carrier.send(cmd)
-
-    def send_many(self, cmds: Iterable[Command]) -> None:
-        """Publish several commands in order."""
-        if self._open:
-            self._carrier.send_many(cmds)
-
-    def close(self, reason: str | None = None) -> None:
-        """Drop this subscription; the carrier subscribes again (a new connection)."""
-        if self._open:
-            self._carrier.kick_subscriber(reason or "closed by the replication core")
-
-    @property
-    def connected(self) -> bool:
-        return self._open
-
-
-class RedisReplication:
-    """Drives a :class:`~factstream.replication.ReplicationHub` over Redis pub/sub.
-
-    The Redis counterpart of ``TcpServer`` + ``TcpClient``: every instance,
-    writer or reader, runs one. On each confirmed subscription the hub gets a
-    new :class:`RedisConnection` (it then publishes REPLICATE when it follows,
-    and its syncing users and outbox), and a writer announces POSITION for
-    every stream it publishes; after a publisher reconnect or a queue
-    overflow it announces them again. Readers answer a POSITION ahead of them
-    by catching up from the stream's update source, as over TCP.
-
-    Pub/sub is a shared bus, so RDATA can arrive on a fresh subscription
-    before the writer's POSITION does. Applying it could jump a reader over
-    facts published while it was away, so, as Synapse does, RDATA of a
-    (stream, writer) is ignored on each new subscription until a POSITION of
-    that pair has been seen on it; the POSITION's catch-up covers the rows
-    ignored. ``batch`` rows are held here until their closing row and handed
-    over together; a POSITION of the same writer discards a held batch (its
-    end was lost on the writer's side, which a reader's connection cannot
-    see; Synapse also drops pending batches on POSITION), and the catch-up
-    fetches the whole fact. Own RDATA/POSITION/LOCK_RELEASED echoes never
-    reach the hub.
-    """
-
-    def __init__(
-        self,
-        hub: CommandSink,
-        url: str,
-        server_name: str,
-        *,
-        instance_name: str | None = None,
-        subscribe_user_ip: bool = False,
-        **carrier_options: Any,
-    ) -> None:
-        self.hub = hub
-        name = instance_name or getattr(hub, "instance_name", None)
-        if not name:
-            raise ValueError("RedisReplication needs the instance name (hub.instance_name or instance_name=...)")
-        self.instance_name: str = name
-        self.carrier = RedisCarrier(
-            url, server_name,
-            instance_name=name,
-            subscribe_user_ip=subscribe_user_ip,
-            on_command=self._on_command,
-            on_subscribed=self._on_subscribed,
-            on_unsubscribed=self._on_unsubscribed,
-            on_resync=self._on_resync,
-            **carrier_options,
-        )
-        self._conn: RedisConnection | None = None
-        self._generation = 0
-        self._announced: set[tuple[str, str]] = set()
-        self._batches: dict[tuple[str, str], list[Command]] = {}
-        #: RDATA ignored on a fresh subscription before its POSITION (repaired by catch-up).
-        self.gated_rdata = 0
-        #: batches whose closing row never came (dropped at the writer's next POSITION).
-        self.truncated_batches = 0
-
-    @property
-    def connection(self) -> RedisConnection | None:
-        """The live connection (None while not subscribed)."""
-        return self._conn
-
-    @property
-    def connections(self) -> list[RedisConnection]:
-        """The live connection as a list (zero or one), like ``TcpServer.connections``."""
-        return [] if self._conn is None else [self._conn]
-
-    @property
-    def stats(self) -> RedisCarrierStats:
-        """The carrier's counters."""
-        return self.carrier.stats
-
-    async def start(self) -> RedisReplication:
-        """Connect both Redis connections (in the background; see ``wait_connected``)."""
-        await self.carrier.start()
-        return self
-
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until the subscription is confirmed and the hub has its connection."""
-        await self.carrier.wait_subscribed(timeout)
-
-    async def stop(self, flush_timeout: float = 1.0) -> None:
-        """Publish what is queued (for up to ``flush_timeout`` s), then disconnect."""
-        await self.carrier.close(flush_timeout)
-        self._on_unsubscribed("stopped")
-
-    async def __aenter__(self) -> RedisReplication:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    # carrier hooks
-
-    def _publisher(self) -> Any:
-        return getattr(self.hub, "publisher", None)
-
-    def _on_subscribed(self) -> None:
-        self._generation += 1
-        self._announced = set()
-        self._batches = {}
-        conn = self._conn = RedisConnection(self.carrier, self._generation)
-        self.hub.connection_made(conn)  # REPLICATE (when following), user syncs, outbox
-        publisher = self._publisher()
-        if publisher is not None:
-            # Nobody asks a bus member for REPLICATE after *its* reconnect: tell everyone where we are.
-            conn.send_many(publisher.position_commands())
-
-    def _on_unsubscribed(self, reason: str) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn._open = False  # noqa: SLF001 - our own class
-            self.hub.connection_lost(conn, reason)
-
-    def _on_resync(self) -> None:
-        # Our recent commands may not have reached anyone. A REPLICATE among
-        # them would leave this reader's RDATA gated until each writer happens
-        # to announce again, so ask again; writers re-announce their positions.
-        conn = self._conn
-        if conn is None:
-            return  # the next subscription does both anyway
-        if getattr(self.hub, "replicate_on_connect", False):
-            conn.send(ReplicateCommand())
-        publisher = self._publisher()
-        if publisher is not None:
-            conn.send_many(publisher.position_commands())
-
-    def _on_command(self, cmd: Command) -> None:
-        conn = self._conn
-        if conn is None:
-            return
-        kind = type(cmd)
-        if kind is RdataCommand:
-            key = (cmd.stream_name, cmd.instance_name)  # type: ignore[attr-defined]
-            if key not in self._announced:
-                self.gated_rdata += 1
-                return
-            if cmd.token is None:  # type: ignore[attr-defined]
-                self._batches.setdefault(key, []).append(cmd)
-                return
-            held = self._batches.pop(key, None)
-            if held:
-                for row_cmd in held:
-                    self.hub.command_received(conn, row_cmd)
-        elif kind is PositionCommand:
-            key = (cmd.stream_name, cmd.instance_name)  # type: ignore[attr-defined]
-            self._announced.add(key)
-            if self._batches.pop(key, None):
-                # A writer's batch is contiguous in what it publishes and its POSITION only ever
-                # follows a complete batch, so this batch lost its end on the writer's side
-                # (publisher connection or queue); the POSITION's catch-up fetches the whole fact.
-                self.truncated_batches += 1
-                logger.info("%s/%s: batch cut short by a lost publication; catch-up will fetch it", *key)
-        self.hub.command_received(conn, cmd)
-
-
-# ---------------------------------------------------------------------- tail
-
-
-def command_to_json(cmd: Command) -> dict[str, Any]:
-    """A JSON-ready dict of ``cmd``: ``{"command": NAME, <field>: value, ...}``."""
-    out: dict[str, Any] = {"command": cmd.NAME}
-    for field in cmd._FIELDS:  # noqa: SLF001 - the field list is the public shape of a command
-        out[field] = getattr(cmd, field)
-    return out
-
-
-def _stream_of(cmd: Command) -> str | None:
-    return getattr(cmd, "stream_name", None)
-
-
-async def tail_redis(
-    url: str,
-    server_name: str,
-    streams: Sequence[str] = (),
-    json_output: bool = False,
-    *,
-    user_ip: bool = False,
-    replicate: bool = False,
-    out: IO[str] | None = None,
-    limit: int | None = None,
-    stop: asyncio.Event | None = None,
-) -> RedisCarrierStats:
-    """Print a live deployment's replication traffic, decoded, until cancelled.
-
-    ``streams`` keeps only RDATA/POSITION of those streams (other commands
-    always show). ``json_output`` prints one JSON object per line instead of
-    the wire line. ``user_ip`` also subscribes to ``<server_name>/USER_IP``.
-    ``replicate`` publishes REPLICATE once subscribed, so writers announce
-    their positions (otherwise tail only listens). Stops after ``limit``
-    commands or when ``stop`` is set; returns the carrier's counters.
-    """
-    out = out or sys.stdout
-    wanted = frozenset(streams)
-    done = stop or asyncio.Event()
-    shown = 0
-
-    def show(cmd: Command) -> None:
-        nonlocal shown
-        stream = _stream_of(cmd)
-        if wanted and stream is not None and stream not in wanted:
-            return
-        if json_output:
-            out.write(json.dumps(command_to_json(cmd), separators=(",", ":")) + "\n")
-        else:
-            out.write(wire.encode(cmd).decode("utf-8", "replace") + "\n")
-        out.flush()
-        shown += 1
-        if limit is not None and shown >= limit:
-            done.set()
-
-    carrier: RedisCarrier
-
-    def subscribed() -> None:
-        if replicate:
-            carrier.send(wire.ReplicateCommand())
-
-    carrier = RedisCarrier(
-        url, server_name, on_command=show, on_subscribed=subscribed,
-        subscribe_user_ip=user_ip, client_name="factstream-tail",
-    )
-    async with carrier:
-        await done.wait()
-    return carrier.stats
