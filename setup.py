@@ -81,10 +81,11 @@ def extensions() -> list[Extension]:
         )
         for src in sources
     ]
+    # No global boundscheck/wraparound: each module or function that indexes Python
+    # sequences in a hot loop turns them off itself, where its loop keeps indices in range
+    # (pointer indexing, most of the codec, is never checked anyway).
     directives = {
         "language_level": "3",
-        "boundscheck": False,
-        "wraparound": False,
         "cdivision": True,
         "embedsignature": True,
     }

@@ -6,6 +6,43 @@
 # uint64_t from libc.stdint, and
 # define ``cdef int MAX_DEPTH`` and ``import sys`` before the include.
 
+from factstream._ascii cimport (
+    C_0,
+    C_9,
+    C_BACKSLASH,
+    C_BS,
+    C_COLON,
+    C_COMMA,
+    C_CR,
+    C_DOT,
+    C_FF,
+    C_LBRACE,
+    C_LBRACKET,
+    C_LF,
+    C_LOWER_A,
+    C_LOWER_B,
+    C_LOWER_E,
+    C_LOWER_F,
+    C_LOWER_N,
+    C_LOWER_R,
+    C_LOWER_T,
+    C_LOWER_U,
+    C_MINUS,
+    C_PLUS,
+    C_QUOTE,
+    C_RBRACE,
+    C_RBRACKET,
+    C_SLASH,
+    C_SPACE,
+    C_TAB,
+    C_UPPER_A,
+    C_UPPER_E,
+    C_UPPER_F,
+    C_UPPER_I,
+    C_UPPER_N,
+)
+
+
 # ------------------------------------------------------------------ JSON scan
 #
 # The scanner mirrors CPython's json decoder (the C scanner Synapse runs on):
@@ -52,15 +89,15 @@ cdef struct Scan:
 
 
 cdef inline bint _is_ws(unsigned char c) noexcept nogil:
-    return c == 32 or c == 9 or c == 10 or c == 13
+    return c == C_SPACE or c == C_TAB or c == C_LF or c == C_CR
 
 
 cdef inline int _hexval(unsigned char c) noexcept nogil:
-    if 48 <= c <= 57:
+    if C_0 <= c <= C_9:
         return c - 48
-    if 97 <= c <= 102:
+    if C_LOWER_A <= c <= C_LOWER_F:
         return c - 87
-    if 65 <= c <= 70:
+    if C_UPPER_A <= c <= C_UPPER_F:
         return c - 55
     return -1
 
@@ -143,13 +180,13 @@ cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) noexcept
         if p >= end:
             break
         c = p[0]
-        if c == 34:  # "
+        if c == C_QUOTE:  # "
             return p + 1
-        if c == 92:  # backslash
+        if c == C_BACKSLASH:  # backslash
             if p + 1 >= end:
                 return _fail(s, p, ERR_STRING)
             c = p[1]
-            if c == 117:  # u
+            if c == C_LOWER_U:  # u
                 if p + 6 > end:
                     return _fail(s, p, ERR_ESCAPE)
                 cp = 0
@@ -157,20 +194,20 @@ cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) noexcept
                     h = _hexval(p[i])
                     if h < 0:
                         return _fail(s, p, ERR_ESCAPE)
-                    if p[i] >= 65 and p[i] <= 70:
+                    if p[i] >= C_UPPER_A and p[i] <= C_UPPER_F:
                         s.canonical = False  # the encoder writes lowercase hex
                     cp = (cp << 4) | h
                 # The encoder escapes exactly: controls without a short form and
                 # everything from DEL up (surrogates included).
                 if cp < 0x20:
-                    if cp == 8 or cp == 9 or cp == 10 or cp == 12 or cp == 13:
+                    if cp == C_BS or cp == C_TAB or cp == C_LF or cp == C_FF or cp == C_CR:
                         s.canonical = False
                 elif cp < 0x7f:
                     s.canonical = False
                 p += 6
-            elif c == 34 or c == 92 or c == 98 or c == 102 or c == 110 or c == 114 or c == 116:
+            elif c == C_QUOTE or c == C_BACKSLASH or c == C_LOWER_B or c == C_LOWER_F or c == C_LOWER_N or c == C_LOWER_R or c == C_LOWER_T:
                 p += 2
-            elif c == 47:  # \/ decodes to '/', which the encoder writes bare
+            elif c == C_SLASH:  # \/ decodes to '/', which the encoder writes bare
                 s.canonical = False
                 p += 2
             else:
@@ -190,19 +227,19 @@ cdef inline const unsigned char* _number_tail(const unsigned char* p, const unsi
     # optional exponent follow (an exponent without digits is not part of the
     # number, as in CPython's scanner). Returns the end of the number.
     cdef const unsigned char* e_start
-    if p + 1 < end and p[0] == 46 and 48 <= p[1] <= 57:  # fraction
+    if p + 1 < end and p[0] == C_DOT and C_0 <= p[1] <= C_9:  # fraction
         is_float[0] = True
         p += 2
-        while p < end and 48 <= p[0] <= 57:
+        while p < end and C_0 <= p[0] <= C_9:
             p += 1
-    if p < end and (p[0] == 101 or p[0] == 69):  # exponent, backtracked if empty
+    if p < end and (p[0] == C_LOWER_E or p[0] == C_UPPER_E):  # exponent, backtracked if empty
         e_start = p
         p += 1
-        if p < end and (p[0] == 43 or p[0] == 45):
+        if p < end and (p[0] == C_PLUS or p[0] == C_MINUS):
             p += 1
-        if p < end and 48 <= p[0] <= 57:
+        if p < end and C_0 <= p[0] <= C_9:
             is_float[0] = True
-            while p < end and 48 <= p[0] <= 57:
+            while p < end and C_0 <= p[0] <= C_9:
                 p += 1
         else:
             p = e_start
@@ -213,17 +250,17 @@ cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) noexcept
     cdef const unsigned char* end = s.end
     cdef const unsigned char* digits
     cdef bint is_float = False
-    if p[0] == 45:  # -
+    if p[0] == C_MINUS:  # -
         p += 1
-        if p < end and p[0] == 73:  # -Infinity
+        if p < end and p[0] == C_UPPER_I:  # -Infinity
             return _fail(s, p, ERR_CONSTANT)
-    if p >= end or not (48 <= p[0] <= 57):
+    if p >= end or not (C_0 <= p[0] <= C_9):
         return _fail(s, p, ERR_VALUE)
     digits = p
-    if p[0] == 48:
+    if p[0] == C_0:
         p += 1
     else:
-        while p < end and 48 <= p[0] <= 57:
+        while p < end and C_0 <= p[0] <= C_9:
             p += 1
     p = _number_tail(p, end, &is_float)
     if is_float:
@@ -231,7 +268,7 @@ cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) noexcept
     else:
         if p - digits > s.int_limit:
             return _fail(s, digits, ERR_BIGINT)
-        if digits != s.start and (digits - 1)[0] == 45 and p - digits == 1 and digits[0] == 48:
+        if digits != s.start and (digits - 1)[0] == C_MINUS and p - digits == 1 and digits[0] == C_0:
             s.canonical = False  # -0 re-encodes as 0
     return p
 
@@ -246,17 +283,17 @@ cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth
     if p >= end:
         return _fail(s, p, ERR_VALUE)
     c = p[0]
-    if c == 34:
+    if c == C_QUOTE:
         return _scan_string(s, p + 1)
-    if c == 123:  # {
+    if c == C_LBRACE:  # {
         if depth >= MAX_DEPTH:
             return _fail(s, p, ERR_DEPTH)
         p = _skip_ws(s, p + 1)
-        if p < end and p[0] == 125:
+        if p < end and p[0] == C_RBRACE:
             return p + 1
         nkeys = 0
         while True:
-            if p >= end or p[0] != 34:
+            if p >= end or p[0] != C_QUOTE:
                 return _fail(s, p, ERR_KEY)
             key_start = p
             p = _scan_string(s, p + 1)
@@ -276,57 +313,57 @@ cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth
                     key_lens[nkeys] = p - key_start
                     nkeys += 1
             p = _skip_ws(s, p)
-            if p >= end or p[0] != 58:
+            if p >= end or p[0] != C_COLON:
                 return _fail(s, p, ERR_COLON)
             p = _skip_ws(s, p + 1)
             p = _scan_value(s, p, depth + 1)
             if p == NULL:
                 return NULL
             p = _skip_ws(s, p)
-            if p < end and p[0] == 44:
+            if p < end and p[0] == C_COMMA:
                 p = _skip_ws(s, p + 1)
                 continue
-            if p < end and p[0] == 125:
+            if p < end and p[0] == C_RBRACE:
                 return p + 1
             return _fail(s, p, ERR_DELIM)
-    if c == 91:  # [
+    if c == C_LBRACKET:  # [
         if depth >= MAX_DEPTH:
             return _fail(s, p, ERR_DEPTH)
         p = _skip_ws(s, p + 1)
-        if p < end and p[0] == 93:
+        if p < end and p[0] == C_RBRACKET:
             return p + 1
         while True:
             p = _scan_value(s, p, depth + 1)
             if p == NULL:
                 return NULL
             p = _skip_ws(s, p)
-            if p < end and p[0] == 44:
+            if p < end and p[0] == C_COMMA:
                 p = _skip_ws(s, p + 1)
                 continue
-            if p < end and p[0] == 93:
+            if p < end and p[0] == C_RBRACKET:
                 return p + 1
             return _fail(s, p, ERR_DELIM)
-    if c == 110:  # null
+    if c == C_LOWER_N:  # null
         if end - p >= 4 and memcmp(p, b"null", 4) == 0:
             return p + 4
         return _fail(s, p, ERR_VALUE)
-    if c == 116:  # true
+    if c == C_LOWER_T:  # true
         if end - p >= 4 and memcmp(p, b"true", 4) == 0:
             return p + 4
         return _fail(s, p, ERR_VALUE)
-    if c == 102:  # false
+    if c == C_LOWER_F:  # false
         if end - p >= 5 and memcmp(p, b"false", 5) == 0:
             return p + 5
         return _fail(s, p, ERR_VALUE)
-    if c == 78:  # NaN
+    if c == C_UPPER_N:  # NaN
         if end - p >= 3 and memcmp(p, b"NaN", 3) == 0:
             return _fail(s, p, ERR_CONSTANT)
         return _fail(s, p, ERR_VALUE)
-    if c == 73:  # Infinity
+    if c == C_UPPER_I:  # Infinity
         if end - p >= 8 and memcmp(p, b"Infinity", 8) == 0:
             return _fail(s, p, ERR_CONSTANT)
         return _fail(s, p, ERR_VALUE)
-    if c == 45 or 48 <= c <= 57:
+    if c == C_MINUS or C_0 <= c <= C_9:
         return _scan_number(s, p)
     return _fail(s, p, ERR_VALUE)
 
@@ -358,7 +395,7 @@ cdef int _parse_i64(const unsigned char* p, Py_ssize_t n, long long* out) noexce
     cdef uint64_t v = 0
     cdef uint64_t limit
     cdef unsigned int d
-    if q < end and q[0] == 45:
+    if q < end and q[0] == C_MINUS:
         neg = True
         q += 1
     if q == end:

@@ -8,17 +8,14 @@
 # The including module must cimport PyObject from cpython.object and
 # Py_INCREF/Py_DECREF from cpython.ref, and import RdataCommand.
 
-cdef extern from "Python.h":
-    ctypedef struct PyMemberDef:
-        Py_ssize_t offset
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
-    ctypedef struct _SlotTypeObject "PyTypeObject":
-        pass
-    PyObject* _slot_generic_alloc "PyType_GenericAlloc"(_SlotTypeObject* t, Py_ssize_t n) except NULL
-    void PyObject_GC_Track(void *op)
-    bint PyObject_GC_IsTracked(object op)
-    bint PyObject_IS_GC(PyObject *op)
+from factstream._cpython cimport (
+    PyMemberDescrObject,
+    PyObject_GC_IsTracked,
+    PyObject_GC_Track,
+    PyObject_IS_GC,
+    _slot_generic_alloc,
+    _SlotTypeObject,
+)
 
 
 cdef Py_ssize_t _slot(object cls, str name) except -1:

@@ -45,20 +45,55 @@ from .errors import ProtocolError
 
 __all__ = ["parse_line", "encode", "encode_lines", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
 
-cdef extern from "Python.h":
-    object PyUnicode_FromKindAndData(int kind, const void *buffer, Py_ssize_t size)
-    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
-    # overflow_exception NULL: an out-of-range literal gives +-inf, as float() does.
-    double PyOS_string_to_double(const char *s, char **endptr, PyObject *overflow_exception) except? -1.0
-    object PyFloat_FromDouble(double v)
-    bint PyUnicode_IS_ASCII(object o)
-    void* PyUnicode_DATA(object o)
-    int PyUnicode_KIND(object o)
-    Py_ssize_t PyUnicode_GET_LENGTH(object o)
-    Py_UCS4 PyUnicode_READ(int kind, void *data, Py_ssize_t index)
-    long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
-    int PyUnicode_4BYTE_KIND
-    void PyObject_GC_UnTrack(void *op)
+from factstream._ascii cimport (
+    C_0,
+    C_9,
+    C_BACKSLASH,
+    C_BS,
+    C_COLON,
+    C_COMMA,
+    C_CR,
+    C_DOT,
+    C_FF,
+    C_LBRACE,
+    C_LBRACKET,
+    C_LF,
+    C_LOWER_A,
+    C_LOWER_B,
+    C_LOWER_E,
+    C_LOWER_F,
+    C_LOWER_N,
+    C_LOWER_R,
+    C_LOWER_T,
+    C_LOWER_U,
+    C_MINUS,
+    C_PLUS,
+    C_QUOTE,
+    C_RBRACE,
+    C_RBRACKET,
+    C_SLASH,
+    C_SPACE,
+    C_TAB,
+    C_UPPER_A,
+    C_UPPER_E,
+    C_UPPER_F,
+    C_UPPER_I,
+    C_UPPER_N,
+)
+from factstream._cpython cimport (
+    PyFloat_FromDouble,
+    PyLong_AsLongLongAndOverflow,
+    PyObject_GC_UnTrack,
+    PyOS_string_to_double,
+    PyUnicode_4BYTE_KIND,
+    PyUnicode_DATA,
+    PyUnicode_FromKindAndData,
+    PyUnicode_GET_LENGTH,
+    PyUnicode_IS_ASCII,
+    PyUnicode_KIND,
+    PyUnicode_New,
+    PyUnicode_READ,
+)
 
 DEFAULT_MAX_LINE_LENGTH = 16384
 
@@ -246,27 +281,27 @@ cdef class _Builder:
         cdef const unsigned char* p = pp[0]
         cdef unsigned char c = p[0]
         cdef object container, key, value
-        if c == 34:
+        if c == C_QUOTE:
             return self._string(pp)
-        if c == 91:
+        if c == C_LBRACKET:
             container = []
             p = self._ws(p + 1)
-            if p[0] == 93:
+            if p[0] == C_RBRACKET:
                 pp[0] = p + 1
                 return container
             while True:
                 pp[0] = p
                 PyList_Append(container, self._value(pp))
                 p = self._ws(pp[0])
-                if p[0] == 44:
+                if p[0] == C_COMMA:
                     p = self._ws(p + 1)
                     continue
                 pp[0] = p + 1  # ]
                 return container
-        if c == 123:
+        if c == C_LBRACE:
             container = {}
             p = self._ws(p + 1)
-            if p[0] == 125:
+            if p[0] == C_RBRACE:
                 pp[0] = p + 1
                 return container
             while True:
@@ -277,18 +312,18 @@ cdef class _Builder:
                 value = self._value(pp)
                 PyDict_SetItem(container, key, value)
                 p = self._ws(pp[0])
-                if p[0] == 44:
+                if p[0] == C_COMMA:
                     p = self._ws(p + 1)
                     continue
                 pp[0] = p + 1  # }
                 return container
-        if c == 110:
+        if c == C_LOWER_N:
             pp[0] = p + 4
             return None
-        if c == 116:
+        if c == C_LOWER_T:
             pp[0] = p + 4
             return True
-        if c == 102:
+        if c == C_LOWER_F:
             pp[0] = p + 5
             return False
         return self._number(pp)
@@ -302,13 +337,13 @@ cdef class _Builder:
         cdef bint neg = False
         cdef Py_ssize_t ndigits
         cdef bytes text
-        if p[0] == 45:
+        if p[0] == C_MINUS:
             neg = True
             p += 1
-        if p[0] == 48:
+        if p[0] == C_0:
             p += 1
         else:
-            while p < end and 48 <= p[0] <= 57:
+            while p < end and C_0 <= p[0] <= C_9:
                 p += 1
         ndigits = p - start - neg
         p = _number_tail(p, end, &is_float)
@@ -354,9 +389,9 @@ cdef class _Builder:
                 high |= w
                 p += 8
             c = p[0]
-            if c == 34:
+            if c == C_QUOTE:
                 break
-            if c == 92:
+            if c == C_BACKSLASH:
                 simple = False
                 p += 2
             else:
@@ -376,14 +411,14 @@ cdef class _Builder:
         p = start
         while p < end:
             c = p[0]
-            if c == 92:
+            if c == C_BACKSLASH:
                 c = p[1]
-                if c == 117:
+                if c == C_LOWER_U:
                     cp = 0
                     for i in range(2, 6):
                         cp = (cp << 4) | _hexval(p[i])
                     p += 6
-                    if 0xD800 <= cp <= 0xDBFF and end - p >= 6 and p[0] == 92 and p[1] == 117:
+                    if 0xD800 <= cp <= 0xDBFF and end - p >= 6 and p[0] == C_BACKSLASH and p[1] == C_LOWER_U:
                         cp2 = 0
                         for i in range(2, 6):
                             cp2 = (cp2 << 4) | _hexval(p[i])
@@ -392,15 +427,15 @@ cdef class _Builder:
                             p += 6
                     out[n] = cp
                 else:
-                    if c == 98:
+                    if c == C_LOWER_B:
                         out[n] = 8
-                    elif c == 102:
+                    elif c == C_LOWER_F:
                         out[n] = 12
-                    elif c == 110:
+                    elif c == C_LOWER_N:
                         out[n] = 10
-                    elif c == 114:
+                    elif c == C_LOWER_R:
                         out[n] = 13
-                    elif c == 116:
+                    elif c == C_LOWER_T:
                         out[n] = 9
                     else:  # " \ /
                         out[n] = c
@@ -746,7 +781,7 @@ cdef int _enc_str(_Out out, str s) except -1:
             if i >= n:
                 break
             c = <unsigned char>ascii[i]
-            if c >= 0x20 and c != 34 and c != 92 and c != 0x7f:
+            if c >= 0x20 and c != C_QUOTE and c != C_BACKSLASH and c != 0x7f:
                 i += 1
                 continue
             if i > run:
@@ -759,7 +794,7 @@ cdef int _enc_str(_Out out, str s) except -1:
     else:
         for i in range(n):
             c = PyUnicode_READ(kind, data, i)
-            if 0x20 <= c < 0x7f and c != 34 and c != 92:
+            if 0x20 <= c < 0x7f and c != C_QUOTE and c != C_BACKSLASH:
                 out.byte(<char>c)
             else:
                 _enc_char(out, c)
@@ -780,19 +815,19 @@ cdef int _enc_u(_Out out, unsigned int c) except -1:
 
 
 cdef int _enc_char(_Out out, unsigned int c) except -1:
-    if c == 34:
+    if c == C_QUOTE:
         out.write(b'\\"', 2)
-    elif c == 92:
+    elif c == C_BACKSLASH:
         out.write(b"\\\\", 2)
-    elif c == 10:
+    elif c == C_LF:
         out.write(b"\\n", 2)
-    elif c == 13:
+    elif c == C_CR:
         out.write(b"\\r", 2)
-    elif c == 9:
+    elif c == C_TAB:
         out.write(b"\\t", 2)
-    elif c == 8:
+    elif c == C_BS:
         out.write(b"\\b", 2)
-    elif c == 12:
+    elif c == C_FF:
         out.write(b"\\f", 2)
     elif c >= 0x10000:
         c -= 0x10000
@@ -1075,7 +1110,7 @@ cdef inline bint _blank(const unsigned char* p, Py_ssize_t n) noexcept nogil:
     # bytes.strip() whitespace: space, \t, \n, \r, \v, \f
     cdef Py_ssize_t i
     for i in range(n):
-        if not (p[i] == 32 or 9 <= p[i] <= 13):
+        if not (p[i] == C_SPACE or C_TAB <= p[i] <= C_CR):
             return False
     return True
 

@@ -7,6 +7,7 @@ Python frame, and RdataCommand objects are allocated and read through their
 slot offsets, as the compiled codec does.
 """
 
+cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
@@ -124,6 +125,8 @@ cdef class RowWindow:
         self._last = log
         return log
 
+    @cython.boundscheck(False)  # list indices below are kept in range by the loop conditions
+    @cython.wraparound(False)
     def add(self, instance_name, token, row):
         """Record ``row`` written by ``instance_name`` at ``token`` (before the token completes)."""
         cdef _Log log = self._find(instance_name, True)
@@ -200,6 +203,8 @@ cdef class StreamEmitter:
         self.sinks = sinks
         self.page_limit = page_limit
 
+    @cython.boundscheck(False)  # the hot path: every index is below n by the loop conditions
+    @cython.wraparound(False)
     cpdef list commands(self, updates, upto):
         """The commands publishing ``updates`` up to ``upto`` (see the pure twin)."""
         cdef list ups = updates if type(updates) is list else list(updates)
