@@ -1,0 +1,351 @@
+"""NATS plumbing: connecting, the JetStream API calls the carrier makes, and message headers.
+
+nats-py's per-message machinery is bypassed on the hot paths (acks and
+consumer deliveries handed over raw from its parser, publishes written as
+ready-made frames); everything else goes through its public API.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...commands import Command, PositionCommand
+from ...redaction import redact_url
+from .layout import MSG_ID, PREV, JetStreamLayout, Retention
+
+logger = logging.getLogger("factstream.transport.nats")
+
+def _servers(url: str) -> list[str]:
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        raise ValueError("empty NATS URL (expected nats://host:port[,nats://host2:port2...])")
+    for s in servers:
+        if "://" not in s:
+            raise ValueError(f"bad NATS URL {redact_url(s)!r} (expected nats://host:port, tls://host:port)")
+    return servers
+
+
+async def connect_nats(url: str, *, name: str, timeout: float = 5.0, **callbacks: Any) -> Any:
+    """One nats-py connection to ``url`` (comma-separated servers) that reconnects forever once made.
+
+    The first connect tries each server twice and raises (nats-py would loop
+    silently); the caller retries with its own logging.
+    """
+
+    async def _quiet(err: Exception) -> None:
+        logger.debug("NATS: %s", err)
+
+    options: dict[str, Any] = {
+        "servers": _servers(url),
+        "name": name,
+        "connect_timeout": timeout,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.25,
+        "ping_interval": 5,
+        "max_outstanding_pings": 3,
+        "no_echo": True,
+        "pending_size": 64 * 1024 * 1024,
+        "error_cb": _quiet,
+    }
+    options.update(callbacks)
+    forever = options["max_reconnect_attempts"] < 0
+    if forever:
+        options["max_reconnect_attempts"] = 1
+    nc = _client_class()()
+    await nc.connect(**options)
+    if forever:
+        nc.options["max_reconnect_attempts"] = -1  # from now on nats-py reconnects forever
+    return nc
+
+
+class NatsUnavailable(Exception):
+    """NATS or its JetStream does not answer at the given URL (the message says what to do)."""
+
+
+async def check_nats(url: str, server_name: str, timeout: float = 5.0) -> None:
+    """Fail fast for a command line: ValueError for a malformed URL or server name, NatsUnavailable otherwise.
+
+    The carrier itself reconnects forever (right for a running process riding
+    out a NATS restart); a command started against a wrong URL, a server that
+    is not running or one without JetStream should say so at once instead.
+    """
+    _servers(url)
+    JetStreamLayout.for_server(server_name)
+    shown = redact_url(url)
+    try:
+        nc = await connect_nats(url, name="factstream-check", timeout=timeout, allow_reconnect=False,
+                                max_reconnect_attempts=1)
+    except Exception as err:  # noqa: BLE001 - every failure to connect means the same to the user
+        why = str(err) or type(err).__name__
+        raise NatsUnavailable(f"cannot reach NATS at {shown} ({redact_url(why)}); start it with JetStream "
+                              "(e.g. nats-server -js -p 4222) or pass the right --nats URL") from None
+    try:
+        try:
+            await _Api(nc, JetStreamLayout.for_server(server_name), timeout).request("INFO")
+        except Exception as err:  # noqa: BLE001
+            raise NatsUnavailable(f"NATS at {shown} answers but JetStream does not ({err or type(err).__name__}); "
+                                  "start nats-server with -js (JetStream enabled)") from None
+    finally:
+        await nc.close()
+
+
+async def delete_stream(url: str, server_name: str, *, stream: str | None = None) -> bool:
+    """Delete deployment ``server_name``'s JetStream stream (its whole log); False when there was none."""
+    layout = JetStreamLayout.for_server(server_name, stream=stream)
+    nc = await connect_nats(url, name="factstream-admin", allow_reconnect=False, max_reconnect_attempts=1)
+    try:
+        await _Api(nc, layout).request(f"STREAM.DELETE.{layout.stream}")
+        return True
+    except _ApiError as err:
+        if err.code == 404:
+            return False
+        raise
+    finally:
+        await nc.close()
+
+
+#: ``handler(subject, reply, data, raw_headers)`` for the messages of one subscription, called
+#: synchronously from nats-py's parser (no Msg object, no queue, no task per message).
+FastHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+
+_CLIENT: Any = None
+
+
+def _client_class() -> Any:
+    """nats-py's ``Client`` with a fast path for the carrier's hot subscriptions (acks and deliveries).
+
+    nats-py turns every message into a ``Msg`` with parsed headers, queues it
+    and awaits a callback in a task: a few times the cost of what the carrier
+    does with it. Subscriptions registered with :func:`_fast_subscribe` get
+    their data messages handed over raw instead; status messages (JetStream
+    heartbeats, flow control) still take nats-py's own path. If nats-py's
+    internals change, the fast path is simply not installed.
+    """
+    global _CLIENT
+    if _CLIENT is not None:
+        return _CLIENT
+    from nats.aio.client import Client
+
+    class FastClient(Client):
+        def __init__(self) -> None:
+            super().__init__()
+            self.factstream_fast: dict[int, FastHandler] = {}
+
+        async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                               headers: bytes | None) -> None:
+            fast = self.factstream_fast.get(sid)
+            if fast is not None and not (headers and headers[8:9] == b" "):
+                self.stats["in_msgs"] += 1
+                self.stats["in_bytes"] += len(data)
+                fast(subject, reply, data, headers)
+                return
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+
+    import inspect
+
+    params = inspect.signature(Client._process_msg).parameters
+    _CLIENT = FastClient if list(params)[:6] == ["self", "sid", "subject", "reply", "data", "headers"] else Client
+    return _CLIENT
+
+
+async def _fast_subscribe(nc: Any, subject: str, handler: FastHandler, cb: Callable[[Any], Awaitable[None]]) -> Any:
+    """Subscribe with ``cb`` (nats-py's path), and ``handler`` for data messages when the fast path exists."""
+    sub = await nc.subscribe(subject, cb=cb)
+    fast = getattr(nc, "factstream_fast", None)
+    sid = getattr(sub, "_id", None)
+    if isinstance(fast, dict) and isinstance(sid, int):
+        fast[sid] = handler
+    return sub
+
+
+def _can_write_frames(nc: Any) -> bool:
+    return callable(getattr(nc, "_send_command", None)) and callable(getattr(nc, "_flush_pending", None))
+
+
+def _raw_headers(msg_id: str, prev: str) -> bytes:
+    return b"NATS/1.0\r\nNats-Msg-Id: %s\r\nFs-Prev: %s\r\n\r\n" % (msg_id.encode(), prev.encode())
+
+
+def _parse_headers(raw: bytes) -> dict[str, str]:
+    """Headers of a stored message (``NATS/1.0\\r\\nK: V\\r\\n...``)."""
+    out: dict[str, str] = {}
+    if not raw:
+        return out
+    for line in raw.decode("utf-8", "replace").split("\r\n")[1:]:
+        k, sep, v = line.partition(":")
+        if sep:
+            out[k.strip()] = v.strip()
+    return out
+
+
+@dataclass
+class _Stored:
+    """One message read back from the stream by sequence or subject."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+
+class _Api:
+    """The few JetStream API requests the carrier makes, with typed errors."""
+
+    def __init__(self, nc: Any, layout: JetStreamLayout, timeout: float = 5.0) -> None:
+        self.nc = nc
+        self.layout = layout
+        self.timeout = timeout
+
+    async def request(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        payload = b"" if body is None else json.dumps(body).encode()
+        msg = await self.nc.request(f"$JS.API.{subject}", payload, timeout=self.timeout)
+        if msg.headers and msg.headers.get("Status") == "503":
+            raise _ApiError(503, "JetStream is not available (no responders)")
+        resp: dict[str, Any] = json.loads(msg.data)
+        err = resp.get("error")
+        if err:
+            raise _ApiError(int(err.get("code", 0)), str(err.get("description", err)), int(err.get("err_code", 0)))
+        return resp
+
+    async def ensure_stream(self, retention: Retention) -> dict[str, Any]:
+        """The stream's info, creating it with ``retention`` when it does not exist."""
+        name = self.layout.stream
+        try:
+            info = await self.request(f"STREAM.INFO.{name}")
+        except _ApiError as err:
+            if err.code != 404:
+                raise
+            try:
+                info = await self.request(f"STREAM.CREATE.{name}", retention.stream_config(self.layout))
+                logger.info("created JetStream stream %s (%d replicas, %s storage)", name, retention.replicas,
+                            retention.storage)
+            except _ApiError as err2:
+                if err2.err_code != 10058:  # created concurrently by another instance
+                    raise
+                info = await self.request(f"STREAM.INFO.{name}")
+        return info
+
+    async def subjects(self) -> tuple[dict[str, int], int, int]:
+        """(subject -> message count, first sequence, last sequence) of the stream."""
+        subjects: dict[str, int] = {}
+        offset = 0
+        while True:
+            info = await self.request(
+                f"STREAM.INFO.{self.layout.stream}", {"subjects_filter": self.layout.log_subjects, "offset": offset}
+            )
+            state = info.get("state", {})
+            page = state.get("subjects") or {}
+            subjects.update(page)
+            offset += len(page)
+            total = int(info.get("total", 0) or 0)
+            if not page or offset >= total:
+                return subjects, int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
+
+    async def get(self, *, seq: int | None = None, last_by_subject: str | None = None,
+                  next_by_subject: str | None = None) -> _Stored | None:
+        """A stored message, or None when there is none."""
+        body: dict[str, Any] = {}
+        if last_by_subject is not None:
+            body["last_by_subj"] = last_by_subject
+        else:
+            body["seq"] = seq
+            if next_by_subject is not None:
+                body["next_by_subj"] = next_by_subject
+        try:
+            resp = await self.request(f"STREAM.MSG.GET.{self.layout.stream}", body)
+        except _ApiError as err:
+            if err.code == 404:
+                return None
+            raise
+        m = resp["message"]
+        hdrs = _parse_headers(base64.b64decode(m["hdrs"])) if m.get("hdrs") else {}
+        data = base64.b64decode(m["data"]) if m.get("data") else b""
+        return _Stored(int(m["seq"]), m["subject"], data, hdrs)
+
+    async def create_consumer(self, config: dict[str, Any]) -> str:
+        resp = await self.request(
+            f"CONSUMER.CREATE.{self.layout.stream}", {"stream_name": self.layout.stream, "config": config}
+        )
+        return str(resp["name"])
+
+    async def delete_consumer(self, name: str) -> None:
+        try:
+            await self.request(f"CONSUMER.DELETE.{self.layout.stream}.{name}")
+        except Exception:  # noqa: BLE001 - best effort; an ephemeral consumer also expires by itself
+            pass
+
+
+class _ApiError(Exception):
+    def __init__(self, code: int, description: str, err_code: int = 0) -> None:
+        super().__init__(f"JetStream error {code}: {description}")
+        self.code = code
+        self.err_code = err_code
+
+
+def _fact_token(stored_headers: dict[str, str] | None, cmd: Command) -> int:
+    """The token a log message belongs to (a batch row: its fact's, from the message id)."""
+    if type(cmd) is PositionCommand:
+        return cmd.new_token
+    token = cmd.token  # type: ignore[attr-defined]
+    if token is not None:
+        return int(token)
+    msg_id = (stored_headers or {}).get(MSG_ID, "")
+    try:
+        return int(msg_id.rsplit(":", 2)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _prev_of(headers: dict[str, str] | None) -> int | None:
+    raw = (headers or {}).get(PREV)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _chain(raw: bytes | None) -> tuple[int | None, tuple[int, int] | None]:
+    """(Fs-Prev, (fact token, row index) from Nats-Msg-Id) of a raw header block; None where absent or bad."""
+    if not raw:
+        return None, None
+    prev: int | None = None
+    index: tuple[int, int] | None = None
+    i = raw.find(b"\r\nFs-Prev:")
+    if i >= 0:
+        end = raw.find(b"\r", i + 11)
+        try:
+            prev = int(raw[i + 11:end])
+        except ValueError:
+            prev = None
+    j = raw.find(b"\r\nNats-Msg-Id:")
+    if j >= 0:
+        end = raw.find(b"\r", j + 15)
+        parts = raw[j + 15:end].strip().rsplit(b":", 2)
+        if len(parts) == 3:
+            try:
+                index = int(parts[1]), int(parts[2].partition(b"/")[0])
+            except ValueError:
+                index = None
+    return prev, index
+
+
+def _row_index(headers: dict[str, str] | None) -> tuple[int, int] | None:
+    """(fact token, row index) from the message id, or None when absent or malformed."""
+    msg_id = (headers or {}).get(MSG_ID)
+    if not msg_id:
+        return None
+    parts = msg_id.rsplit(":", 2)
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[1]), int(parts[2].partition("/")[0])
+    except ValueError:
+        return None

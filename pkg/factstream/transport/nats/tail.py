@@ -1,0 +1,86 @@
+"""``factstream tail --nats``: print a deployment's JetStream log, decoded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import IO
+
+from ... import wire
+from ...errors import ProtocolError
+from ...redaction import redact_url
+from .client import _Api, _ApiError, connect_nats
+from .consumer import _LogConsumer
+from .layout import JetStreamLayout, NatsStats, _RateLimitedLog
+
+
+async def tail_nats(
+    url: str,
+    server_name: str,
+    streams: Sequence[str] = (),
+    json_output: bool = False,
+    *,
+    from_start: bool = False,
+    out: IO[str] | None = None,
+    limit: int | None = None,
+    stop: asyncio.Event | None = None,
+    stream: str | None = None,
+) -> NatsStats:
+    """Print the deployment's log as it grows (``from_start``: from its oldest retained message).
+
+    Raises LookupError when the deployment has no stream there. Lines are printed exactly as stored (``json_output``: one JSON object per
+    command, with its JetStream sequence). ``streams`` keeps only those
+    streams. Stops after ``limit`` messages or when ``stop`` is set.
+    """
+    from ...commands import command_to_json
+
+    out = out or sys.stdout
+    layout = JetStreamLayout.for_server(server_name, stream=stream)
+    wanted = frozenset(streams)
+    done = stop or asyncio.Event()
+    stats = NatsStats()
+    shown = 0
+    invalid_log = _RateLimitedLog()
+
+    def show(subject: str, data: bytes, headers: bytes | None, seq: int, ts: int, pending: int) -> None:
+        nonlocal shown
+        if done.is_set():
+            return
+        stats.received += 1
+        try:
+            cmd = wire.parse_line(data)
+        except ProtocolError as err:
+            stats.invalid += 1
+            invalid_log.warning("invalid message %d on %s skipped: %s", seq, subject, err)
+            return
+        name = getattr(cmd, "stream_name", None)
+        if wanted and name is not None and name not in wanted:
+            return
+        if json_output:
+            out.write(json.dumps({"seq": seq, **command_to_json(cmd)}, separators=(",", ":")) + "\n")
+        else:
+            out.write(data.decode("utf-8", "replace") + "\n")
+        out.flush()
+        shown += 1
+        if limit is not None and shown >= limit:
+            done.set()
+
+    nc = await connect_nats(url, name="factstream-tail")
+    try:
+        api = _Api(nc, layout)
+        try:
+            await api.request(f"STREAM.INFO.{layout.stream}")
+        except _ApiError as err:
+            if err.code != 404:
+                raise
+            raise LookupError(f"no JetStream stream {layout.stream} at {redact_url(url)}: no writer of deployment "
+                              f"{server_name!r} has published there yet (check --server-name)") from None
+        consumer = _LogConsumer(api, show, stats, deliver_new=not from_start)
+        consumer.start()
+        await done.wait()
+        await consumer.close()
+    finally:
+        await nc.close()
+    return stats
