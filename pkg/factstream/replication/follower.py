@@ -41,6 +41,11 @@ rows)`` (synchronous, called in order), or ``async for update in
 follower.updates()``; ``add_reset_handler(fn, stream=None)`` with ``fn(stream,
 writer, old, new)`` for resets. ``await wait_for_position(stream, writer, token,
 timeout)`` raises :class:`PositionTimeout` on timeout.
+
+Over 600 lines on purpose: the follower is one state machine per (stream,
+writer) whose parts (live rows, batches, catch-up, resets, claims checked
+against the database) all read and move the same position; split, each part
+would reach into the others' state.
 """
 
 from __future__ import annotations

@@ -1,0 +1,408 @@
+# The codec's encoder (``include``d by _wire_c.pyx): commands to wire bytes,
+# JSON written directly into one growing buffer (``_Out``) with Synapse's
+# separators and escapes; ``encode`` and ``encode_lines``.
+# It uses the names _wire_c.pyx cimports and the slot helpers of _slots.pxi.
+
+# ------------------------------------------------------------------ encoding
+
+cdef class _Out:
+    """A growable byte buffer."""
+
+    cdef char* buf
+    cdef Py_ssize_t len
+    cdef Py_ssize_t cap
+
+    def __cinit__(self):
+        self.cap = 256
+        self.len = 0
+        self.buf = <char*>PyMem_Malloc(self.cap)
+        if self.buf == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.buf != NULL:
+            PyMem_Free(self.buf)
+
+    cdef inline int reserve(self, Py_ssize_t extra) except -1:
+        cdef Py_ssize_t need = self.len + extra
+        cdef char* nb
+        if need > self.cap:
+            while self.cap < need:
+                self.cap *= 2
+            nb = <char*>PyMem_Realloc(self.buf, self.cap)
+            if nb == NULL:
+                raise MemoryError()
+            self.buf = nb
+        return 0
+
+    cdef inline int write(self, const char* data, Py_ssize_t n) except -1:
+        self.reserve(n)
+        memcpy(self.buf + self.len, data, n)
+        self.len += n
+        return 0
+
+    cdef inline int byte(self, char c) except -1:
+        if self.len == self.cap:
+            self.reserve(1)
+        self.buf[self.len] = c
+        self.len += 1
+        return 0
+
+    cdef bytes take(self):
+        return PyBytes_FromStringAndSize(self.buf, self.len)
+
+
+class _Fallback(Exception):
+    """Raised inside the fast encoder for anything only the stdlib encoder handles exactly."""
+
+
+cdef const char* _HEX = b"0123456789abcdef"
+
+
+cdef int _enc_str(_Out out, str s) except -1:
+    # ensure_ascii: '"' and '\\' escaped, \b \f \n \r \t short, other
+    # controls and everything from DEL up as lowercase \uXXXX (astral as pairs).
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
+    cdef int kind = PyUnicode_KIND(s)
+    cdef void* data = PyUnicode_DATA(s)
+    cdef Py_ssize_t i, run
+    cdef unsigned int c
+    cdef const char* ascii
+    cdef uint64_t mask
+    out.byte(34)
+    if PyUnicode_IS_ASCII(s):
+        ascii = <const char*>data
+        run = 0
+        i = 0
+        while i < n:
+            # eight characters at a time up to the next one that needs escaping
+            while i + 8 <= n:
+                mask = _string_special8(_load8(<const unsigned char*>ascii + i))
+                if mask:
+                    i += _first_flagged(mask)
+                    break
+                i += 8
+            if i >= n:
+                break
+            c = <unsigned char>ascii[i]
+            if c >= 0x20 and c != C_QUOTE and c != C_BACKSLASH and c != 0x7f:
+                i += 1
+                continue
+            if i > run:
+                out.write(ascii + run, i - run)
+            run = i + 1
+            _enc_char(out, c)
+            i += 1
+        if n > run:
+            out.write(ascii + run, n - run)
+    else:
+        for i in range(n):
+            c = PyUnicode_READ(kind, data, i)
+            if 0x20 <= c < 0x7f and c != C_QUOTE and c != C_BACKSLASH:
+                out.byte(<char>c)
+            else:
+                _enc_char(out, c)
+    out.byte(34)
+    return 0
+
+
+cdef int _enc_u(_Out out, unsigned int c) except -1:
+    cdef char esc[6]
+    esc[0] = 92
+    esc[1] = 117
+    esc[2] = _HEX[(c >> 12) & 0xF]
+    esc[3] = _HEX[(c >> 8) & 0xF]
+    esc[4] = _HEX[(c >> 4) & 0xF]
+    esc[5] = _HEX[c & 0xF]
+    out.write(esc, 6)
+    return 0
+
+
+cdef int _enc_char(_Out out, unsigned int c) except -1:
+    if c == C_QUOTE:
+        out.write(b'\\"', 2)
+    elif c == C_BACKSLASH:
+        out.write(b"\\\\", 2)
+    elif c == C_LF:
+        out.write(b"\\n", 2)
+    elif c == C_CR:
+        out.write(b"\\r", 2)
+    elif c == C_TAB:
+        out.write(b"\\t", 2)
+    elif c == C_BS:
+        out.write(b"\\b", 2)
+    elif c == C_FF:
+        out.write(b"\\f", 2)
+    elif c >= 0x10000:
+        c -= 0x10000
+        _enc_u(out, 0xD800 | ((c >> 10) & 0x3FF))
+        _enc_u(out, 0xDC00 | (c & 0x3FF))
+    else:
+        _enc_u(out, c)
+    return 0
+
+
+cdef int _enc_int(_Out out, object o) except -1:
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(o, &overflow)
+    cdef char digits[24]
+    cdef int i = 24
+    cdef unsigned long long u
+    cdef bytes text
+    if overflow:
+        text = int.__repr__(o).encode("ascii")
+        out.write(PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
+        return 0
+    u = <unsigned long long>(-v) if v < 0 else <unsigned long long>v
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + u % 10)
+        u //= 10
+        if u == 0:
+            break
+    if v < 0:
+        i -= 1
+        digits[i] = 45
+    out.write(digits + i, 24 - i)
+    return 0
+
+
+cdef int _enc_value(_Out out, object o, int depth) except -1:
+    cdef Py_ssize_t i, n, pos
+    cdef PyObject* kp
+    cdef PyObject* vp
+    cdef bint first
+    cdef bytes text
+    cdef double d
+    t = type(o)
+    if t is str:
+        return _enc_str(out, <str>o)
+    if o is None:
+        out.write(b"null", 4)
+        return 0
+    if o is True:
+        out.write(b"true", 4)
+        return 0
+    if o is False:
+        out.write(b"false", 5)
+        return 0
+    if t is int:
+        return _enc_int(out, o)
+    if depth >= MAX_DEPTH:
+        raise _Fallback()  # deep or cyclic: let the stdlib decide
+    if t is list:
+        n = PyList_GET_SIZE(o)
+        out.byte(91)
+        for i in range(n):
+            if i:
+                out.byte(44)
+            _enc_value(out, <object>PyList_GET_ITEM(o, i), depth + 1)
+        out.byte(93)
+        return 0
+    if t is tuple:
+        n = PyTuple_GET_SIZE(o)
+        out.byte(91)
+        for i in range(n):
+            if i:
+                out.byte(44)
+            _enc_value(out, <object>PyTuple_GET_ITEM(o, i), depth + 1)
+        out.byte(93)
+        return 0
+    if t is dict:
+        out.byte(123)
+        pos = 0
+        first = True
+        while PyDict_Next(o, &pos, &kp, &vp):
+            if type(<object>kp) is not str:
+                raise _Fallback()
+            if not first:
+                out.byte(44)
+            first = False
+            _enc_str(out, <str><object>kp)
+            out.byte(58)
+            _enc_value(out, <object>vp, depth + 1)
+        out.byte(125)
+        return 0
+    if t is float:
+        d = o
+        if not isfinite(d):
+            raise _Fallback()  # refused; the stdlib gives the error
+        text = float.__repr__(o).encode("ascii")
+        out.write(PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
+        return 0
+    raise _Fallback()
+
+
+cdef int _enc_json(_Out out, object value, str what, str cmd) except -1:
+    cdef Py_ssize_t mark = out.len
+    try:
+        _enc_value(out, value, 0)
+    except _Fallback:
+        out.len = mark
+        try:
+            text = _dumps(value)
+        except (ValueError, TypeError, RecursionError) as err:
+            raise ProtocolError(f"cannot encode {cmd}: {what} is not JSON Synapse can carry ({err})") from None
+        data = (<str>text).encode("ascii")
+        out.write(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+    return 0
+
+
+cdef int _enc_word(_Out out, object value, str what, str cmd) except -1:
+    cdef Py_ssize_t n, i
+    cdef const char* s
+    if type(value) is not str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"cannot encode {cmd}: {what} must be str, not {type(value).__name__}")
+    try:
+        s = PyUnicode_AsUTF8AndSize(value, &n)
+    except UnicodeEncodeError:
+        raise ProtocolError(f"cannot encode {cmd}: a field contains a lone surrogate") from None
+    if n == 0 or memchr(s, 32, n) != NULL or memchr(s, 10, n) != NULL:
+        raise ProtocolError(f"cannot encode {cmd}: {what} must be non-empty with no spaces or newlines", value)
+    out.write(s, n)
+    return 0
+
+
+cdef int _enc_token(_Out out, object value, str what, str cmd) except -1:
+    cdef int overflow = 0
+    if type(value) is not int:
+        if type(value) is bool or not isinstance(value, int):
+            raise ProtocolError(f"cannot encode {cmd}: {what} must be int, not {type(value).__name__}")
+    PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow:
+        raise ProtocolError(f"cannot encode {cmd}: {what} {value} does not fit in 64 bits")
+    return _enc_int(out, value)
+
+
+cdef inline object _slot_or_attr(object cmd, Py_ssize_t offset, str name):
+    # Exactly-typed commands hold their fields in slots; an empty slot (a
+    # command made without __init__) goes through getattr for its usual error.
+    cdef PyObject* v = _slot_get(cmd, offset)
+    if v == NULL:
+        return getattr(cmd, name)
+    return <object>v
+
+
+cdef int _encode_into(_Out out, object cmd) except -1:
+    cdef bytes raw
+    cdef object prefix
+    cdef PyObject* rawp
+    cdef Py_ssize_t mark
+    t = type(cmd)
+    if t is _RDATA:
+        rawp = _slot_get(cmd, R_RAW)
+        if rawp != NULL and rawp != <PyObject*>None and _slot_get(cmd, R_CANONICAL) == <PyObject*>True:
+            out.write(b"RDATA ", 6)
+            _enc_word(out, _slot_or_attr(cmd, R_STREAM, "stream_name"), "stream_name", "RDATA")
+            out.byte(32)
+            _enc_word(out, _slot_or_attr(cmd, R_INSTANCE, "instance_name"), "instance_name", "RDATA")
+            out.byte(32)
+            token = _slot_or_attr(cmd, R_TOKEN, "token")
+            if token is None:
+                out.write(b"batch", 5)
+            else:
+                _enc_token(out, token, "token", "RDATA")
+            out.byte(32)
+            out.write(PyBytes_AS_STRING(<bytes>rawp), PyBytes_GET_SIZE(<bytes>rawp))
+            return 0
+        out.write(b"RDATA ", 6)
+        _enc_word(out, _slot_or_attr(cmd, R_STREAM, "stream_name"), "stream_name", "RDATA")
+        out.byte(32)
+        _enc_word(out, _slot_or_attr(cmd, R_INSTANCE, "instance_name"), "instance_name", "RDATA")
+        out.byte(32)
+        token = _slot_or_attr(cmd, R_TOKEN, "token")
+        if token is None:
+            out.write(b"batch", 5)
+        else:
+            _enc_token(out, token, "token", "RDATA")
+        out.byte(32)
+        raw = _slot_or_attr(cmd, R_RAW, "_raw")
+        if raw is None:
+            _enc_json(out, _slot_or_attr(cmd, R_ROW, "_row"), "row", "RDATA")  # no bytes held: _row is the value
+        elif cmd._canonical:
+            out.write(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
+        else:
+            _enc_json(out, cmd.row, "row", "RDATA")
+        return 0
+    if t is _POSITION:
+        out.write(b"POSITION ", 9)
+        _enc_word(out, _slot_or_attr(cmd, P_STREAM, "stream_name"), "stream_name", "POSITION")
+        out.byte(32)
+        _enc_word(out, _slot_or_attr(cmd, P_INSTANCE, "instance_name"), "instance_name", "POSITION")
+        out.byte(32)
+        _enc_token(out, _slot_or_attr(cmd, P_PREV, "prev_token"), "prev_token", "POSITION")
+        out.byte(32)
+        _enc_token(out, _slot_or_attr(cmd, P_NEW, "new_token"), "new_token", "POSITION")
+        return 0
+    prefix = _SIMPLE_PREFIX.get(t)
+    if prefix is not None and _enc_simple(out, <bytes>prefix, cmd):
+        return 0
+    if t is _USER_SYNC:
+        mark = out.len
+        try:
+            out.write(b"USER_SYNC ", 10)
+            _enc_word(out, cmd.instance_id, "instance_id", "USER_SYNC")
+            out.byte(32)
+            _enc_word(out, cmd.user_id, "user_id", "USER_SYNC")
+            out.byte(32)
+            device = cmd.device_id
+            if device is None:
+                out.write(b"None", 4)
+            else:
+                _enc_word(out, device, "device_id", "USER_SYNC")
+            if cmd.is_syncing:
+                out.write(b" start ", 7)
+            else:
+                out.write(b" end ", 5)
+            _enc_token(out, cmd.last_sync_ms, "last_sync_ms", "USER_SYNC")
+            return 0
+        except ProtocolError:
+            out.len = mark  # to_line below raises the error, in its own order
+    if not isinstance(cmd, Command):
+        raise TypeError(f"encode() takes a Command, not {type(cmd).__name__}")
+    text = cmd.NAME + " " + cmd.to_line()
+    try:
+        data = (<str>text).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(f"cannot encode {cmd.NAME}: a field contains a lone surrogate") from None
+    out.write(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+    return 0
+
+
+cdef object _USER_SYNC = UserSyncCommand
+# The commands whose body is one free-text ``data`` slot, by exact type.
+cdef dict _SIMPLE_PREFIX = {
+    cls: (cls.NAME + " ").encode() for cls in COMMAND_MAP.values() if S_DATA_CLASS in cls.__mro__ and cls.__mro__[1] is S_DATA_CLASS
+}
+
+
+cdef bint _enc_simple(_Out out, bytes prefix, object cmd) except -1:
+    """Write ``NAME data``; False (nothing written) when the generic path must give the error."""
+    cdef PyObject* data = _slot_get(cmd, S_DATA)
+    cdef const char* p
+    cdef Py_ssize_t n
+    if data == NULL or type(<object>data) is not str:
+        return False
+    p = PyUnicode_AsUTF8AndSize(<object>data, &n) if PyUnicode_IS_ASCII(<object>data) else NULL
+    if p == NULL or memchr(p, 10, n) != NULL:
+        return False  # non-ASCII (maybe a lone surrogate) or a newline: to_line decides
+    out.write(PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix))
+    out.write(p, n)
+    return True
+
+
+def encode(cmd) -> bytes:
+    """One line as published on Redis: ``NAME body``, UTF-8, no newline."""
+    cdef _Out out = _Out()
+    _encode_into(out, cmd)
+    return out.take()
+
+
+def encode_lines(cmds) -> bytes:
+    """Newline-terminated lines for a TCP stream."""
+    cdef _Out out = _Out()
+    for cmd in cmds:
+        _encode_into(out, cmd)
+        out.byte(10)
+    return out.take()
