@@ -31,7 +31,7 @@ from .streaming import publish_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = ["DEFAULT_GLOB", "start_file_stream", "file_path"]
 
