@@ -15,15 +15,18 @@ the events/caches row fields) and materialises every output column with the
 - ``factstream_files_header`` / ``_typed``: ``parse_archives`` (format auto).
 
 Each benchmark is one round (a run takes seconds to minutes); the whole set
-runs twice (FACTSTREAM_BENCH_ROUNDS), interleaved, and the best rows/s of each variant and the ratios go
+runs twice (FACTSTREAM_BENCH_ROUNDS), interleaved. ``make bench BENCH=spark``
+writes benchmarks/results/spark.json: each row's notes carry its rows/s and
+CPU seconds, and the row of whichever of a target pair ran second carries the
+ratio (``x_native_header``, ``x_native_typed``, ``x_python_udf``; ``_cpu``:
+by CPU seconds), best of the run so far. A summary (best rows/s of each variant and the ratios) also goes
 to FACTSTREAM_BENCH_JSON (default build/bench-spark.json) with
 ``factstream.IMPL``, the CPU seconds the whole Spark process tree spent on
 each variant (JVM and Python workers; least of the rounds) and the same ratios
 computed from CPU time, which another job on the machine does not distort the
 way it distorts wall time.
 
-    .venv/bin/python -m pytest benchmarks/bench_spark.py -p no:cacheprovider -p no:randomly \
-        --benchmark-group-by=group --benchmark-columns=min,rounds -q
+    make bench BENCH=spark
 
 Environment: FACTSTREAM_BENCH_LINES (default 1000000 per archive),
 FACTSTREAM_BENCH_DIR (default build/bench-archive), FACTSTREAM_BENCH_MASTER
@@ -200,10 +203,12 @@ def _tree_cpu_seconds() -> float:
 def _run(benchmark: Any, name: str, make_df: Callable[[], Any]) -> None:
     cpu: list[float] = []
 
-    def once() -> float:
+    def collected() -> None:
         # start from a collected JVM heap, so no variant pays for the garbage of the one before it
         SESSION[0]._jvm.System.gc()
         time.sleep(1)
+
+    def once() -> float:
         c = _tree_cpu_seconds()
         t = time.perf_counter()
         make_df().write.format("noop").mode("overwrite").save()
@@ -211,13 +216,39 @@ def _run(benchmark: Any, name: str, make_df: Callable[[], Any]) -> None:
         cpu.append(_tree_cpu_seconds() - c)
         return seconds
 
-    seconds = benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
+    # setup is not timed: the table's median (and per second) is the parse alone, as rows_per_s
+    seconds = benchmark.pedantic(once, setup=collected, rounds=1, iterations=1, warmup_rounds=0)
     rate = LINES / seconds
     RESULTS[name] = max(RESULTS.get(name, 0), round(rate))  # best of the interleaved rounds
     if cpu[0] > 0:  # a process that left the tree unreaped would make the difference meaningless
         CPU[name] = min(CPU.get(name, float("inf")), round(cpu[0], 2))
+    benchmark.extra_info["lines"] = LINES
     benchmark.extra_info["rows_per_s"] = round(rate)
     benchmark.extra_info["cpu_s"] = round(cpu[0], 2)
+    _ratios(benchmark, name)
+
+
+#: The targets of issue #17: (factstream variant, baseline) -> note name in the results.
+TARGETS = {
+    ("factstream_files_header", "native_header"): "x_native_header",
+    ("factstream_files_typed", "native_typed"): "x_native_typed",
+    ("factstream_files_typed", "python_udf_typed"): "x_python_udf",
+}
+
+
+def _ratios(benchmark: Any, name: str) -> None:
+    """Notes on the row of whichever of a pair ran second: factstream / baseline, best of the run so far.
+
+    By rows/s (wall clock) and by CPU seconds of the process tree (baseline
+    CPU / factstream CPU), the latter not distorted by other jobs on the machine.
+    """
+    key, variant = name.rsplit("/", 1)
+    for (fast, base), note in TARGETS.items():
+        if variant not in (fast, base) or f"{key}/{fast}" not in RESULTS or f"{key}/{base}" not in RESULTS:
+            continue
+        benchmark.extra_info[note] = round(RESULTS[f"{key}/{fast}"] / RESULTS[f"{key}/{base}"], 3)
+        if f"{key}/{fast}" in CPU and f"{key}/{base}" in CPU:
+            benchmark.extra_info[note + "_cpu"] = round(CPU[f"{key}/{base}"] / CPU[f"{key}/{fast}"], 3)
 
 
 # ----------------------------------------------------------------- variants

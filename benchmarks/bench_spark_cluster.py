@@ -20,14 +20,17 @@ results are what the writer achieved, not what it was asked for.
     .venv/bin/python -m pytest benchmarks/bench_spark_cluster.py -p no:cacheprovider -q \
         --benchmark-json=build/bench-spark-cluster.json
 
-Environment: FACTSTREAM_BENCH_CLUSTER_LINES (default 1000000),
-FACTSTREAM_BENCH_CLUSTER_DIR (default build/bench-cluster-archive). The summary goes to
-benchmarks/results/sparkcluster-<timestamp>.json.
+Run with ``make bench BENCH=spark_cluster`` (writes benchmarks/results/spark_cluster.json;
+each result's notes carry rows/s, CPU seconds of the whole process tree (driver, JVMs, master,
+workers, executors, Python workers) and, for factstream, its ratios to native in the same place).
+
+Environment: FACTSTREAM_BENCH_CLUSTER_LINES (default 5000000, what issue #16 asks; a smaller
+figure for a quick run is recorded in every result), FACTSTREAM_BENCH_CLUSTER_DIR (default
+build/bench-cluster-archive).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import importlib.util
 import json
 import os
@@ -50,9 +53,10 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
 ]
 
-LINES = int(os.environ.get("FACTSTREAM_BENCH_CLUSTER_LINES", "1000000"))
+LINES = int(os.environ.get("FACTSTREAM_BENCH_CLUSTER_LINES", "5000000"))
 OUT = os.environ.get("FACTSTREAM_BENCH_CLUSTER_DIR", "build/bench-cluster-archive")
-SUMMARY: dict[str, Any] = {}
+RATES: dict[str, float] = {}  # rows/s by "<where>/<variant>"
+CPU: dict[str, float] = {}  # CPU seconds of the process tree, same keys
 FACTSTREAM = os.path.join(os.path.dirname(sys.executable), "factstream")
 
 
@@ -77,37 +81,25 @@ def _session(master: str) -> Any:
 
 
 def _time(benchmark: Any, name: str, make_df: Any) -> None:
-    def once() -> float:
-        t = time.perf_counter()
+    """One warm-up run, then one measured run; rows/s and CPU seconds of the process tree into extra_info."""
+    tree_cpu = _load("bench_spark")._tree_cpu_seconds
+    cpu: list[float] = []
+
+    def once() -> None:
+        c = tree_cpu()
         make_df().write.format("noop").mode("overwrite").save()
-        return time.perf_counter() - t
+        cpu.append(tree_cpu() - c)
 
     once()  # warm-up: executors, Python workers, JIT
-    best = [once()]
-    benchmark.pedantic(lambda: best.append(once()), rounds=1, iterations=1)
-    SUMMARY.setdefault("parse_rows_per_second", {})[name] = round(LINES / min(best))
-
-
-def _write_summary() -> None:
-    import factstream
-
-    rates = SUMMARY.get("parse_rows_per_second", {})
-    for where in ("cluster", "local"):
-        if f"{where}/factstream" in rates and f"{where}/native" in rates:
-            SUMMARY.setdefault("ratio_factstream_to_native", {})[where] = round(
-                rates[f"{where}/factstream"] / rates[f"{where}/native"], 3)
-    SUMMARY.update(impl=factstream.IMPL, lines=LINES, machine_cores=os.cpu_count())
-    os.makedirs("benchmarks/results", exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    with open(f"benchmarks/results/sparkcluster-{stamp}.json", "w") as fh:
-        json.dump(SUMMARY, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def summary() -> Any:
-    yield
-    _write_summary()
+    benchmark.pedantic(once, rounds=1, iterations=1)
+    seconds = benchmark.stats.stats.median
+    RATES[name], CPU[name] = round(LINES / seconds), round(cpu[-1], 2)
+    benchmark.extra_info.update(lines=LINES, rows_per_s=RATES[name], cpu_s=CPU[name])
+    where, variant = name.split("/")
+    native = f"{where}/native"
+    if variant == "factstream" and native in RATES:
+        benchmark.extra_info["x_native_rows_per_s"] = round(RATES[name] / RATES[native], 3)
+        benchmark.extra_info["x_native_cpu"] = round(CPU[native] / CPU[name], 3) if CPU[name] > 0 else None
 
 
 @pytest.fixture(scope="module")
@@ -242,4 +234,10 @@ def test_streaming_latency_and_sustained_rate(benchmark: Any, postgres_dsn: str,
     finally:
         spark.stop()
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    SUMMARY["streaming"] = results
+    # flat notes: phase_what = value (the renderer shows scalars)
+    for label, figures in results.items():
+        benchmark.extra_info[f"{label}_writer_rows_per_s"] = figures["writer_rows_per_second"]
+        benchmark.extra_info[f"{label}_catch_up_s"] = figures["catch_up_seconds_after_writer_stopped"]
+        for q in ("p50", "p99"):
+            if "latency_seconds" in figures:
+                benchmark.extra_info[f"{label}_latency_{q}_s"] = figures["latency_seconds"][q]

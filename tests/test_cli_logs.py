@@ -113,6 +113,8 @@ def outage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         (("report", "{tmp}/exists", "--log-scale"), "--by-writer and --log-scale shape the chart: add --chart PNG"),
         (("report", "{tmp}/exists", "--chart", "{tmp}/nodir/c.png"), "--chart {tmp}/nodir/c.png: directory"),
         (("report", "{tmp}/exists", "--capture-pattern", "(unclosed"), "capture"),
+        (("stream", "--files", "{tmp}/missing", "--out", "{tmp}/o", "--checkpoint", "{tmp}/ck"),
+         "--files {tmp}/missing: not a directory (the recorder's --dir)"),
     ],
 )
 def test_usage_errors_answer_before_the_jvm_starts(tmp_path: Path, args: tuple[str, ...], message: str) -> None:

@@ -241,3 +241,51 @@ def test_a_worker_killed_mid_job_does_not_change_the_result(cluster: Any, tmp_pa
     log = b"".join(seen).decode(errors="replace")
     assert "wrote 120000 lines" in log
     assert _table(out) == _table(local)
+
+
+def _stream_helpers() -> Any:
+    """The writer/query harness of test_spark_stream (same checks, here on the cluster)."""
+    spec = importlib.util.spec_from_file_location("spark_stream_helpers", Path(__file__).with_name("test_spark_stream.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.postgres
+def test_stream_on_the_cluster_killed_and_restarted_matches_the_writers_database(
+    cluster: Any, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """`logs stream` with executors on the two workers (shipped env): SIGKILL the query mid-stream, restart."""
+    import signal
+
+    h = _stream_helpers()
+    out, ck = str(tmp_path / "pq"), str(tmp_path / "ck")
+    stream_cmd = [FACTSTREAM, "logs", "stream", "--db", postgres_dsn, "--out", out, "--checkpoint", ck,
+                  "--trigger", "0.5", "--ship-env", "--master", cluster.url, *SPARK_CONF]
+    writer = h.Proc([FACTSTREAM, "serve", "--produce", "--db", postgres_dsn, "--port", "0", "--rate", "100",
+                     "--seed", "4", "--status"], stream="stdout")
+    first = second = None
+    try:
+        writer.wait_for(lambda line: '"listening"' in line, 60)
+        first = h.Proc(stream_cmd)
+        first.wait_for(h._data_batch(1), 600)
+        first.killpg(signal.SIGKILL)  # driver, JVM and its Python: the cluster's executors lose their application
+        first.p.wait(timeout=60)
+        second = h.Proc([*stream_cmd, "--stop-when-idle", "8"])
+        second.wait_for(h._data_batch(0), 600)  # resumed while the writer still writes
+        writer.killpg(signal.SIGTERM)
+        assert writer.p.wait(timeout=60) == 0
+        assert second.p.wait(timeout=600) == 0, "".join(second.lines[-60:])
+    finally:
+        for proc in (first, second, writer):
+            if proc is not None and proc.p.poll() is None:
+                proc.killpg(signal.SIGKILL)
+                proc.p.wait(timeout=30)
+    want = h._db_rows(postgres_dsn)
+    assert sum(want.values()) > 100
+    assert h._parquet_rows(out) == want  # nothing lost, nothing twice
+    batches = [int(line.split()[1].rstrip(":")) for line in second.lines if line.startswith("batch ")]
+    assert batches and batches[0] >= 1  # resumed from the checkpoint
+    # the batches ran on the workers, from the shipped overlay
+    assert [d for w in cluster.worker_dirs for d in Path(w).glob("app-*/*/factstream_env/factstream")]

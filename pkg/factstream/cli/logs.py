@@ -126,12 +126,20 @@ def register(subparsers: Any) -> None:
             "exactly once, to OUT in the layout of 'logs parse' (Parquet partitioned by date and stream), so "
             "'logs report' reads both. Offsets are the writers' positions; a restarted query resumes from "
             "CHECKPOINT with nothing lost or duplicated. Redis pub/sub cannot replay: record it with "
-            "'factstream record' and parse the closed files instead (docs/spark.md)."
+            "'factstream record' and stream the closed files with --files DIR instead (docs/spark.md, Streaming)."
         ),
         epilog="example: factstream logs stream --db postgresql://localhost/facts --out /data/repl.parquet "
         "--checkpoint /data/repl.checkpoint",
     )
-    stream.add_argument("--db", required=True, metavar="URL", help="the writer's database (postgresql://... or sqlite:///...)")
+    source = stream.add_mutually_exclusive_group(required=True)
+    source.add_argument("--db", metavar="URL", help="the writer's database (postgresql://... or sqlite:///...): "
+                        "exactly once from the source of truth")
+    source.add_argument("--files", metavar="DIR", help="closed files of 'factstream record' under DIR (Spark's file "
+                        "stream; for carriers that cannot replay, e.g. Redis pub/sub): each closed file exactly once")
+    stream.add_argument("--glob", default="*.log.gz", metavar="GLOB",
+                        help="with --files: names of closed files (default *.log.gz; the recorder's open .part files "
+                        "never match)")
+    stream.add_argument("--header-only", action="store_true", help="with --files: skip the typed columns (faster)")
     stream.add_argument("--out", required=True, metavar="DIR", help="Parquet output directory (appended to)")
     stream.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory of this query")
     stream.add_argument("--streams", default="", metavar="A,B", help="streams to follow (default: all tables known)")
@@ -511,6 +519,10 @@ def run_stream(args: argparse.Namespace) -> int:
             print(f"factstream logs: --tables {args.tables}: {err}", file=sys.stderr)
             return 2
     try:
+        if args.files and _is_local(args.files):
+            if not os.path.isdir(_local(args.files)):
+                raise UsageError(f"--files {args.files}: not a directory (the recorder's --dir)")
+            args.files = _local(args.files)
         _check_spark_options(args)
         spark = _session(args)
     except (UsageError, RuntimeError) as err:
@@ -523,12 +535,21 @@ def run_stream(args: argparse.Namespace) -> int:
 
     streams = [s.strip() for s in args.streams.split(",") if s.strip()]
     try:
-        query = start_stream(
-            spark, args.db, args.out, args.checkpoint, streams=streams, trigger_seconds=args.trigger,
-            tables=tables, on_batch=on_batch,
-        )
-        print(f"streaming {redact_url(args.db)} into {args.out} (checkpoint {args.checkpoint})", file=sys.stderr,
-              flush=True)
+        if args.files:
+            from ..spark.filestream import start_file_stream
+
+            query = start_file_stream(
+                spark, args.files, args.out, args.checkpoint, glob=args.glob, typed=not args.header_only,
+                trigger_seconds=args.trigger, on_batch=on_batch,
+            )
+            what = f"closed files {args.glob} under {args.files}"
+        else:
+            query = start_stream(
+                spark, args.db, args.out, args.checkpoint, streams=streams, trigger_seconds=args.trigger,
+                tables=tables, on_batch=on_batch,
+            )
+            what = redact_url(args.db)
+        print(f"streaming {what} into {args.out} (checkpoint {args.checkpoint})", file=sys.stderr, flush=True)
         wait_for(query, stop_when_idle=args.stop_when_idle)
     except KeyboardInterrupt:
         print("factstream logs: interrupted; the query resumes from its checkpoint", file=sys.stderr)
