@@ -323,7 +323,7 @@ def replay_setup() -> Iterator[tuple[str, str]]:
     require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
     import psycopg
 
-    from factstream.replication.tables import DEMO_TABLES
+    from factstream.demo.tables import DEMO_TABLES
 
     table = next(t for t in DEMO_TABLES if t.stream == STREAM)
     name = _name()
@@ -379,7 +379,7 @@ async def _fill_stream(name: str) -> None:
 @pytest.mark.benchmark(group="nats replay vs catch-up (reader far behind)")
 def test_replay_vs_catch_up(benchmark: Any, replay_setup: tuple[str, str], loop: asyncio.AbstractEventLoop,
                             path: str) -> None:
-    from factstream.replication.tables import DEMO_TABLES
+    from factstream.demo.tables import DEMO_TABLES
     from factstream.store.database import connect
 
     if type(loop).__module__.startswith("asyncio"):

@@ -168,6 +168,7 @@ def _creation_times(path: str) -> list[float]:
 
 
 def test_streaming_latency_and_sustained_rate(benchmark: Any, postgres_dsn: str, tmp_path: Path) -> None:
+    from factstream.demo.tables import DEMO_TABLES
     from factstream.spark.streaming import _recorded_positions, _run, start_stream
 
     _stop()
@@ -176,7 +177,7 @@ def test_streaming_latency_and_sustained_rate(benchmark: Any, postgres_dsn: str,
     out, ck = str(tmp_path / "pq"), str(tmp_path / "ck")
     results: dict[str, Any] = {}
     try:
-        query = start_stream(spark, postgres_dsn, out, ck, trigger_seconds=0.2,
+        query = start_stream(spark, postgres_dsn, out, ck, tables=DEMO_TABLES, trigger_seconds=0.2,
                              on_batch=lambda b, files: published.append((time.time(), b)))
         phases: list[tuple[str, float, float]] = []
         for label, rate, seconds in (("warm_up", 50, 8), ("steady_100_per_s", 100, 20), ("steady_1000_per_s", 1000, 20),

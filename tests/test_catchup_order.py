@@ -15,7 +15,8 @@ from typing import Any
 
 from factstream.commands import Command, PositionCommand, RdataCommand
 from factstream.replication import Follower, Publisher
-from factstream.replication.tables import DEMO_TABLES, TableWriter, create_tables, open_id_generators
+from factstream.replication.tables import TableWriter, create_tables, open_id_generators
+from factstream.demo.tables import DEMO_TABLES
 
 RECEIPTS = DEMO_TABLES[1]
 

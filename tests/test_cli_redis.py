@@ -24,7 +24,7 @@ import redis
 from factstream import wire
 from factstream.demo.live import committed_facts
 from factstream.replication import Follower, ReplicationHub
-from factstream.replication.tables import DEMO_TABLES
+from factstream.demo.tables import DEMO_TABLES
 from factstream.store.database import connect
 from factstream.transport.redis import RedisCarrier, RedisReplication, command_to_json
 

@@ -25,7 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from factstream.ids import create_id_generator
-from factstream.replication.tables import DEMO_TABLES, create_tables
+from factstream.replication.tables import create_tables
+from factstream.demo.tables import DEMO_TABLES
 from factstream.store.database import DatabaseUnavailable, connect
 
 from conftest import pg_dsn, subprocess_env

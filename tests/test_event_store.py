@@ -13,7 +13,6 @@ from factstream.events import (
     EventsStreamSource,
     EventStore,
     InvalidEvent,
-    NewEvent,
     RoomsToken,
     StateUnknown,
     StreamToken,

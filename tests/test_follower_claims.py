@@ -17,7 +17,8 @@ from prometheus_client import REGISTRY
 
 from factstream.commands import Command, PositionCommand, RdataCommand
 from factstream.replication import Follower, Publisher
-from factstream.replication.tables import DEMO_TABLES, TableWriter, create_tables, open_id_generators
+from factstream.replication.tables import TableWriter, create_tables, open_id_generators
+from factstream.demo.tables import DEMO_TABLES
 
 CACHES = DEMO_TABLES[2]
 

@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
-from factstream.replication.tables import DEMO_TABLES, TableWriter, create_tables, open_id_generators
+from factstream.replication.tables import TableWriter, create_tables, open_id_generators
+from factstream.demo.tables import DEMO_TABLES
 from factstream.store.database import connect
 from factstream.replication import MemoryUpdateSource
 from factstream.transport.redis import RedisReplication

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import subprocess_env
 from factstream.replication import Follower, ReplicationHub
-from factstream.replication.tables import DEMO_TABLES
+from factstream.demo.tables import DEMO_TABLES
 from factstream.store.database import connect
 from factstream.transport.nats import JetStreamLayout, NatsReplication
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from factstream.replication import Follower, Publisher, ReplicationHub
-from factstream.replication.tables import DEMO_TABLES, create_tables, open_id_generators
+from factstream.replication.tables import create_tables, open_id_generators
+from factstream.demo.tables import DEMO_TABLES
 from factstream.store.database import connect
 from factstream.transport.tcp import TcpClient, TcpServer
 

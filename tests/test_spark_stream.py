@@ -82,7 +82,7 @@ class Proc:
 def _db_rows(dsn: str) -> collections.Counter[tuple[str, str, int, str]]:
     import psycopg
 
-    from factstream.replication.tables import DEMO_TABLES
+    from factstream.demo.tables import DEMO_TABLES
 
     out: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
     with psycopg.connect(dsn) as conn:

@@ -13,7 +13,6 @@ import asyncio
 import json
 import subprocess
 
-import pytest
 
 from factstream.replication import LocalStream, Publisher, ReplicationHub
 from factstream.streams import (

@@ -507,15 +507,16 @@ def run_report(args: argparse.Namespace) -> int:
 def run_stream(args: argparse.Namespace) -> int:
     from ..redaction import redact_url
 
-    tables = None
+    from ..demo.tables import DEMO_TABLES
+    from ..replication.tables import tables_from_json, tables_to_json
+
+    tables = tables_to_json(DEMO_TABLES)
     if args.tables:
         try:
             with open(args.tables) as fh:
                 tables = fh.read()
-            from ..spark.streaming import _tables
-
-            _tables(tables)
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            tables_from_json(tables)
+        except (OSError, ValueError) as err:
             print(f"factstream logs: --tables {args.tables}: {err}", file=sys.stderr)
             return 2
     try:

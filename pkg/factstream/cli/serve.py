@@ -1,7 +1,7 @@
 """``factstream serve``: a writer with a replication listener.
 
 It opens the database (embedded SQLite by default), creates the stream tables
-(``factstream.replication.tables.DEMO_TABLES``), recovers positions, and
+(``factstream.demo.tables.DEMO_TABLES``), recovers positions, and
 publishes every completed fact to readers over TCP (127.0.0.1 unless told
 otherwise), or over Redis pub/sub with ``--redis URL`` (channel: the server
 name, Synapse's layout). With ``--produce`` it also writes synthetic facts as fast as it
@@ -30,7 +30,8 @@ from .. import transport
 from ..backoff import Outage
 from ..redaction import redact_url
 from ..replication import Publisher, ReplicationHub
-from ..replication.tables import DEMO_TABLES, StreamTable, create_tables, open_id_generators
+from ..demo.tables import DEMO_TABLES
+from ..replication.tables import StreamTable, create_tables, open_id_generators
 from ..status_lines import emit
 
 log = logging.getLogger(__name__)

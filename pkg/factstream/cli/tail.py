@@ -415,7 +415,7 @@ def _row_bytes(row: Any) -> bytes:
 async def tail_follow(args: argparse.Namespace, output: Output) -> int:
     """With --db: a full reader (Follower) over TCP or Redis, catching up from the stream tables."""
     from ..replication import Follower, ReplicationHub
-    from ..replication.tables import DEMO_TABLES
+    from ..demo.tables import DEMO_TABLES
 
     from ..store.database import connect
 

@@ -54,7 +54,7 @@ def recover_log(path: str) -> tuple[dict[tuple[str, str], int], int]:
 
 async def reader_main(args: argparse.Namespace) -> int:
     from ..replication import Follower, ReplicationHub
-    from ..replication.tables import DEMO_TABLES
+    from .tables import DEMO_TABLES
     from ..store.database import connect
     positions, rows = recover_log(args.log)
     fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -222,7 +222,7 @@ class Child:
 
 def committed_facts(db_path: str) -> dict[str, dict[int, list[Any]]]:
     """Stream -> token -> rows, straight from the SQLite file (the truth)."""
-    from ..replication.tables import DEMO_TABLES
+    from .tables import DEMO_TABLES
 
     out: dict[str, dict[int, list[Any]]] = {}
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)

@@ -4,9 +4,11 @@ A :class:`StreamTable` says how one stream is stored: a table with
 ``stream_id`` and ``instance_name`` columns plus one column per row field
 (JSON-encoded where the field is a list or an object). From it you get the
 ``CREATE TABLE``, the insert, the reader's :class:`TableUpdateSource` and the
-writer's id generator. ``factstream serve``, ``tail --db`` and the demo use
-the :data:`DEMO_TABLES` (to_device, receipts, caches with Synapse's row
-shapes); applications describe their own tables the same way.
+writer's id generator. Applications describe their own tables this way;
+``factstream serve``, ``tail --db`` and the demos use the three of
+:data:`factstream.demo.tables.DEMO_TABLES`. :func:`tables_to_json` and
+:func:`tables_from_json` carry a list of tables to another process (a Spark
+source's options, ``logs stream --tables FILE``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from ..streams.sources import TableUpdateSource
 
-__all__ = ["StreamTable", "TableWriter", "DEMO_TABLES", "create_tables", "open_id_generators"]
+__all__ = ["StreamTable", "TableWriter", "create_tables", "open_id_generators", "tables_from_json", "tables_to_json"]
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,36 @@ class StreamTable:
         return ((self.table, "instance_name", "stream_id"),)
 
 
-#: Three Synapse streams stored as plain tables (rows exactly as on the wire).
-DEMO_TABLES: tuple[StreamTable, ...] = (
-    StreamTable("to_device", "demo_to_device", ("entity",), frozenset({"entity"})),
-    StreamTable("receipts", "demo_receipts", ("room_id", "receipt_type", "user_id", "event_id", "thread_id", "data")),
-    StreamTable("caches", "demo_caches", ("cache_func", "keys", "invalidation_ts")),
-)
+def tables_to_json(tables: Sequence[StreamTable]) -> str:
+    """``tables`` as a JSON list of ``{stream, table, columns, plain_columns}`` (see :func:`tables_from_json`)."""
+    return json.dumps([
+        {"stream": t.stream, "table": t.table, "columns": list(t.columns), "plain_columns": sorted(t.plain_columns)}
+        for t in tables
+    ])
+
+
+def tables_from_json(text: str) -> dict[str, StreamTable]:
+    """Stream -> :class:`StreamTable` of a JSON list written by :func:`tables_to_json` (or by hand).
+
+    Raises ``ValueError`` naming what is wrong, so a user's file gets a clear error.
+    """
+    try:
+        specs = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON: {err}") from None
+    if not isinstance(specs, list) or not specs:
+        raise ValueError("expected a non-empty JSON list of {\"stream\", \"table\", \"columns\"} objects")
+    out: dict[str, StreamTable] = {}
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or not all(k in spec for k in ("stream", "table", "columns")):
+            raise ValueError(f"entry {i}: needs \"stream\", \"table\" and \"columns\"")
+        columns = spec["columns"]
+        if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
+            raise ValueError(f"entry {i}: \"columns\" must be a non-empty list of column names")
+        out[str(spec["stream"])] = StreamTable(
+            str(spec["stream"]), str(spec["table"]), tuple(columns), frozenset(spec.get("plain_columns", ()))
+        )
+    return out
 
 
 #: PostgreSQL only: numbers rows in insertion order, so a token's rows come back in the order written
@@ -90,7 +116,7 @@ DEMO_TABLES: tuple[StreamTable, ...] = (
 ROW_ORDER_COLUMN = "row_seq"
 
 
-async def create_tables(db: Any, tables: Sequence[StreamTable] = DEMO_TABLES) -> None:
+async def create_tables(db: Any, tables: Sequence[StreamTable]) -> None:
     """Create the tables (idempotent; on PostgreSQL also adds the row-order column to older tables)."""
     for t in tables:
         for sql in t.create_sql():
@@ -102,7 +128,7 @@ async def create_tables(db: Any, tables: Sequence[StreamTable] = DEMO_TABLES) ->
 
 
 async def open_id_generators(
-    db: Any, instance_name: str, tables: Sequence[StreamTable] = DEMO_TABLES, writers: Sequence[str] | None = None
+    db: Any, instance_name: str, tables: Sequence[StreamTable], writers: Sequence[str] | None = None
 ) -> dict[str, Any]:
     """Stream -> id generator (recovering positions from the tables).
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -66,17 +65,15 @@ Offset = dict[str, dict[str, int]]
 
 
 def _tables(option: str | None) -> dict[str, StreamTable]:
-    """Stream -> StreamTable: factstream's demo tables, or the JSON list in the ``tables`` option."""
-    from ..replication.tables import DEMO_TABLES, StreamTable
+    """Stream -> StreamTable of the ``tables`` option (a JSON list, see ``tables_to_json``)."""
+    from ..replication.tables import tables_from_json
 
     if not option:
-        return {t.stream: t for t in DEMO_TABLES}
-    out = {}
-    for spec in json.loads(option):
-        out[spec["stream"]] = StreamTable(
-            spec["stream"], spec["table"], tuple(spec["columns"]), frozenset(spec.get("plain_columns", ()))
+        raise ValueError(
+            "the factstream source needs the 'tables' option: a JSON list of the writer's stream tables "
+            "(factstream.replication.tables.tables_to_json)"
         )
-    return out
+    return tables_from_json(option)
 
 
 def _run(coro: Any) -> Any:
@@ -162,9 +159,9 @@ class ReplicationDataSource(DataSource):
     """``spark.readStream.format("factstream").option("db", URL)``: facts of a writer's database.
 
     Options: ``db`` (database URL, required), ``streams`` (comma list;
-    default all of ``tables``), ``tables`` (JSON list of
-    ``{"stream", "table", "columns", "plain_columns"}``; default factstream's
-    demo tables), ``tokensPerTask`` (50000), ``pageRows`` (5000).
+    default all of ``tables``), ``tables`` (required: JSON list of
+    ``{"stream", "table", "columns", "plain_columns"}``, as
+    ``tables_to_json`` writes), ``tokensPerTask`` (50000), ``pageRows`` (5000).
     """
 
     @classmethod
@@ -264,18 +261,22 @@ def start_stream(
     out: str,
     checkpoint: str,
     *,
+    tables: Sequence[StreamTable] | str,
     streams: Sequence[str] = (),
     trigger_seconds: float = 1.0,
-    tables: str | None = None,
     on_batch: Callable[[int, int], None] | None = None,
 ) -> StreamingQuery:
-    """Start the query: facts of ``db`` appended to ``out`` exactly once, offsets in ``checkpoint``."""
+    """Start the query: facts of ``db``'s ``tables`` appended to ``out`` exactly once, offsets in ``checkpoint``.
+
+    ``tables`` are the writer's stream tables (or their JSON, ``tables_to_json``).
+    """
+    from ..replication.tables import tables_to_json
+
     spark.dataSource.register(ReplicationDataSource)
-    reader = spark.readStream.format(SOURCE_NAME).option("db", db)
+    option = tables if isinstance(tables, str) else tables_to_json(tables)
+    reader = spark.readStream.format(SOURCE_NAME).option("db", db).option("tables", option)
     if streams:
         reader = reader.option("streams", ",".join(streams))
-    if tables:
-        reader = reader.option("tables", tables)
     staging = f"{checkpoint.rstrip('/')}/staging"
 
     def write(df: DataFrame, batch_id: int) -> None:
