@@ -484,7 +484,10 @@ async def test_client_drops_duplicate_and_stale_rdata_from_the_wire() -> None:
     await srv.wait_closed()
 
 
-async def test_shared_commands_are_relayed_to_other_readers_and_server_ends_never_send_client_commands() -> None:
+@pytest.mark.parametrize("forward", [None, False])
+async def test_shared_commands_are_forwarded_to_other_readers_and_server_ends_never_send_client_commands(
+    forward: bool | None,
+) -> None:
     from factstream.commands import LockReleasedCommand
 
     pub = Publisher("master")
@@ -492,7 +495,7 @@ async def test_shared_commands_are_relayed_to_other_readers_and_server_ends_neve
     pub.add_stream("caches", ls.source, 0)
     ls.add_listener(pub.notify)
     # A writer hub that also follows (and has a syncing user): it must still never send REPLICATE/USER_SYNC as a server.
-    whub = ReplicationHub("master", publisher=pub, follower=Follower())
+    whub = ReplicationHub("master", publisher=pub, follower=Follower(), forward=forward)
     whub.user_sync("@master-user:hs", None, True, 1)
     server = await TcpServer(whub, "hs").start()
     heard: dict[str, list[Any]] = {"a": [], "b": []}
@@ -509,16 +512,25 @@ async def test_shared_commands_are_relayed_to_other_readers_and_server_ends_neve
         await asyncio.sleep(0.01)
     hubs["a"].send(RemoteServerUpCommand("back.example"))
     hubs["a"].send(LockReleasedCommand("a", "lock", "key"))
-    for _ in range(200):
+    for _ in range(200 if forward is None else 30):
         await asyncio.sleep(0.01)
         if len(heard["b"]) == 2:
             break
-    assert heard["b"] == [RemoteServerUpCommand("back.example"), LockReleasedCommand("a", "lock", "key")]
+    if forward is None:  # a writer hub forwards by default, as Synapse's master does
+        assert heard["b"] == [RemoteServerUpCommand("back.example"), LockReleasedCommand("a", "lock", "key")]
+    else:
+        assert heard["b"] == []
     assert heard["a"] == []
     assert all(c.close_reasons == type(c.close_reasons)() for c in clients)  # nobody was disconnected for direction
     for c in clients:
         await c.stop()
     await server.stop()
+
+
+def test_the_old_relay_keyword_of_the_hub_still_works_and_warns() -> None:
+    with pytest.warns(DeprecationWarning, match="forward="):
+        hub = ReplicationHub("master", publisher=Publisher("master"), relay=False)
+    assert hub.forward is False
 
 
 async def test_connection_closed_before_it_is_set_up_is_dropped_not_served() -> None:

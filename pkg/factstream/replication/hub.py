@@ -11,7 +11,7 @@ transport can drive it, and routes what arrives:
   handlers as if the instance had cleared them), then handlers;
 * FEDERATION_ACK, USER_IP, REMOTE_SERVER_UP, LOCK_RELEASED, NEW_ACTIVE_TASK,
   CANCEL_TASK -> handlers registered with :meth:`on`, called as
-  ``handler(cmd, conn)`` with the typed command; a relaying hub (a TCP
+  ``handler(cmd, conn)`` with the typed command; a forwarding hub (a TCP
   writer, by default) also passes REMOTE_SERVER_UP and LOCK_RELEASED on to
   its other point-to-point connections, as Synapse's master does.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -51,8 +52,8 @@ __all__ = ["ReplicationHub", "OutboxFull", "CommandHandler"]
 
 log = logging.getLogger(__name__)
 
-#: Shared commands a relaying hub passes on to its other connections.
-_RELAYED = frozenset({"REMOTE_SERVER_UP", "LOCK_RELEASED"})
+#: Shared commands a forwarding hub passes on to its other connections.
+_FORWARDED = frozenset({"REMOTE_SERVER_UP", "LOCK_RELEASED"})
 
 #: ``handler(cmd, conn)``; ``conn`` is None for commands synthesised by the hub.
 CommandHandler = Callable[[Command, Connection | None], Any]
@@ -73,6 +74,7 @@ class ReplicationHub:
         follower: Follower | None = None,
         max_outbox: int = 10_000,
         replicate_on_connect: bool | None = None,
+        forward: bool | None = None,
         relay: bool | None = None,
     ) -> None:
         self.instance_name = instance_name
@@ -83,7 +85,10 @@ class ReplicationHub:
         self.replicate_on_connect = follower is not None if replicate_on_connect is None else replicate_on_connect
         #: Pass REMOTE_SERVER_UP / LOCK_RELEASED from one point-to-point connection to the
         #: others (a TCP writer is the hub of a star, as Synapse's master is). Default: when publishing.
-        self.relay = publisher is not None if relay is None else relay
+        if relay is not None:
+            warnings.warn("ReplicationHub(relay=...) is now forward=...", DeprecationWarning, stacklevel=2)
+            forward = relay if forward is None else forward
+        self.forward = publisher is not None if forward is None else forward
         self._connections: list[Connection] = []
         self._replicating: list[Connection] = []
         self._outbox: deque[Command] = deque()
@@ -213,7 +218,7 @@ class ReplicationHub:
                 users.discard((cmd.user_id, cmd.device_id))
         elif type(cmd) is ClearUserSyncsCommand:
             self._remote_syncs.get(conn, {}).pop(cmd.instance_id, None)
-        elif self.relay and not conn.broadcast and cmd.NAME in _RELAYED:
+        elif self.forward and not conn.broadcast and cmd.NAME in _FORWARDED:
             for other in self._connections:
                 if other is not conn and not other.broadcast and (other.may_send is None or cmd.NAME in other.may_send):
                     other.send(cmd)
