@@ -1,7 +1,7 @@
 # The codec's JSON builder (``include``d by _wire_c.pyx, where it was written
 # inline until the module grew past 1,000 lines): turns a row's validated JSON
 # bytes into Python objects in one pass, and ``loads_row`` for callers outside.
-# It uses the scanner of _json_scan.pxi and the names _wire_c.pyx cimports.
+# It uses the scanner of _json_scan.pxd and the names _wire_c.pyx cimports.
 
 # ----------------------------------------------------------------- JSON build
 

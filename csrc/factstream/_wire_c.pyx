@@ -11,10 +11,11 @@ Invariants:
 - ``_scan_*`` never read past ``end`` and never allocate;
 - ``_build_*`` only run on bytes ``_scan_*`` accepted.
 
-One extension module, several files: the JSON scanner (``_json_scan.pxi``),
-the JSON builder (``_wire_build.pxi``) and the encoder (``_wire_encode.pxi``)
-are ``include``d, so their small functions inline into the parser and the
-decoder (a cimported module would call them through pointers).
+The JSON scanner is cimported from ``_json_scan.pxd`` (inline functions,
+shared with the archive builder). The JSON builder (``_wire_build.pxi``) and
+the encoder (``_wire_encode.pxi``) are this module's own code in their own
+files, ``include``d so their small functions inline into the parser and the
+decoder.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
@@ -30,7 +31,6 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport isfinite
 from libc.string cimport memchr, memcmp, memcpy, memmove
 
-import sys
 
 from . import _json
 from .commands import (
@@ -117,7 +117,33 @@ cdef Py_ssize_t P_NEW = _slot(PositionCommand, "new_token")
 cdef object S_DATA_CLASS = COMMAND_MAP["PING"].__mro__[1]
 cdef Py_ssize_t S_DATA = _slot(S_DATA_CLASS, "data")
 
-include "_json_scan.pxi"
+from factstream._json_scan cimport (
+    ERR_DEPTH,
+    ERR_EXTRA,
+    ERR_NONE,
+    INT_OK,
+    INT_OVERFLOW,
+    JSON_MAX_DEPTH,
+    Scan,
+    _SWAR_HIGH,
+    _all_ascii,
+    _error_text,
+    _fail,
+    _first_flagged,
+    _hexval,
+    _int_limit,
+    _is_ws,
+    _load8,
+    _number_tail,
+    _parse_i64,
+    _quote_or_backslash8,
+    _scan_value,
+    _skip_ws,
+    _string_special8,
+)
+
+if MAX_DEPTH != JSON_MAX_DEPTH:
+    raise ImportError(f"factstream._json.MAX_DEPTH {MAX_DEPTH} differs from the compiled scanner's {JSON_MAX_DEPTH}: rebuild")
 
 
 # -------------------------------------------------------------- RDATA slots
@@ -241,7 +267,7 @@ cdef int _scan_json(const unsigned char* p, Py_ssize_t n, bint* canonical, str w
         if s.err == ERR_DEPTH:
             msg = f"JSON nested deeper than {MAX_DEPTH} levels"
         else:
-            msg = f"{_ERRORS[s.err].decode()} at char {s.err_at}"
+            msg = f"{_error_text(s.err).decode()} at char {s.err_at}"
         raise ProtocolError(f"{what} is not valid JSON ({msg})", line)
     canonical[0] = s.canonical
     return 0

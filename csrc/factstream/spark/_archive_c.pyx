@@ -36,7 +36,6 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy, memset
 
-import sys
 
 from .. import _json
 from ._archive_py import COLUMNS, HEADER_COLUMNS, RowFunction, _valid_text
@@ -46,7 +45,10 @@ __all__ = ["ArchiveColumns", "COLUMNS", "HEADER_COLUMNS", "RowFunction"]
 
 cdef int MAX_DEPTH = _json.MAX_DEPTH
 
-include "factstream/_json_scan.pxi"
+from factstream._json_scan cimport INT_OK, JSON_MAX_DEPTH, _all_ascii, _int_limit, _is_ws, _json_valid, _parse_i64
+
+if MAX_DEPTH != JSON_MAX_DEPTH:
+    raise ImportError(f"factstream._json.MAX_DEPTH {MAX_DEPTH} differs from the compiled scanner's {JSON_MAX_DEPTH}: rebuild")
 
 cdef enum:
     K_I64 = 0

@@ -1,10 +1,14 @@
-# Shared by the compiled modules that read JSON (``include``d, so each module
-# gets its own inlined copy): a validating scanner that allocates nothing and
-# never reads past ``end``, plus the protocol's integer grammar.
+# The JSON scanner and the protocol's integer grammar, shared by the compiled
+# modules that read JSON: ``from factstream._json_scan cimport ...``.
 #
-# The including module must cimport memchr/memcmp/memcpy from libc.string,
-# uint64_t from libc.stdint, and
-# define ``cdef int MAX_DEPTH`` and ``import sys`` before the include.
+# Declarations with their bodies: every function here is ``cdef inline``, so
+# each module that cimports one compiles its own copy, which the C compiler
+# inlines into that module's hot loops (a call across extension modules
+# would go through a function pointer table instead, for every value). It
+# allocates nothing and never reads past ``end``.
+
+from libc.stdint cimport uint64_t
+from libc.string cimport memcmp, memcpy
 
 from factstream._ascii cimport (
     C_0,
@@ -65,19 +69,36 @@ cdef enum:
     ERR_DEPTH = 10       # nested too deep
     ERR_BIGINT = 11      # integer with too many digits
 
-cdef const char* _ERRORS[12]
-_ERRORS[0] = b"ok"
-_ERRORS[1] = b"expecting value"
-_ERRORS[2] = b"unterminated string"
-_ERRORS[3] = b"invalid control character in string"
-_ERRORS[4] = b"invalid escape"
-_ERRORS[5] = b"expecting ',' or closing bracket"
-_ERRORS[6] = b"expecting property name enclosed in double quotes"
-_ERRORS[7] = b"expecting ':' delimiter"
-_ERRORS[8] = b"extra data"
-_ERRORS[9] = b"NaN and Infinity are not valid JSON"
-_ERRORS[10] = b"nested too deep"
-_ERRORS[11] = b"integer has too many digits"
+#: Nesting limit of arrays and objects; equal to ``factstream._json.MAX_DEPTH``
+#: (each cimporting module checks that at import).
+cdef enum:
+    JSON_MAX_DEPTH = 512
+
+
+cdef inline const char* _error_text(int err) noexcept nogil:
+    if err == ERR_VALUE:
+        return b"expecting value"
+    if err == ERR_STRING:
+        return b"unterminated string"
+    if err == ERR_CONTROL:
+        return b"invalid control character in string"
+    if err == ERR_ESCAPE:
+        return b"invalid escape"
+    if err == ERR_DELIM:
+        return b"expecting ',' or closing bracket"
+    if err == ERR_KEY:
+        return b"expecting property name enclosed in double quotes"
+    if err == ERR_COLON:
+        return b"expecting ':' delimiter"
+    if err == ERR_EXTRA:
+        return b"extra data"
+    if err == ERR_CONSTANT:
+        return b"NaN and Infinity are not valid JSON"
+    if err == ERR_DEPTH:
+        return b"nested too deep"
+    if err == ERR_BIGINT:
+        return b"integer has too many digits"
+    return b"ok"
 
 cdef struct Scan:
     const unsigned char* start
@@ -161,7 +182,7 @@ cdef inline uint64_t _string_special8(uint64_t w) noexcept nogil:
             | ((w - _SWAR_ONES * 0x20) & ~w & _SWAR_HIGH) | (w & _SWAR_HIGH))
 
 
-cdef const unsigned char* _scan_string(Scan* s, const unsigned char* p) noexcept nogil:
+cdef inline const unsigned char* _scan_string(Scan* s, const unsigned char* p) noexcept nogil:
     # p points just after the opening quote; returns the pointer after the closing quote.
     cdef const unsigned char* end = s.end
     cdef unsigned char c
@@ -246,7 +267,7 @@ cdef inline const unsigned char* _number_tail(const unsigned char* p, const unsi
     return p
 
 
-cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) noexcept nogil:
+cdef inline const unsigned char* _scan_number(Scan* s, const unsigned char* p) noexcept nogil:
     cdef const unsigned char* end = s.end
     cdef const unsigned char* digits
     cdef bint is_float = False
@@ -273,7 +294,7 @@ cdef const unsigned char* _scan_number(Scan* s, const unsigned char* p) noexcept
     return p
 
 
-cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth) noexcept nogil:
+cdef inline const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth) noexcept nogil:
     cdef const unsigned char* end = s.end
     cdef unsigned char c
     cdef const unsigned char* keys[16]
@@ -286,7 +307,7 @@ cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth
     if c == C_QUOTE:
         return _scan_string(s, p + 1)
     if c == C_LBRACE:  # {
-        if depth >= MAX_DEPTH:
+        if depth >= JSON_MAX_DEPTH:
             return _fail(s, p, ERR_DEPTH)
         p = _skip_ws(s, p + 1)
         if p < end and p[0] == C_RBRACE:
@@ -327,7 +348,7 @@ cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth
                 return p + 1
             return _fail(s, p, ERR_DELIM)
     if c == C_LBRACKET:  # [
-        if depth >= MAX_DEPTH:
+        if depth >= JSON_MAX_DEPTH:
             return _fail(s, p, ERR_DEPTH)
         p = _skip_ws(s, p + 1)
         if p < end and p[0] == C_RBRACKET:
@@ -368,8 +389,9 @@ cdef const unsigned char* _scan_value(Scan* s, const unsigned char* p, int depth
     return _fail(s, p, ERR_VALUE)
 
 
-cdef Py_ssize_t _int_limit():
+cdef inline Py_ssize_t _int_limit():
     # The interpreter's int(str) digit limit (CPython's decoder obeys it too).
+    import sys
     try:
         limit = sys.get_int_max_str_digits()
     except AttributeError:
@@ -382,7 +404,7 @@ cdef enum:
     INT_OVERFLOW = 2
 
 
-cdef int _parse_i64(const unsigned char* p, Py_ssize_t n, long long* out) noexcept nogil:
+cdef inline int _parse_i64(const unsigned char* p, Py_ssize_t n, long long* out) noexcept nogil:
     """The protocol's integer grammar: ASCII digits with an optional leading '-', fitting 64 bits.
 
     Returns INT_OK, INT_NOT_INTEGER (a non-digit anywhere wins over
@@ -431,7 +453,7 @@ cdef inline bint _all_ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil
     return (acc & <uint64_t>0x8080808080808080ULL) == 0
 
 
-cdef bint _json_valid(const unsigned char* p, Py_ssize_t n, Py_ssize_t int_limit) noexcept nogil:
+cdef inline bint _json_valid(const unsigned char* p, Py_ssize_t n, Py_ssize_t int_limit) noexcept nogil:
     """Whether ``p[:n]`` is one JSON document the codec accepts (no message: callers that need one re-parse)."""
     cdef Scan s
     cdef const unsigned char* q
