@@ -28,7 +28,7 @@ from wire_strategies import commands, extreme_lines, lines
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE = Path(__file__).resolve().parent / "synapse_oracle.py"
 
-# Where we deliberately refuse what Synapse accepts by accident (README: "Differences from Synapse").
+# Where we deliberately refuse what Synapse accepts by accident (docs/codec.md: "Differences from Synapse").
 STRICT_REASONS = (
     "is not an integer",         # tokens: ASCII digits with an optional '-', no '_', '+', spaces
     "is empty",                  # empty stream/instance/user names

@@ -3,7 +3,7 @@
 Same public names and behaviour as the compiled ``_wire_c``; this module is
 also the typing source for it. Synapse's framing: ``NAME``, one space, body;
 the body is split per command. Where Synapse is lax by accident we are strict
-(see README, "Differences from Synapse").
+(see docs/codec.md, "Differences from Synapse").
 """
 
 from __future__ import annotations
