@@ -9,7 +9,8 @@ database. Each process gets a progress bar. At the end the demo checks that
 every reader received every committed fact exactly once and in order (holes
 from rollbacks skipped) and prints throughput and lag; the exit status is 1
 if the check fails. With ``--redis URL`` the writer and readers replicate
-over Redis pub/sub instead of TCP (on a channel unique to the run).
+over Redis pub/sub instead of TCP (on a channel unique to the run), with
+``--nats [URL]`` over NATS JetStream (a stream unique to the run, deleted at the end).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def register(subparsers: Any) -> None:
                    help="replicate over NATS JetStream at URL (default nats://127.0.0.1:4222) instead of TCP; "
                         "the run's stream is deleted at the end")
     p.add_argument("--server-name", default="",
-                   help="server name (with --redis: the channel; default demo.hs over TCP, a fresh name per run over Redis)")
+                   help="server name (with --redis: the channel; default demo.hs over TCP, a fresh name per run over Redis "
+                        "or NATS)")
     # Internal: the reader processes run this same command.
     p.add_argument("--role", choices=("orchestrator", "reader"), default="orchestrator", help=argparse.SUPPRESS)
     p.add_argument("--name", default="reader1", help=argparse.SUPPRESS)

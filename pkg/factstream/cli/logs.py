@@ -1,4 +1,4 @@
-"""``factstream logs parse|report``: bulk analysis of archived replication traffic with Spark."""
+"""``factstream logs parse|report|stream``: bulk analysis of archived and live replication traffic with Spark."""
 
 from __future__ import annotations
 

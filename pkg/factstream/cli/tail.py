@@ -1,4 +1,4 @@
-"""``factstream tail HOST:PORT`` / ``tail --redis URL --server-name NAME``: print what arrives.
+"""``factstream tail HOST:PORT`` / ``tail --redis|--nats URL --server-name NAME``: print what arrives.
 
 Over TCP it connects like any reader (NAME, PING, REPLICATE) and prints each
 row as it arrives, from the wire bytes it received (no decoding unless
@@ -14,6 +14,10 @@ Over Redis (``--redis``) it shows a deployment's traffic as it is, by
 default: every command heard on the channel, as its wire line, in arrival
 order, without publishing anything (a Synapse deployment's too). With
 ``--db`` it follows as a reader, exactly like the TCP tail with ``--db``.
+
+Over NATS JetStream (``--nats``) it prints the deployment's stored log as it
+grows (``--from-start``: from the oldest message kept); with ``--db`` it
+follows as a reader.
 """
 
 from __future__ import annotations
