@@ -35,8 +35,8 @@ no longer holds facts the reader needs (or a re-published message arrived out
 of order), the follower catches up from the stream's table; that is logged and
 counted (``fallbacks``, metric ``factstream_nats_fallbacks_total``).
 
-:meth:`NatsReplication.stats` gives per (stream, writer) the JetStream sequence,
-messages pending for this reader and the reader's lag (for ``factstream status``
+:meth:`NatsReplication.key_stats` gives per (stream, writer) the JetStream sequence,
+messages pending for this reader and the reader's lag (for ``serve --status``
 and the metrics). The package: :mod:`.layout` (names, retention, counters), :mod:`.client`
 (connecting, the JetStream API, headers), :mod:`.consumer` (ordered reads)
 and :mod:`.replication` (the hub glue); ``factstream tail --nats`` prints
