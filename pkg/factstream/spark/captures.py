@@ -29,7 +29,7 @@ __all__ = ["DISCONNECTED", "RECORDER_PATTERN", "CapturePatternError", "check_pat
 #: The ``command`` logs parse gives a recorder's ``<ts> # disconnected <reason>`` line.
 DISCONNECTED = "#disconnected"
 
-#: Recorder file names (see CONVENTIONS in docs/spark.md).
+#: Recorder file names (docs/spark.md, "Report"; written by ``factstream record``, cli/capture.py).
 RECORDER_PATTERN = r"^(?P<capture>[^./]+)\.(?P<order>\d{8}T\d{6}\d{0,9}Z\.\d{6})\.log(?:\.gz)?$"
 
 
