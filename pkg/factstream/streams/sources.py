@@ -17,7 +17,8 @@ repair gaps (catch-up).
   still holds. It lives with the replication relay, whose window it is.
 - :class:`TableUpdateSource`: facts in a backing table, read through
   ``factstream.store.database`` (SQLite or PostgreSQL).
-- ``factstream.transport.tcp.RemoteUpdateSource``: asks the writer process.
+- ``factstream.transport.fetch.RemoteUpdateSource``: asks the writer process
+  (its ``FetchServer``), for streams that live only in its memory.
 """
 
 from __future__ import annotations
