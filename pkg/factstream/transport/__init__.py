@@ -1,7 +1,10 @@
 """Carriers: move replication commands between processes, nothing more.
 
-* :mod:`.tcp`: Synapse's TCP protocol (``TcpServer`` / ``TcpClient``).
-* :mod:`.redis`: Redis pub/sub.
+* :mod:`.tcp`: Synapse's TCP protocol (``TcpServer`` / ``TcpClient``; one
+  link is :mod:`.tcp_connection`, and :mod:`.fetch` is the side channel that
+  serves missed facts of in-memory streams).
+* :mod:`.redis`: Redis pub/sub, Synapse's layout.
+* :mod:`.nats`: NATS JetStream, a stored log readers replay from.
 
 Each drives a :class:`~factstream.replication.ReplicationHub` through the
 carrier contract in :mod:`factstream.replication.carrier`.
