@@ -2,9 +2,10 @@
 
 ``check`` (:mod:`.snapshot`, :mod:`.doctor`, :mod:`.repair`, :mod:`.report`)
 reads a Synapse database's sequences, stream tables and ``stream_positions``
-and explains each inconsistency with the SQL that repairs it; ``watch``
-follows a live deployment's replication over Redis. The streams and their
-tables are Synapse's own (:mod:`.streams`).
+and explains each inconsistency with the SQL that repairs it (``--config``:
+:mod:`.config`); ``watch`` (:mod:`.watch`, :mod:`.watchdog`, :mod:`.watch_db`,
+:mod:`.watch_metrics`) follows a live deployment's replication over Redis. The
+streams and their tables are Synapse's own (:mod:`.streams`).
 """
 
 from __future__ import annotations

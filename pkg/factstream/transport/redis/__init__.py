@@ -1,6 +1,6 @@
 """Replication over Redis pub/sub: the carrier.
 
-Synapse's Redis layout: every instance (writers and readers alike) holds two
+Synapse's Redis layout: every process (writers and readers alike) holds two
 connections to Redis, one subscribed and one publishing. Each command is one
 pub/sub message holding one line without its newline, published on the
 channel named after the deployment (``<server_name>``), except USER_IP, which
