@@ -5,7 +5,7 @@ A :class:`StreamTable` says how one stream is stored: a table with
 (JSON-encoded where the field is a list or an object). From it you get the
 ``CREATE TABLE``, the insert, the reader's :class:`TableUpdateSource` and the
 writer's id generator. Applications describe their own tables this way;
-``factstream serve``, ``tail --db`` and the demos use the three of
+``factstream serve``, ``tail --db``, ``logs stream`` and ``factstream demo`` use the three of
 :data:`factstream.demo.tables.DEMO_TABLES`. :func:`tables_to_json` and
 :func:`tables_from_json` carry a list of tables to another process (a Spark
 source's options, ``logs stream --tables FILE``).
