@@ -48,8 +48,8 @@ def register(subparsers: Any) -> None:
                    help="replicate over NATS JetStream at URL (default nats://127.0.0.1:4222) instead of TCP; "
                         "the run's stream is deleted at the end")
     p.add_argument("--server-name", default="",
-                   help="server name (with --redis: the channel; default demo.hs over TCP, a fresh name per run over Redis "
-                        "or NATS)")
+                   help="server name (with --redis: the channel; default demo.hs over TCP, "
+                        "a fresh name per run over Redis or NATS)")
     # Internal: the reader processes run this same command.
     p.add_argument("--role", choices=("orchestrator", "reader"), default="orchestrator", help=argparse.SUPPRESS)
     p.add_argument("--name", default="reader1", help=argparse.SUPPRESS)

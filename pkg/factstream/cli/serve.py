@@ -1,12 +1,12 @@
 """``factstream serve``: a writer with a replication listener.
 
 It opens the database (embedded SQLite by default), creates the stream tables
-(``factstream.demo.tables.DEMO_TABLES``), recovers positions, and
-publishes every completed fact to readers over TCP (127.0.0.1 unless told
-otherwise), over Redis pub/sub with ``--redis URL`` (channel: the server
-name, Synapse's layout), or into a NATS JetStream log with ``--nats URL``. With ``--produce`` it also writes synthetic facts as fast as it
-can (or at ``--rate``), rolling back a share of transactions to leave holes:
-the writer of ``factstream demo``.
+(``factstream.demo.tables.DEMO_TABLES``), recovers positions, and publishes
+every completed fact to readers over TCP (127.0.0.1 unless told otherwise),
+over Redis pub/sub with ``--redis URL`` (channel: the server name, Synapse's
+layout), or into a NATS JetStream log with ``--nats URL``. With ``--produce``
+it also writes synthetic facts as fast as it can (or at ``--rate``), rolling
+back a share of transactions to leave holes: the writer of ``factstream demo``.
 
 A writer outlives its database going away (a restart, a failover, terminated
 connections): the listener keeps serving readers, producing pauses and is

@@ -1,7 +1,8 @@
 """The demos' three streams, stored as plain tables with Synapse's row shapes.
 
 ``factstream serve``, ``tail --db``, ``logs stream`` (without ``--tables``)
-and ``factstream demo`` use them (``events-demo`` has the event store's own tables); an application describes its own tables with
+and ``factstream demo`` use them (``events-demo`` has the event store's own
+tables); an application describes its own tables with
 :class:`factstream.replication.tables.StreamTable` the same way.
 """
 
