@@ -79,9 +79,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="with --nats: seconds the log keeps facts (the replay window; default 7 days, 0: unlimited)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT}; 0 picks one)")
     p.add_argument("--server-name", default="factstream",
-                   help="name sent in SERVER (readers may check it); with --redis, the channel name")
-    p.add_argument("--instance-name", default="master", help="this writer's instance name")
-    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port")
+                   help="name sent in SERVER (readers may check it; default factstream); with --redis, the channel "
+                        "name; with --nats, it names the JetStream stream")
+    p.add_argument("--instance-name", default="master", help="this writer's instance name (default master)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus /metrics on this port of 127.0.0.1 (default 0: none)")
     p.add_argument("--tls-cert", help="PEM certificate: enables TLS on the listener")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument("--tls-client-ca", metavar="FILE",
@@ -97,7 +99,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=15.0,
                    help="close a peer silent this long after its PING (default 15); with --redis, the PING timeout")
     p.add_argument("--max-buffered", type=int, default=10_000,
-                   help="commands buffered per slow reader before it is dropped; with --redis, the outbound queue bound")
+                   help="commands buffered per slow reader before it is dropped (default 10000); with --redis, the "
+                        "outbound queue bound")
     p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")
 
 
