@@ -46,8 +46,9 @@ def register(subparsers: Any) -> None:
         help="run a writer with a replication listener",
         description=(
             "Run a writer process: publish the facts of its streams to readers over TCP "
-            "(Synapse's replication protocol), or over Redis pub/sub with --redis URL (channel: "
-            "--server-name; readers use the same URL and server name). With --produce, write synthetic facts too."
+            "(Synapse's replication protocol), over Redis pub/sub with --redis URL (channel: "
+            "--server-name; readers use the same URL and server name), or into NATS JetStream with --nats URL. "
+            "With --produce, write synthetic facts too."
         ),
     )
     add_common(p)

@@ -81,7 +81,7 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "tail",
-        help="follow a writer over TCP, or watch a deployment's Redis traffic, and print what arrives",
+        help="follow a writer over TCP, or watch a deployment's Redis traffic or JetStream log, and print what arrives",
         description=(
             "TCP (HOST:PORT): connect to a replication listener as a reader and print every row delivered, "
             "as 'stream writer token row-json' (or --json, or your --format). Fails with one line when nothing "
@@ -90,7 +90,8 @@ def register(subparsers: Any) -> None:
             "Redis (--redis URL --server-name NAME): print every command heard on the deployment's channel as its "
             "wire line (e.g. 'RDATA caches master 42 [...]', 'POSITION ...', 'USER_SYNC ...'), in arrival order; "
             "tail only listens (it publishes nothing unless --replicate), so it is safe on a live Synapse "
-            "deployment. With --db (either carrier): follow as a reader, missed facts fetched from the stream "
+            "deployment. NATS (--nats URL --server-name NAME): print the deployment's JetStream log as it grows. "
+            "With --db (any carrier): follow as a reader, missed facts fetched from the stream "
             "tables: complete and in order, but the reader's view, not the traffic."
         ),
         epilog="example: factstream tail 127.0.0.1:9092 --stream caches --count 10 --format '%T %s %t %r'",
