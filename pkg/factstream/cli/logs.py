@@ -15,11 +15,11 @@ from ..spark.formats import FORMATS, FORMATS_HELP
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "logs",
-        help="parse archived replication logs with Spark and report on them",
+        help="parse archived replication logs with Spark and report on them, or stream a writer's facts live",
         description=(
             "Parse archived replication traffic (TCP session logs, redis-cli captures; plain or gzip) "
             "in bulk with Spark and factstream's own codec, store it as Parquet, and report per stream "
-            "and writer. Needs the spark extra (pip install 'factstream[spark]') and Java 17."
+            "and writer; or stream a writer's facts into the same Parquet layout. Needs the spark extra (pip install 'factstream[spark]') and Java 17."
         ),
     )
     sub = p.add_subparsers(dest="logs_command", metavar="SUBCOMMAND")
