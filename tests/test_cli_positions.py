@@ -118,3 +118,21 @@ def test_live_positions_over_tcp_and_redis(tmp_path: Any, redis_url: str, channe
     out = cli("positions", "--redis", redis_url)
     assert out.returncode == 2 and "--server-name" in out.stderr
 
+
+
+def test_positions_waits_for_a_writer_that_is_still_starting_as_tail_does(tmp_path: Any) -> None:
+    from cli_run import free_port
+
+    db_url = f"sqlite:///{tmp_path}/w.db"
+    port = free_port()
+    asking = start("positions", "--connect", f"127.0.0.1:{port}", "--json", "--wait", "0.5", "--connect-timeout", "20")
+    time.sleep(1.5)  # refused meanwhile: retried, not given up
+    writer = start("serve", "--db", db_url, "--port", str(port), "--server-name", "hs1")
+    try:
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 0, err
+        assert {r["stream"] for r in json.loads(out)} == {"caches", "receipts", "to_device"}
+    finally:
+        stop(writer)
+    never = cli("positions", "--connect", f"127.0.0.1:{free_port()}", "--connect-timeout", "1")
+    assert never.returncode == 1 and "127.0.0.1" in never.stderr and no_traceback(never.stderr)

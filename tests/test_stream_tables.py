@@ -1,5 +1,6 @@
 """Stream tables carried to another process as JSON (a Spark source's options,
-``logs stream --tables FILE``): exact round trip, and a clear error for a bad file."""
+``logs stream --tables FILE``): exact round trip, and a clear error for a bad
+file; and what ``logs stream`` checks before it starts Spark."""
 
 from __future__ import annotations
 
@@ -48,4 +49,23 @@ def test_logs_stream_rejects_a_bad_tables_file_before_starting_spark(tmp_path: P
                "--checkpoint", str(tmp_path / "ck"), "--tables", str(bad))
     assert proc.returncode == 2, proc
     assert f"--tables {bad}" in proc.stderr and 'needs "stream", "table" and "columns"' in proc.stderr
+    assert no_traceback(proc.stderr + proc.stdout)
+
+
+def test_logs_stream_from_a_database_on_a_spark_without_python_data_sources_says_what_to_do(tmp_path: Path) -> None:
+    # pyspark 3.5 (allowed by the spark extra) has no pyspark.sql.datasource: hide it as 3.5 would lack it.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _No:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pyspark.sql.datasource':\n"
+        "            raise ImportError('no Python data sources in this pyspark')\n"
+        "sys.meta_path.insert(0, _No())\n"
+    )
+    proc = cli("logs", "stream", "--db", f"sqlite:///{tmp_path / 'w.db'}", "--out", str(tmp_path / "out"),
+               "--checkpoint", str(tmp_path / "ck"), PYTHONPATH=str(site))
+    assert proc.returncode == 2, proc
+    assert "needs pyspark 4" in proc.stderr and "--files DIR" in proc.stderr
     assert no_traceback(proc.stderr + proc.stdout)

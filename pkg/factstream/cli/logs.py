@@ -519,6 +519,13 @@ def run_stream(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as err:
             print(f"factstream logs: --tables {args.tables}: {err}", file=sys.stderr)
             return 2
+    if not args.files:
+        try:
+            import pyspark.sql.datasource  # noqa: F401 - Spark 4's Python data sources
+        except ImportError:
+            print("factstream logs stream: reading a database needs pyspark 4 (its Python data source API); "
+                  "pip install 'pyspark>=4', or stream a recorder's closed files with --files DIR", file=sys.stderr)
+            return 2
     try:
         if args.files and _is_local(args.files):
             if not os.path.isdir(_local(args.files)):

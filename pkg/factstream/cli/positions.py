@@ -84,7 +84,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--redis", metavar="URL", help="also ask a Redis deployment's writers (needs --server-name)")
     p.add_argument("--server-name", help="with --redis: the deployment's channel; with --connect: the expected name")
     p.add_argument("--wait", type=float, default=1.0, help="seconds to collect POSITION answers (default 1)")
-    p.add_argument("--connect-timeout", type=float, default=10.0, help="give up connecting after this long (default 10)")
+    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="give up connecting after this long (default 10; a refused connection is retried until then)")
+    p.add_argument("--tls", action="store_true", help="with --connect: connect with TLS (verifying the server)")
+    p.add_argument("--cafile", help="with --connect: CA certificate to verify the server with (implies --tls)")
+    p.add_argument("--insecure", action="store_true", help="with --tls: do not verify the certificate (not recommended)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -169,13 +173,18 @@ async def db_positions(url: str) -> tuple[str, dict[tuple[str, str], dict[str, i
 
 async def live_positions(args: argparse.Namespace) -> dict[tuple[str, str], int]:
     """(stream, writer) -> position announced by the writer at --connect, after REPLICATE."""
-    from .link import LinkError, LinkOptions, open_link, parse_target
+    from ..transport.tcp import client_ssl_context
+    from .link import LinkError, LinkOptions, parse_target
+    from .tail import connect_within
 
     host, port = parse_target(args.connect, PROG)
+    ssl = None
+    if args.tls or args.cafile or args.insecure:
+        ssl = client_ssl_context(args.cafile, verify=not args.insecure)
     opts = LinkOptions(host, port, client_name="factstream-positions", expected_server_name=args.server_name,
-                       connect_timeout=args.connect_timeout)
+                       connect_timeout=args.connect_timeout, ssl=ssl)
     try:
-        link = await open_link(opts)
+        link = await connect_within(opts, quiet=True)
     except LinkError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         raise SystemExit(1) from None
