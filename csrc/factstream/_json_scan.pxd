@@ -75,30 +75,21 @@ cdef enum:
     JSON_MAX_DEPTH = 512
 
 
+cdef extern from *:
+    """
+    static const char* const fs_json_errors[12] = {
+        "ok", "expecting value", "unterminated string", "invalid control character in string",
+        "invalid escape", "expecting ',' or closing bracket",
+        "expecting property name enclosed in double quotes", "expecting ':' delimiter", "extra data",
+        "NaN and Infinity are not valid JSON", "nested too deep", "integer has too many digits",
+    };
+    """
+    const char* const* _ERROR_TEXTS "fs_json_errors"
+
+
 cdef inline const char* _error_text(int err) noexcept nogil:
-    if err == ERR_VALUE:
-        return b"expecting value"
-    if err == ERR_STRING:
-        return b"unterminated string"
-    if err == ERR_CONTROL:
-        return b"invalid control character in string"
-    if err == ERR_ESCAPE:
-        return b"invalid escape"
-    if err == ERR_DELIM:
-        return b"expecting ',' or closing bracket"
-    if err == ERR_KEY:
-        return b"expecting property name enclosed in double quotes"
-    if err == ERR_COLON:
-        return b"expecting ':' delimiter"
-    if err == ERR_EXTRA:
-        return b"extra data"
-    if err == ERR_CONSTANT:
-        return b"NaN and Infinity are not valid JSON"
-    if err == ERR_DEPTH:
-        return b"nested too deep"
-    if err == ERR_BIGINT:
-        return b"integer has too many digits"
-    return b"ok"
+    """The message of an ``ERR_*`` code (as CPython's decoder words it)."""
+    return _ERROR_TEXTS[err] if 0 <= err <= ERR_BIGINT else _ERROR_TEXTS[0]
 
 cdef struct Scan:
     const unsigned char* start
@@ -453,9 +444,9 @@ cdef inline bint _all_ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil
     return (acc & <uint64_t>0x8080808080808080ULL) == 0
 
 
-cdef inline bint _json_valid(const unsigned char* p, Py_ssize_t n, Py_ssize_t int_limit) noexcept nogil:
-    """Whether ``p[:n]`` is one JSON document the codec accepts (no message: callers that need one re-parse)."""
-    cdef Scan s
+cdef inline const unsigned char* _scan_document(Scan* s, const unsigned char* p, Py_ssize_t n,
+                                               Py_ssize_t int_limit) noexcept nogil:
+    """Scan ``p[:n]`` as one JSON document (whitespace around it allowed): the end, or NULL with ``s.err`` set."""
     cdef const unsigned char* q
     s.start = p
     s.end = p + n
@@ -463,9 +454,16 @@ cdef inline bint _json_valid(const unsigned char* p, Py_ssize_t n, Py_ssize_t in
     s.err_at = 0
     s.canonical = True
     s.int_limit = int_limit
-    q = _skip_ws(&s, p)
-    q = _scan_value(&s, q, 0)
+    q = _scan_value(s, _skip_ws(s, p), 0)
     if q == NULL:
-        return False
-    q = _skip_ws(&s, q)
-    return q == s.end
+        return NULL
+    q = _skip_ws(s, q)
+    if q != s.end:
+        return _fail(s, q, ERR_EXTRA)
+    return q
+
+
+cdef inline bint _json_valid(const unsigned char* p, Py_ssize_t n, Py_ssize_t int_limit) noexcept nogil:
+    """Whether ``p[:n]`` is one JSON document the codec accepts (no message: callers that need one re-parse)."""
+    cdef Scan s
+    return _scan_document(&s, p, n, int_limit) != NULL

@@ -79,9 +79,9 @@ cdef object S_DATA_CLASS = COMMAND_MAP["PING"].__mro__[1]
 cdef Py_ssize_t S_DATA = _slot(S_DATA_CLASS, "data")
 
 from factstream._json_scan cimport (
-    ERR_DEPTH, ERR_EXTRA, ERR_NONE, INT_OK, INT_OVERFLOW, JSON_MAX_DEPTH, Scan, _SWAR_HIGH, _all_ascii, _error_text,
-    _fail, _first_flagged, _hexval, _int_limit, _is_ws, _load8, _number_tail, _parse_i64, _quote_or_backslash8,
-    _scan_value, _skip_ws, _string_special8,
+    ERR_DEPTH, INT_OK, INT_OVERFLOW, JSON_MAX_DEPTH, Scan, _SWAR_HIGH, _all_ascii, _error_text,
+    _first_flagged, _hexval, _int_limit, _is_ws, _load8, _number_tail, _parse_i64, _quote_or_backslash8,
+    _scan_document, _string_special8,
 )
 
 if MAX_DEPTH != JSON_MAX_DEPTH:
@@ -191,20 +191,7 @@ cdef inline object _name(const unsigned char* p, Py_ssize_t n, str what, object 
 cdef int _scan_json(const unsigned char* p, Py_ssize_t n, bint* canonical, str what, object line) except -1:
     """Validate one JSON document; sets ``canonical``; raises ProtocolError."""
     cdef Scan s
-    cdef const unsigned char* q
-    s.start = p
-    s.end = p + n
-    s.err = ERR_NONE
-    s.err_at = 0
-    s.canonical = True
-    s.int_limit = 640 if n <= 640 else _int_limit()
-    q = _skip_ws(&s, p)
-    q = _scan_value(&s, q, 0)
-    if q != NULL:
-        q = _skip_ws(&s, q)
-        if q != s.end:
-            _fail(&s, q, ERR_EXTRA)
-            q = NULL
+    cdef const unsigned char* q = _scan_document(&s, p, n, 640 if n <= 640 else _int_limit())
     if q == NULL:
         if s.err == ERR_DEPTH:
             msg = f"JSON nested deeper than {MAX_DEPTH} levels"
