@@ -191,6 +191,7 @@ class _Stored:
     subject: str
     data: bytes
     headers: dict[str, str]
+    time: str = ""  #: when JetStream stored it (RFC 3339, UTC)
 
 
 class _Api:
@@ -265,13 +266,23 @@ class _Api:
         m = resp["message"]
         hdrs = _parse_headers(base64.b64decode(m["hdrs"])) if m.get("hdrs") else {}
         data = base64.b64decode(m["data"]) if m.get("data") else b""
-        return _Stored(int(m["seq"]), m["subject"], data, hdrs)
+        return _Stored(int(m["seq"]), m["subject"], data, hdrs, str(m.get("time", "")))
 
     async def create_consumer(self, config: dict[str, Any]) -> str:
         resp = await self.request(
             f"CONSUMER.CREATE.{self.layout.stream}", {"stream_name": self.layout.stream, "config": config}
         )
         return str(resp["name"])
+
+    async def consumers(self) -> list[dict[str, Any]]:
+        """Every consumer of the stream (JetStream's ConsumerInfo documents)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            resp = await self.request(f"CONSUMER.LIST.{self.layout.stream}", {"offset": len(out)})
+            page = resp.get("consumers") or []
+            out.extend(page)
+            if not page or len(out) >= int(resp.get("total", 0) or 0):
+                return out
 
     async def delete_consumer(self, name: str) -> None:
         try:

@@ -366,7 +366,8 @@ class NatsReplication:
                 self._writer_key(stream, self.instance_name)  # starts its repair
         if self._follower() is not None:
             self._consumer = _LogConsumer(self._api, self._on_log, self.stats, heartbeat=self.consumer_heartbeat,
-                                          start_seq=self._initial_start)
+                                          start_seq=self._initial_start,
+                                          description=f"factstream reader {self.instance_name}")
         conn = self._conn = NatsConnection(self)
         self.hub.connection_made(conn)
         if self._consumer is not None:

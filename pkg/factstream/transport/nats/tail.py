@@ -83,7 +83,7 @@ async def tail_nats(
                 raise
             raise LookupError(f"no JetStream stream {layout.stream} at {redact_url(url)}: no writer of deployment "
                               f"{server_name!r} has published there yet (check --server-name)") from None
-        consumer = _LogConsumer(api, show, stats, deliver_new=not from_start)
+        consumer = _LogConsumer(api, show, stats, deliver_new=not from_start, description="factstream tail")
         consumer.start()
         await done.wait()
         await consumer.close()
