@@ -224,7 +224,7 @@ class NatsReplication:
         self._retry_delay = 0.0
         self._invalid_log = _RateLimitedLog()
         self._error_log = _RateLimitedLog()
-        self._run: list[RdataCommand] = []  # facts delivered in this burst, not yet handed to the hub
+        self._rdata_received = getattr(hub, "rdata_received", None)  # the hub's call taking a run of RDATA
         self._filling: dict[tuple[str, str], _WriterKey] = {}  # keys with a page being filled
         self._queued_rows = 0  # lines in self._queue (what max_pending bounds)
         _REPLICATIONS.add(self)
@@ -854,7 +854,6 @@ class NatsReplication:
                                       cmd.NAME, msg.subject)
             return
         self.stats.control_received += 1
-        self._flush_run()
         self.hub.command_received(conn, cmd)
 
     def _reader_key(self, stream: str, writer: str) -> _ReaderKey:
@@ -1046,12 +1045,9 @@ class NatsReplication:
         if not has_position:
             low = next(c.token for c in cmds if c.token is not None)  # type: ignore[attr-defined]
             if last is None or low > last:
-                # The common case: whole facts, all new, in token order.
-                run = self._run
-                if not run:
-                    asyncio.get_running_loop().call_soon(self._flush_run)
-                run.extend(cmds)  # type: ignore[arg-type]
+                # The common case: whole facts, all new, in token order: one call hands them all to the hub.
                 st.last_token = cmds[-1].token  # type: ignore[attr-defined]
+                self._hand(conn, cmds)
                 return
         self._deliver_page(st, conn, cmds)
 
@@ -1065,9 +1061,8 @@ class NatsReplication:
                 if start < i:
                     self.stats.broken_batches += 1  # batch rows cut by a POSITION: their fact is not here
                 if keep:
-                    self._extend_run(keep)
+                    self._hand(conn, keep)
                     keep = []
-                self._flush_run()
                 self.hub.command_received(conn, cmd)
                 if last is None or cmd.new_token > last:
                     last = cmd.new_token
@@ -1082,33 +1077,20 @@ class NatsReplication:
             else:
                 self.stats.skipped += i + 1 - start
             start = i + 1
-        if keep:
-            self._extend_run(keep)
         st.last_token = last
+        if keep:
+            self._hand(conn, keep)
 
-    def _extend_run(self, cmds: list[Command]) -> None:
-        run = self._run
-        if not run:
-            asyncio.get_running_loop().call_soon(self._flush_run)
-        run.extend(cmds)  # type: ignore[arg-type]
-
-    def _flush_run(self) -> None:
-        """Hand the facts gathered from one burst of deliveries to the hub, in one call."""
-        run = self._run
-        conn = self._conn
-        if not run or conn is None:
-            run.clear()
-            return
-        self._run = []
-        many = getattr(self.hub, "rdata_received", None)
+    def _hand(self, conn: NatsConnection, cmds: list[Command]) -> None:
+        """Hand a run of RDATA (whole facts of one page) to the hub, in one call when it takes runs."""
+        many = self._rdata_received
         if many is not None:
-            many(conn, run)
+            many(conn, cmds)
         else:
-            for row in run:
+            for row in cmds:
                 self.hub.command_received(conn, row)
 
     def _fallback(self, st: _ReaderKey, conn: NatsConnection, pos: int | None, upto: int) -> None:
-        self._flush_run()
         st.fallbacks += 1
         self.stats.fallbacks += 1
         logger.warning("%s/%s: JetStream no longer holds facts (%s, %d] (retention, or a re-published message out "
