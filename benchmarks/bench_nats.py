@@ -13,7 +13,9 @@ Groups (each measured in the same run as its baseline):
 * ``nats replay vs catch-up``: a reader far behind gets REPLAY_ROWS rows
   (default 1,000,000; ``FACTSTREAM_BENCH_REPLAY_ROWS``) either replayed from
   the retained JetStream log (no database) or fetched by the follower's
-  catch-up from the PostgreSQL table holding the same rows.
+  catch-up from the PostgreSQL table holding the same rows; a third row
+  replays the log into a hub that only counts the RDATA it is handed (the
+  carrier's own share: delivery and page decoding, no Follower).
 
 Every row records ``factstream.IMPL`` and the event loop. Run:
 .venv/bin/python -m pytest benchmarks/bench_nats.py --benchmark-only -p no:randomly
@@ -381,7 +383,7 @@ async def _fill_stream(name: str) -> None:
         await nc.close()
 
 
-@pytest.mark.parametrize("path", ["jetstream-replay", "postgres-catch-up"])
+@pytest.mark.parametrize("path", ["jetstream-replay", "postgres-catch-up", "jetstream-replay-carrier-only"])
 @pytest.mark.benchmark(group="nats replay vs catch-up (reader far behind)")
 def test_replay_vs_catch_up(benchmark: Any, replay_setup: tuple[str, str], loop: asyncio.AbstractEventLoop,
                             path: str) -> None:
@@ -412,12 +414,25 @@ def test_replay_vs_catch_up(benchmark: Any, replay_setup: tuple[str, str], loop:
         hub = ReplicationHub("replayer", follower=follower)
         link = None
         try:
-            if path == "jetstream-replay":
+            if path == "jetstream-replay-carrier-only":
+                done = asyncio.Event()
+
+                def count(conn: Any, cmds: list[Any]) -> None:  # the hub's run call, without the Follower
+                    got["rows"] += len(cmds)
+                    if got["rows"] >= REPLAY_ROWS:
+                        done.set()
+
+                hub.rdata_received = count  # type: ignore[method-assign]
+                link = NatsReplication(hub, NATS_URL, name)
+                await link.start()
+                await asyncio.wait_for(done.wait(), 1800)
+            elif path == "jetstream-replay":
                 link = NatsReplication(hub, NATS_URL, name)
                 await link.start()
             else:
                 follower.on_position(PositionCommand(STREAM, "w1", REPLAY_ROWS, REPLAY_ROWS))
-            await follower.wait_for_position(STREAM, "w1", REPLAY_ROWS, timeout=1800)
+            if path != "jetstream-replay-carrier-only":
+                await follower.wait_for_position(STREAM, "w1", REPLAY_ROWS, timeout=1800)
         finally:
             if link is not None:
                 await link.stop()
@@ -430,5 +445,5 @@ def test_replay_vs_catch_up(benchmark: Any, replay_setup: tuple[str, str], loop:
     # The reader's own CPU seconds: on a shared machine the wall clock also measures the neighbours.
     _info(benchmark, loop, items=REPLAY_ROWS, path=path, database_queries=queries["n"],
           reader_cpu_s=round(cpu["s"], 2), reader_cpu_us_per_row=round(1e6 * cpu["s"] / REPLAY_ROWS, 2))
-    if path == "jetstream-replay":
+    if path != "postgres-catch-up":
         assert queries["n"] == 0
