@@ -82,11 +82,11 @@ async def inspect_deployment(url: str, server_name: str, *, stream: str | None =
             role, _, name = description[len(CONSUMER_PREFIX):].partition(" ")
             delivered = int(c.get("delivered", {}).get("stream_seq", 0) or 0)
             pending = int(c.get("num_pending", 0) or 0)
-            lag = 0.0
+            lag: float | None = 0.0
             if pending:
                 oldest = await api.get(seq=delivered + 1, next_by_subject=layout.log_subjects)
                 stored = parse_time(oldest.time) if oldest is not None else None
-                lag = round(max(0.0, now - stored), 3) if stored is not None else None  # type: ignore[assignment]
+                lag = round(max(0.0, now - stored), 3) if stored is not None else None
             readers.append({
                 "name": name or role,
                 "role": role,
