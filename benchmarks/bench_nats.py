@@ -6,14 +6,16 @@ Groups (each measured in the same run as its baseline):
   -> ``Publisher`` -> carrier, the clock stopping when the server acknowledged
   every row. factstream's JetStream carrier vs its Redis carrier (Redis
   acknowledges PUBLISH) vs raw nats-py (``js.publish_async`` of the same wire
-  lines with the same message ids, all futures awaited).
+  lines in the same pages with the same message ids, all futures awaited).
 * ``nats publish+deliver``: the same facts until a ``Follower`` in another hub
   delivered all of them: JetStream carrier vs Redis carrier vs raw nats-py
-  (``publish_async`` + a push subscription decoding every line).
+  (``publish_async`` of the pages + a push subscription decoding every page).
 * ``nats replay vs catch-up``: a reader far behind gets REPLAY_ROWS rows
   (default 1,000,000; ``FACTSTREAM_BENCH_REPLAY_ROWS``) either replayed from
   the retained JetStream log (no database) or fetched by the follower's
-  catch-up from the PostgreSQL table holding the same rows.
+  catch-up from the PostgreSQL table holding the same rows; a third row
+  replays the log into a hub that only counts the RDATA it is handed (the
+  carrier's own share: delivery and page decoding, no Follower).
 
 Every row records ``factstream.IMPL`` and the event loop. Run:
 .venv/bin/python -m pytest benchmarks/bench_nats.py --benchmark-only -p no:randomly
@@ -36,10 +38,12 @@ from factstream import wire
 from factstream.commands import PositionCommand
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
 from factstream.transport.nats import MSG_ID, PREV, JetStreamLayout, NatsReplication, delete_stream
+from factstream.transport.nats.pages import build_pages, decode_page
 
 from conftest import require_service
 
 N_FACTS = int(os.environ.get("FACTSTREAM_BENCH_NATS_FACTS", "20000"))
+PAGE_ROWS = 1000  # NatsReplication's default page_rows
 REPLAY_ROWS = int(os.environ.get("FACTSTREAM_BENCH_REPLAY_ROWS", "1000000"))
 NATS_URL = "nats://127.0.0.1:4222"
 LOOPS = ["uvloop", "asyncio"]
@@ -181,19 +185,27 @@ def test_publish_acknowledged(benchmark: Any, request: pytest.FixtureRequest, lo
         assert w.link.stats.retried == 0 and w.link.acked_positions() == {STREAM: w.stream.current_token()}
 
 
-async def _raw_publish(js: Any, subject: str, lines: list[bytes], start: int) -> None:
-    futures = []
-    for i, line in enumerate(lines):
-        token = start + i
-        futures.append(await js.publish_async(
-            subject, line, headers={MSG_ID: f"{STREAM}:w1:{token}:0", PREV: str(token - 1)}
-        ))
+def _pages(start: int, n: int, rows: Callable[[int], list[Any]] = lambda i: _row(i)) -> list[tuple[bytes, dict[str, str]]]:
+    """Facts ``start .. start+n-1`` as the carrier pages them: (payload, headers) per message."""
+    out: list[tuple[bytes, dict[str, str]]] = []
+    prev = start - 1
+    for first in range(start, start + n, PAGE_ROWS):
+        cmds = [wire.RdataCommand(STREAM, "w1", t, rows(t - start)) for t in range(first, min(first + PAGE_ROWS, start + n))]
+        pages, _ = build_pages(STREAM, "w1", cmds, prev, 256 * 1024)
+        for page in pages:
+            out.append((page.payload, {MSG_ID: page.msg_id, PREV: str(page.prev)}))
+            prev = page.end if page.end is not None else prev
+    return out
+
+
+async def _raw_publish(js: Any, subject: str, pages: list[tuple[bytes, dict[str, str]]]) -> None:
+    futures = [await js.publish_async(subject, payload, headers=headers) for payload, headers in pages]
     await asyncio.gather(*futures)
 
 
 @pytest.mark.benchmark(group="nats publish (acknowledged)")
 def test_publish_raw_nats_py(benchmark: Any, nats_url: str, loop: asyncio.AbstractEventLoop) -> None:
-    """Baseline: nats-py's own pipelined JetStream publish (publish_async) of the same lines and ids."""
+    """Baseline: nats-py's own pipelined JetStream publish (publish_async) of the same pages and ids."""
     import nats
 
     run = _on(loop)
@@ -214,8 +226,7 @@ def test_publish_raw_nats_py(benchmark: Any, nats_url: str, loop: asyncio.Abstra
     async def one_round() -> int:
         started = time.process_time()
         start = state["next"]
-        lines = [wire.encode(wire.RdataCommand(STREAM, "w1", start + i, _row(i))) for i in range(N_FACTS)]
-        await _raw_publish(js, subject, lines, start)
+        await _raw_publish(js, subject, _pages(start, N_FACTS))
         state["next"] = start + N_FACTS
         cpu.append(time.process_time() - started)
         return N_FACTS
@@ -268,7 +279,7 @@ def test_publish_and_deliver(benchmark: Any, request: pytest.FixtureRequest, loo
 
 @pytest.mark.benchmark(group="nats publish+deliver (delivered by a Follower)")
 def test_publish_and_deliver_raw_nats_py(benchmark: Any, nats_url: str, loop: asyncio.AbstractEventLoop) -> None:
-    """Baseline: publish_async + a nats-py push subscription decoding every line (no ordering checks)."""
+    """Baseline: publish_async of the pages + a nats-py push subscription decoding every page (no ordering checks)."""
     import nats
 
     run = _on(loop)
@@ -278,8 +289,7 @@ def test_publish_and_deliver_raw_nats_py(benchmark: Any, nats_url: str, loop: as
     state: dict[str, Any] = {"next": 1, "got": 0, "done": None}
 
     async def on_msg(msg: Any) -> None:
-        wire.parse_line(msg.data)
-        state["got"] += 1
+        state["got"] += len(decode_page(msg.data))
         if state["got"] >= state["want"] and not state["done"].done():
             state["done"].set_result(None)
 
@@ -296,8 +306,7 @@ def test_publish_and_deliver_raw_nats_py(benchmark: Any, nats_url: str, loop: as
         start = state["next"]
         state["want"] = state["got"] + N_FACTS
         state["done"] = asyncio.get_running_loop().create_future()
-        lines = [wire.encode(wire.RdataCommand(STREAM, "w1", start + i, _row(i))) for i in range(N_FACTS)]
-        await _raw_publish(js, subject, lines, start)
+        await _raw_publish(js, subject, _pages(start, N_FACTS))
         await asyncio.wait_for(state["done"], 120)
         state["next"] = start + N_FACTS
         return N_FACTS
@@ -324,6 +333,7 @@ def replay_setup() -> Iterator[tuple[str, str]]:
     import psycopg
 
     from factstream.demo.tables import DEMO_TABLES
+    from factstream.replication.tables import ROW_ORDER_COLUMN
 
     table = next(t for t in DEMO_TABLES if t.stream == STREAM)
     name = _name()
@@ -335,6 +345,9 @@ def replay_setup() -> Iterator[tuple[str, str]]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for sql in table.create_sql():
                 conn.execute(sql)
+            # What create_tables adds on PostgreSQL: the row order the table source sorts a token's rows by.
+            conn.execute(f"ALTER TABLE {table.table} ADD COLUMN IF NOT EXISTS {ROW_ORDER_COLUMN} BIGINT "
+                         "GENERATED BY DEFAULT AS IDENTITY")
             with conn.cursor().copy(f"COPY {table.table} (stream_id, instance_name, entity) FROM STDIN") as copy:
                 for i in range(1, REPLAY_ROWS + 1):
                     copy.write_row((i, "w1", _row(i)[0]))
@@ -348,7 +361,7 @@ def replay_setup() -> Iterator[tuple[str, str]]:
 
 
 async def _fill_stream(name: str) -> None:
-    """The rows as the carrier would have published them (ids, chain), stored without waiting per row."""
+    """The rows as the carrier would have published them (pages, ids, chain), stored without waiting per page."""
     import nats
 
     layout = JetStreamLayout.for_server(name)
@@ -357,25 +370,21 @@ async def _fill_stream(name: str) -> None:
     try:
         js = nc.jetstream()
         await js.add_stream(name=layout.stream, subjects=[layout.log_subjects])
-        for i in range(1, REPLAY_ROWS + 1):
-            await nc.publish(subject, wire.encode(wire.RdataCommand(STREAM, "w1", i, _row(i))),
-                             headers={MSG_ID: f"{STREAM}:w1:{i}:0", PREV: str(i - 1)})
-            if i % 5000 == 0:
-                await nc.flush()
-                info = await js.stream_info(layout.stream)
-                while info.state.messages < i - 20_000:  # let the server keep up
-                    await asyncio.sleep(0.05)
-                    info = await js.stream_info(layout.stream)
-        await nc.flush()
+        chunk = 100 * PAGE_ROWS
+        for start in range(1, REPLAY_ROWS + 1, chunk):
+            for payload, headers in _pages(start, min(chunk, REPLAY_ROWS + 1 - start), lambda i, s=start: _row(s + i)):
+                await nc.publish(subject, payload, headers=headers)
+            await nc.flush()
+        want = -(-REPLAY_ROWS // PAGE_ROWS)
         deadline = time.monotonic() + 120
-        while (await js.stream_info(layout.stream)).state.messages < REPLAY_ROWS:
-            assert time.monotonic() < deadline, "JetStream did not store every replay row"
+        while (await js.stream_info(layout.stream)).state.messages < want:
+            assert time.monotonic() < deadline, "JetStream did not store every replay page"
             await asyncio.sleep(0.1)
     finally:
         await nc.close()
 
 
-@pytest.mark.parametrize("path", ["jetstream-replay", "postgres-catch-up"])
+@pytest.mark.parametrize("path", ["jetstream-replay", "postgres-catch-up", "jetstream-replay-carrier-only"])
 @pytest.mark.benchmark(group="nats replay vs catch-up (reader far behind)")
 def test_replay_vs_catch_up(benchmark: Any, replay_setup: tuple[str, str], loop: asyncio.AbstractEventLoop,
                             path: str) -> None:
@@ -406,12 +415,25 @@ def test_replay_vs_catch_up(benchmark: Any, replay_setup: tuple[str, str], loop:
         hub = ReplicationHub("replayer", follower=follower)
         link = None
         try:
-            if path == "jetstream-replay":
+            if path == "jetstream-replay-carrier-only":
+                done = asyncio.Event()
+
+                def count(conn: Any, cmds: list[Any]) -> None:  # the hub's run call, without the Follower
+                    got["rows"] += len(cmds)
+                    if got["rows"] >= REPLAY_ROWS:
+                        done.set()
+
+                hub.rdata_received = count  # type: ignore[method-assign]
+                link = NatsReplication(hub, NATS_URL, name)
+                await link.start()
+                await asyncio.wait_for(done.wait(), 1800)
+            elif path == "jetstream-replay":
                 link = NatsReplication(hub, NATS_URL, name)
                 await link.start()
             else:
                 follower.on_position(PositionCommand(STREAM, "w1", REPLAY_ROWS, REPLAY_ROWS))
-            await follower.wait_for_position(STREAM, "w1", REPLAY_ROWS, timeout=1800)
+            if path != "jetstream-replay-carrier-only":
+                await follower.wait_for_position(STREAM, "w1", REPLAY_ROWS, timeout=1800)
         finally:
             if link is not None:
                 await link.stop()
@@ -424,5 +446,5 @@ def test_replay_vs_catch_up(benchmark: Any, replay_setup: tuple[str, str], loop:
     # The reader's own CPU seconds: on a shared machine the wall clock also measures the neighbours.
     _info(benchmark, loop, items=REPLAY_ROWS, path=path, database_queries=queries["n"],
           reader_cpu_s=round(cpu["s"], 2), reader_cpu_us_per_row=round(1e6 * cpu["s"] / REPLAY_ROWS, 2))
-    if path == "jetstream-replay":
+    if path != "postgres-catch-up":
         assert queries["n"] == 0

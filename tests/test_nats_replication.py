@@ -249,7 +249,9 @@ async def test_bad_messages_are_counted_and_the_reader_continues(nats_url: str, 
 async def test_reader_falls_back_to_the_table_when_retention_dropped_facts(nats_url: str, deployment: str) -> None:
     source = MemoryUpdateSource()
     rng = random.Random(5)
-    writer = Writer("w1", nats_url, deployment, source, retention=Retention(max_msgs=40, storage="memory"))
+    # Pages of at most 5 lines: the 300 facts take many more than the 40 messages retention keeps.
+    writer = Writer("w1", nats_url, deployment, source, retention=Retention(max_msgs=40, storage="memory"),
+                    page_rows=5)
     await start_all([writer])
     try:
         for i in range(300):
@@ -284,7 +286,9 @@ async def test_stats_report_sequence_pending_and_lag(nats_url: str, deployment: 
         await writer.nats.flush(10)
         w = {(k.side, k.stream, k.writer): k for k in writer.nats.key_stats()}[("writer", STREAM, "w1")]
         r = {(k.side, k.stream, k.writer): k for k in reader.nats.key_stats()}[("reader", STREAM, "w1")]
-        assert w.position == 30 and w.pending == 0 and w.sequence >= 30
+        # The 30 facts travel in pages: at least one message, 30 lines (and the first POSITION) in all.
+        assert w.position == 30 and w.pending == 0 and w.sequence >= 1
+        assert writer.nats.stats.rows_queued >= 30
         assert r.position == 30 and r.sequence == w.sequence and r.pending == 0
         assert r.lag_seconds is not None and 0 <= r.lag_seconds < 10
         status = reader.nats.status()

@@ -1,7 +1,9 @@
 """``factstream record``: a flight recorder for replication traffic.
 
-It follows a TCP replication listener (as a reader: NAME, PING, REPLICATE)
-or a Redis deployment's channels (only listening), and writes every line it
+It follows a TCP replication listener (as a reader: NAME, PING, REPLICATE),
+a Redis deployment's channels (only listening) or a NATS JetStream
+deployment's log from its end (every line of every page, in order, through a
+reconnect) and its control subject, and writes every line it
 sends or receives, with its time and direction, into rotating gzip capture
 files that ``factstream logs parse`` reads (see :mod:`.capture`). It rides
 out disconnects: each one becomes a ``# disconnected`` marker line (and a
@@ -59,10 +61,12 @@ def seconds(text: str) -> float:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "record",
-        help="record a writer's (TCP) or a deployment's (Redis) traffic into rotating gzip files for 'logs parse'",
+        help="record a writer's (TCP) or a deployment's (Redis, NATS) traffic into rotating gzip files for 'logs parse'",
         description=(
-            "A flight recorder: follow a TCP replication listener (HOST:PORT, as a reader) or a Redis deployment "
-            "(--redis URL --server-name NAME, listening only) and write every line with its UTC time and direction "
+            "A flight recorder: follow a TCP replication listener (HOST:PORT, as a reader), a Redis deployment "
+            "(--redis URL --server-name NAME, listening only) or a NATS JetStream deployment (--nats URL "
+            "--server-name NAME: its log from now on, and its control subject) and write every line with its UTC "
+            "time and direction "
             "('>' received, '<' sent, '#' a recorder note) into DIR/<capture>.<start>.<seq>.log.gz. Files rotate by "
             "size and by time; the gzip member in progress is finished every --flush-interval, on rotation and on "
             "SIGTERM, so a crash loses at most that member. Disconnects are written as '# disconnected' lines and "
@@ -73,9 +77,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("target", metavar="HOST:PORT", nargs="?", help="the writer's replication listener (TCP)")
     p.add_argument("--redis", metavar="URL", help="record a Redis deployment's channels instead (needs --server-name)")
+    p.add_argument("--nats", metavar="URL",
+                   help="record a NATS JetStream deployment's log and control subject instead (needs --server-name)")
     p.add_argument("--dir", default=".", help="directory of the capture files (default: the current one)")
-    p.add_argument("--name", dest="capture", help="capture name, the files' first part (default HOST-PORT or "
-                                                  "redis-SERVER_NAME)")
+    p.add_argument("--name", dest="capture", help="capture name, the files' first part (default HOST-PORT, "
+                                                  "redis-SERVER_NAME or nats-SERVER_NAME)")
     p.add_argument("--rotate-size", type=size_bytes, default=64 << 20, metavar="SIZE",
                    help="start a new file when the current one reaches SIZE on disk (default 64M)")
     p.add_argument("--rotate-time", type=seconds, default=3600.0, metavar="DURATION",
@@ -213,18 +219,69 @@ async def record_redis(args: argparse.Namespace, rec: Recorder, stop: asyncio.Ev
     return 0
 
 
+async def record_nats(args: argparse.Namespace, rec: Recorder, stop: asyncio.Event) -> int:
+    """The deployment's log from its end (a JetStream consumer: nothing lost across a reconnect) and its
+    control subject (plain NATS, at most once), each page's lines as received lines."""
+    from ..transport.nats import JetStreamLayout, NatsStats, connect_nats
+    from ..transport.nats.client import _Api
+    from ..transport.nats.consumer import _LogConsumer
+    from .serve import check_nats
+
+    await check_nats(args.nats, args.server_name, PROG, args.connect_timeout)
+    layout = JetStreamLayout.for_server(args.server_name)
+    shown = redact_url(args.nats)
+
+    async def disconnected() -> None:
+        if stop.is_set():
+            return  # our own close
+        rec.note(f"disconnected NATS {shown}")
+        rec.disconnects += 1
+        log.warning("NATS %s: connection lost; reconnecting", shown)
+
+    async def reconnected() -> None:
+        rec.note(f"connected nats {shown} stream {layout.stream}")
+
+    def page(subject: str, data: bytes, headers: bytes | None, seq: int, ts: int, pending: int) -> None:
+        if data:
+            rec.received(data if data.endswith(b"\n") else data + b"\n")
+
+    async def control(msg: Any) -> None:
+        rec.received(msg.data.replace(b"\n", b" ") + b"\n")
+
+    nc = await connect_nats(args.nats, name="factstream-record", timeout=args.connect_timeout,
+                            disconnected_cb=disconnected, reconnected_cb=reconnected)
+    try:
+        await nc.subscribe(layout.control_subject, cb=control)
+        consumer = _LogConsumer(_Api(nc, layout), page, NatsStats(), deliver_new=True,
+                                description="factstream record")
+        rec.note(f"connected nats {shown} stream {layout.stream}")
+        consumer.start()
+        await stop.wait()
+        await consumer.close()
+    finally:
+        await nc.close()
+    return 0
+
+
 async def record(args: argparse.Namespace) -> int:
-    if bool(args.redis) == bool(args.target):
-        print(f"{PROG}: give HOST:PORT (TCP) or --redis URL --server-name NAME (exactly one)", file=sys.stderr)
+    if sum(map(bool, (args.target, args.redis, args.nats))) != 1:
+        print(f"{PROG}: give HOST:PORT (TCP), --redis URL or --nats URL (exactly one)", file=sys.stderr)
         return 2
-    if args.redis and not args.server_name:
-        print(f"{PROG}: --redis needs --server-name NAME (the deployment's channel)", file=sys.stderr)
+    if (args.redis or args.nats) and not args.server_name:
+        which = "--redis" if args.redis else "--nats"
+        print(f"{PROG}: {which} needs --server-name NAME (it names the deployment's "
+              f"{'channel' if args.redis else 'JetStream stream'})", file=sys.stderr)
+        return 2
+    if args.nats and args.user_ip:
+        print(f"{PROG}: --user-ip applies to --redis (over NATS, USER_IP travels on the control subject, "
+              "which is recorded)", file=sys.stderr)
         return 2
     if args.target:
         host, port = parse_target(args.target, PROG)
         capture = args.capture or f"{host.replace('.', '_').replace(':', '_')}-{port}"
     else:
-        capture = args.capture or f"redis-{args.server_name.replace('.', '_').replace('/', '_')}"
+        kind = "redis" if args.redis else "nats"
+        capture = args.capture or f"{kind}-{args.server_name.replace('.', '_').replace('/', '_')}"
     try:
         writer = CaptureWriter(args.dir, capture, rotate_bytes=args.rotate_size, rotate_seconds=args.rotate_time,
                                flush_interval=args.flush_interval)
@@ -255,7 +312,12 @@ async def record(args: argparse.Namespace) -> int:
     tick = asyncio.ensure_future(ticker())
     started = time.monotonic()
     try:
-        status = await (record_redis(args, rec, stop) if args.redis else record_tcp(args, rec, stop))
+        if args.redis:
+            status = await record_redis(args, rec, stop)
+        elif args.nats:
+            status = await record_nats(args, rec, stop)
+        else:
+            status = await record_tcp(args, rec, stop)
     finally:
         tick.cancel()
         if writer.lines and stop.is_set():

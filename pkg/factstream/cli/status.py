@@ -2,10 +2,13 @@
 
 Per (stream, writer): the current token and the rows per second seen over
 ``--interval`` seconds, measured as a reader (TCP: NAME, PING, REPLICATE;
-Redis: listening on the channel after one REPLICATE). For a TCP server with
-``--metrics`` (its ``serve --metrics-port``), also its connected readers:
-name, address, connected since, commands buffered, last PING, read from the
-``factstream_reader_*`` gauges the server exports.
+Redis: listening on the channel after one REPLICATE; NATS: listening on the
+log subjects). For a TCP server with ``--metrics`` (its ``serve
+--metrics-port``), also its connected readers: name, address, connected
+since, commands buffered, last PING, read from the ``factstream_reader_*``
+gauges the server exports. Over NATS JetStream the log itself says more: per
+(stream, writer) the JetStream sequence of its last message, and per reader
+(its consumer) the sequence delivered, the messages pending and the lag.
 """
 
 from __future__ import annotations
@@ -32,17 +35,20 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "status",
-        help="per (stream, writer) current token and rows/s, and a TCP server's connected readers",
+        help="per (stream, writer) current token and rows/s, and a TCP server's or a JetStream log's readers",
         description=(
-            "Connect as a reader (TCP HOST:PORT, or --redis URL --server-name NAME) for --interval seconds and "
-            "print per (stream, writer) the current token and rows/s. With --metrics HOST:PORT (the server's "
-            "'serve --metrics-port'), also list its connected readers: name, address, connected since, commands "
-            "buffered and last PING."
+            "Connect as a reader (TCP HOST:PORT, --redis URL --server-name NAME or --nats URL --server-name NAME) "
+            "for --interval seconds and print per (stream, writer) the current token and rows/s. With --metrics "
+            "HOST:PORT (the server's 'serve --metrics-port'), also list its connected readers: name, address, "
+            "connected since, commands buffered and last PING. With --nats, also the JetStream sequence of each "
+            "(stream, writer) and, per reader, the sequence delivered, the messages pending and the lag (the age "
+            "of the oldest message it has not received)."
         ),
         epilog="example: factstream status 127.0.0.1:9092 --metrics 127.0.0.1:9100",
     )
     p.add_argument("target", metavar="HOST:PORT", nargs="?", help="a TCP replication listener")
     p.add_argument("--redis", metavar="URL", help="a Redis deployment instead (needs --server-name)")
+    p.add_argument("--nats", metavar="URL", help="a NATS JetStream deployment instead (needs --server-name)")
     p.add_argument("--metrics", metavar="HOST:PORT", help="the server's Prometheus endpoint, for its readers")
     p.add_argument("--interval", type=float, default=2.0, help="seconds to measure rows/s over (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -118,6 +124,31 @@ async def watch_redis(args: argparse.Namespace, tally: Tally) -> str:
     return str(args.server_name)
 
 
+async def watch_nats(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
+    """Listen on the log subjects for --interval (rows/s), then read writers and readers from JetStream."""
+    from ..transport.nats import JetStreamLayout, connect_nats
+    from ..transport.nats.inspect import inspect_deployment
+    from .serve import check_nats, cli_error
+
+    await check_nats(args.nats, args.server_name, PROG, args.connect_timeout)
+    layout = JetStreamLayout.for_server(args.server_name)
+
+    async def heard(msg: Any) -> None:
+        tally.lines(msg.data.split(b"\n"))
+
+    nc = await connect_nats(args.nats, name="factstream-status", timeout=args.connect_timeout,
+                            allow_reconnect=False, max_reconnect_attempts=1)
+    try:
+        await nc.subscribe(layout.log_subjects, cb=heard)
+        await asyncio.sleep(args.interval)
+    finally:
+        await nc.close()
+    try:
+        return await inspect_deployment(args.nats, args.server_name, timeout=args.connect_timeout)
+    except LookupError as err:
+        cli_error(PROG, str(err), 1)
+
+
 def readers_from_metrics(where: str, timeout: float) -> list[dict[str, Any]]:
     """Connected readers from a server's /metrics (the factstream_reader_* gauges)."""
     url = where if "://" in where else f"http://{where}/metrics"
@@ -148,11 +179,14 @@ def readers_from_metrics(where: str, timeout: float) -> list[dict[str, Any]]:
 
 
 async def status(args: argparse.Namespace) -> int:
-    if bool(args.target) == bool(args.redis):
-        print(f"{PROG}: give HOST:PORT (TCP) or --redis URL --server-name NAME (exactly one)", file=sys.stderr)
+    if sum(map(bool, (args.target, args.redis, args.nats))) != 1:
+        print(f"{PROG}: give HOST:PORT (TCP), --redis URL or --nats URL, with --server-name NAME (exactly one)",
+              file=sys.stderr)
         return 2
-    if args.redis and not args.server_name:
-        print(f"{PROG}: --redis needs --server-name NAME (the deployment's channel)", file=sys.stderr)
+    if (args.redis or args.nats) and not args.server_name:
+        which = "--redis" if args.redis else "--nats"
+        print(f"{PROG}: {which} needs --server-name NAME (it names the deployment's "
+              f"{'channel' if args.redis else 'JetStream stream'})", file=sys.stderr)
         return 2
     if args.target:
         parse_target(args.target, PROG)
@@ -160,9 +194,18 @@ async def status(args: argparse.Namespace) -> int:
         print(f"{PROG}: --metrics lists a TCP server's readers; Redis readers are not visible to writers",
               file=sys.stderr)
         return 2
+    if args.metrics and args.nats:
+        print(f"{PROG}: --metrics lists a TCP server's readers; over NATS the readers are read from JetStream",
+              file=sys.stderr)
+        return 2
     tally = Tally()
     started = time.monotonic()
-    server = await (watch_redis(args, tally) if args.redis else watch_tcp(args, tally))
+    log: dict[str, Any] | None = None
+    if args.nats:
+        log = await watch_nats(args, tally)
+        server = str(args.server_name)
+    else:
+        server = await (watch_redis(args, tally) if args.redis else watch_tcp(args, tally))
     seconds = max(time.monotonic() - started, 1e-9)
     readers = readers_from_metrics(args.metrics, args.connect_timeout) if args.metrics else None
     streams = [
@@ -171,10 +214,16 @@ async def status(args: argparse.Namespace) -> int:
         for s, w in sorted(set(tally.token) | set(tally.rows))
     ]
     doc: dict[str, Any] = {"server": server, "at": utc_stamp(), "interval": round(seconds, 2), "streams": streams}
+    if log is not None:
+        merge_nats(doc, log)
+        readers = log["readers"]
     if readers is not None:
         doc["readers"] = readers
     if args.json:
         print(json.dumps(doc, separators=(",", ":")))
+        return 0
+    if log is not None:
+        print_nats(doc, redact_url(args.nats), args.interval)
         return 0
     where = redact_url(args.redis) if args.redis else args.target
     print(f"server {server} at {where}, measured over {args.interval:g}s, {doc['at']}")
@@ -189,6 +238,39 @@ async def status(args: argparse.Namespace) -> int:
             print(f"{r['name']:<22} {r['address']:<22} {r['connected_since'] or '-':<28} {r['buffered']:>8} "
                   f"{r['last_ping'] or '-':<28}")
     return 0
+
+
+def merge_nats(doc: dict[str, Any], log: dict[str, Any]) -> None:
+    """Add the JetStream view to ``doc``: its stream, and per (stream, writer) the log's sequence and token."""
+    doc["stream"] = log["stream"]
+    doc["messages"] = log["messages"]
+    rows = {(r["stream"], r["writer"]): r for r in doc["streams"]}
+    for w in log["writers"]:
+        r = rows.get((w["stream"], w["writer"]))
+        if r is None:
+            r = rows[(w["stream"], w["writer"])] = {"stream": w["stream"], "writer": w["writer"], "token": None,
+                                                   "rows": 0, "rows_per_s": 0.0}
+        if r["token"] is None or (w["token"] is not None and w["token"] > r["token"]):
+            r["token"] = w["token"]
+        r.update(sequence=w["sequence"], messages=w["messages"], last_at=w["last_at"])
+    doc["streams"] = [rows[k] for k in sorted(rows, key=lambda k: (str(k[0]), str(k[1])))]
+
+
+def print_nats(doc: dict[str, Any], where: str, interval: float) -> None:
+    print(f"server {doc['server']} at NATS {where}, JetStream stream {doc['stream']} ({doc['messages']} messages), "
+          f"measured over {interval:g}s, {doc['at']}")
+    print(f"{'STREAM':<24} {'WRITER':<14} {'TOKEN':>12} {'ROWS/S':>10} {'SEQUENCE':>10}")
+    for r in doc["streams"]:
+        token = r["token"] if r["token"] is not None else "-"
+        print(f"{r['stream']!s:<24} {r['writer']!s:<14} {token!s:>12} {r['rows_per_s']:>10} "
+              f"{r.get('sequence', '-')!s:>10}")
+    readers = doc["readers"]
+    print(f"\n{len(readers)} reader(s) of the log")
+    print(f"{'NAME':<22} {'ROLE':<8} {'SEQUENCE':>10} {'PENDING':>8} {'LAG S':>8} {'LAST ACTIVE':<32}")
+    for r in readers:
+        lag = "-" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}"
+        print(f"{r['name']:<22} {r['role']:<8} {r['sequence']:>10} {r['pending']:>8} {lag:>8} "
+              f"{r['last_active'] or '-':<32}")
 
 
 def run(args: argparse.Namespace) -> int:

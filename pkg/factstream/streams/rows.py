@@ -44,6 +44,8 @@ __all__ = [
 
 R = TypeVar("R", bound="Row")
 
+_FIELD_COUNTS: dict[type, int] = {}  # row class -> number of wire fields
+
 
 class Row:
     """Base of the row types: a frozen dataclass whose fields are in wire order."""
@@ -56,7 +58,9 @@ class Row:
         """The typed row for a decoded JSON array; ProtocolError if its shape is wrong."""
         if not isinstance(row, (list, tuple)):
             raise ProtocolError(f"{cls.STREAM} row must be a JSON array, not {type(row).__name__}", repr(row))
-        n = len(dataclasses.fields(cls))  # type: ignore[arg-type]
+        n = _FIELD_COUNTS.get(cls)
+        if n is None:  # dataclasses.fields() per row was most of a replaying reader's CPU
+            n = _FIELD_COUNTS[cls] = len(dataclasses.fields(cls))  # type: ignore[arg-type]
         if len(row) != n:
             raise ProtocolError(f"{cls.STREAM} row must have {n} fields, got {len(row)}", repr(row))
         return cls(*row)

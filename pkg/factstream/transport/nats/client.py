@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...commands import Command, PositionCommand
 from ...redaction import redact_url
 from .layout import MSG_ID, PREV, JetStreamLayout, Retention
 
@@ -192,6 +191,7 @@ class _Stored:
     subject: str
     data: bytes
     headers: dict[str, str]
+    time: str = ""  #: when JetStream stored it (RFC 3339, UTC)
 
 
 class _Api:
@@ -266,13 +266,23 @@ class _Api:
         m = resp["message"]
         hdrs = _parse_headers(base64.b64decode(m["hdrs"])) if m.get("hdrs") else {}
         data = base64.b64decode(m["data"]) if m.get("data") else b""
-        return _Stored(int(m["seq"]), m["subject"], data, hdrs)
+        return _Stored(int(m["seq"]), m["subject"], data, hdrs, str(m.get("time", "")))
 
     async def create_consumer(self, config: dict[str, Any]) -> str:
         resp = await self.request(
             f"CONSUMER.CREATE.{self.layout.stream}", {"stream_name": self.layout.stream, "config": config}
         )
         return str(resp["name"])
+
+    async def consumers(self) -> list[dict[str, Any]]:
+        """Every consumer of the stream (JetStream's ConsumerInfo documents)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            resp = await self.request(f"CONSUMER.LIST.{self.layout.stream}", {"offset": len(out)})
+            page = resp.get("consumers") or []
+            out.extend(page)
+            if not page or len(out) >= int(resp.get("total", 0) or 0):
+                return out
 
     async def delete_consumer(self, name: str) -> None:
         try:
@@ -288,64 +298,11 @@ class _ApiError(Exception):
         self.err_code = err_code
 
 
-def _fact_token(stored_headers: dict[str, str] | None, cmd: Command) -> int:
-    """The token a log message belongs to (a batch row: its fact's, from the message id)."""
-    if type(cmd) is PositionCommand:
-        return cmd.new_token
-    token = cmd.token  # type: ignore[attr-defined]
-    if token is not None:
-        return int(token)
-    msg_id = (stored_headers or {}).get(MSG_ID, "")
-    try:
-        return int(msg_id.rsplit(":", 2)[1])
-    except (IndexError, ValueError):
-        return 0
-
-
 def _prev_of(headers: dict[str, str] | None) -> int | None:
     raw = (headers or {}).get(PREV)
     if raw is None or raw == "":
         return None
     try:
         return int(raw)
-    except ValueError:
-        return None
-
-
-def _chain(raw: bytes | None) -> tuple[int | None, tuple[int, int] | None]:
-    """(Fs-Prev, (fact token, row index) from Nats-Msg-Id) of a raw header block; None where absent or bad."""
-    if not raw:
-        return None, None
-    prev: int | None = None
-    index: tuple[int, int] | None = None
-    i = raw.find(b"\r\nFs-Prev:")
-    if i >= 0:
-        end = raw.find(b"\r", i + 11)
-        try:
-            prev = int(raw[i + 11:end])
-        except ValueError:
-            prev = None
-    j = raw.find(b"\r\nNats-Msg-Id:")
-    if j >= 0:
-        end = raw.find(b"\r", j + 15)
-        parts = raw[j + 15:end].strip().rsplit(b":", 2)
-        if len(parts) == 3:
-            try:
-                index = int(parts[1]), int(parts[2].partition(b"/")[0])
-            except ValueError:
-                index = None
-    return prev, index
-
-
-def _row_index(headers: dict[str, str] | None) -> tuple[int, int] | None:
-    """(fact token, row index) from the message id, or None when absent or malformed."""
-    msg_id = (headers or {}).get(MSG_ID)
-    if not msg_id:
-        return None
-    parts = msg_id.rsplit(":", 2)
-    if len(parts) != 3:
-        return None
-    try:
-        return int(parts[1]), int(parts[2].partition("/")[0])
     except ValueError:
         return None

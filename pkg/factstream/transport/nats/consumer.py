@@ -26,12 +26,15 @@ class _LogConsumer:
     sequence gap, ``silence`` seconds without any delivery or heartbeat, or a
     reconnect make it recreate the consumer from the sequence after the last
     message delivered. ``start_seq`` is awaited on every (re)creation that has
-    nothing delivered yet.
+    nothing delivered yet. ``description`` ("factstream <role> <instance>")
+    names the consumer for ``factstream status --nats``.
     """
 
     def __init__(self, api: _Api, deliver: Delivery, stats: NatsStats, *, heartbeat: float = 1.0,
-                 start_seq: Callable[[], Awaitable[int]] | None = None, deliver_new: bool = False) -> None:
+                 start_seq: Callable[[], Awaitable[int]] | None = None, deliver_new: bool = False,
+                 description: str = "factstream reader") -> None:
         self.api = api
+        self.description = description
         self.deliver = deliver
         self.stats = stats
         self.heartbeat = heartbeat
@@ -124,6 +127,7 @@ class _LogConsumer:
         if not nc.is_connected:
             raise ConnectionError("not connected")
         config: dict[str, Any] = {
+            "description": self.description,  # how `factstream status --nats` names this reader
             "ack_policy": "none",
             "filter_subject": self.api.layout.log_subjects,
             "flow_control": True,

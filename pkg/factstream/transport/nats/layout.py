@@ -103,17 +103,19 @@ class Retention:
 class NatsStats:
     """Counters of one :class:`NatsReplication` (plain integers)."""
 
-    queued: int = 0  #: log messages accepted for publishing
+    queued: int = 0  #: log messages (pages) accepted for publishing
+    rows_queued: int = 0  #: wire lines in those pages
     acked: int = 0  #: publishes JetStream acknowledged (stored or recognised as duplicates)
     duplicates: int = 0  #: acknowledgements saying "duplicate" (a re-publish JetStream already had)
     retried: int = 0  #: publishes sent again (timeout, reconnect, error reply)
     publish_errors: int = 0  #: error replies from JetStream (each retried)
     dropped: int = 0  #: log messages discarded from the queue (overflow; repaired from the source)
-    too_large: int = 0  #: rows larger than the server's max payload (logged; readers catch up)
+    too_large: int = 0  #: rows larger than a message may be (logged, not published; readers catch up)
     repaired_rows: int = 0  #: rows re-published from the update source after a gap in JetStream
     repairs: int = 0  #: repairs run (first publish of a (stream, writer), after drops)
     control_sent: int = 0  #: non-log commands published on the control subject
-    received: int = 0  #: log messages delivered to this reader
+    received: int = 0  #: log messages (pages) delivered to this reader
+    rows_received: int = 0  #: valid wire lines in them
     control_received: int = 0  #: control commands received
     invalid: int = 0  #: messages that are not valid replication lines (logged, skipped)
     skipped: int = 0  #: replayed messages below this reader's position (not handed to the hub)

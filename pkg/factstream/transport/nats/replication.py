@@ -30,18 +30,16 @@ from ...replication.carrier import CommandSink, Connection
 from .client import (
     _Api,
     _can_write_frames,
-    _chain,
-    _fact_token,
     _fast_subscribe,
     _parse_headers,
     _prev_of,
     _raw_headers,
-    _row_index,
     _servers,
     connect_nats,
 )
 from .consumer import _LogConsumer
-from .layout import _NS, JetStreamLayout, KeyStats, NatsStats, Retention, _RateLimitedLog
+from .layout import _NS, MSG_ID, JetStreamLayout, KeyStats, NatsStats, Retention, _RateLimitedLog
+from .pages import build_pages, decode_page, header_chain, page_end, page_top, parse_keys
 
 logger = logging.getLogger("factstream.transport.nats")
 
@@ -86,10 +84,10 @@ class NatsConnection(Connection):
 class _Out:
     """One message on its way to JetStream."""
 
-    __slots__ = ("order", "subject", "payload", "headers", "key", "end", "done", "sent_at", "core")
+    __slots__ = ("order", "subject", "payload", "headers", "key", "end", "done", "sent_at", "core", "rows")
 
     def __init__(self, order: int, subject: str, payload: bytes, headers: bytes | None,
-                 key: tuple[str, str] | None, end: int | None, core: bool = False) -> None:
+                 key: tuple[str, str] | None, end: int | None, core: bool = False, rows: int = 1) -> None:
         self.order = order
         self.subject = subject
         self.payload = payload
@@ -99,6 +97,7 @@ class _Out:
         self.done = False
         self.sent_at = 0.0
         self.core = core
+        self.rows = rows  # wire lines in the message
 
 
 @dataclass
@@ -106,8 +105,10 @@ class _WriterKey:
     stream: str
     writer: str
     subject: str
-    prev: int | None = None  # token of the last message enqueued (the next message's Fs-Prev)
-    batch: list[RdataCommand] = field(default_factory=list)
+    prev: int | None = None  # last token handed to a page (open or queued)
+    batch: list[RdataCommand] = field(default_factory=list)  # rows of a fact whose closing row has not come
+    page: list[Command] = field(default_factory=list)  # whole facts and POSITIONs of the page being filled
+    page_prev: int | None = None  # the token before the page being filled (its Fs-Prev)
     acked: int | None = None
     last_seq: int = 0
     outstanding: deque[_Out] = field(default_factory=deque)
@@ -115,7 +116,7 @@ class _WriterKey:
     repair_target: int = 0
     held: list[Command] = field(default_factory=list)
     last_enqueued: float = 0.0
-    fresh: tuple[int, str] | None = None  # (fact token, suffix of its message ids) after a cut batch
+    fresh: tuple[int, str] | None = None  # (fact token, suffix of its pages' ids) after a cut batch
 
 
 @dataclass
@@ -154,7 +155,7 @@ class NatsReplication:
         retention: Retention | None = None,
         stream: str | None = None,
         subject_prefix: str | None = None,
-        max_in_flight: int = 20_000,
+        max_in_flight: int = 1000,
         max_pending: int = 200_000,
         ack_timeout: float = 5.0,
         heartbeat: float = 5.0,
@@ -163,9 +164,13 @@ class NatsReplication:
         api_timeout: float = 5.0,
         page_limit: int = 1000,
         backfill: int = 10_000,
+        page_rows: int = 1000,
+        page_bytes: int = 256 * 1024,
     ) -> None:
         if max_in_flight < 1 or max_pending < 1:
             raise ValueError("max_in_flight and max_pending must be at least 1")
+        if page_rows < 1 or page_bytes < 1024:
+            raise ValueError("page_rows must be at least 1 and page_bytes at least 1024")
         self.hub = hub
         name = instance_name or getattr(hub, "instance_name", None)
         if not name:
@@ -184,6 +189,10 @@ class NatsReplication:
         self.connect_timeout = connect_timeout
         self.api_timeout = api_timeout
         self.page_limit = page_limit
+        #: A message holds at most this many lines and bytes (and never more than the server's max payload).
+        self.page_rows = page_rows
+        self.page_bytes = page_bytes
+        self._page_max = page_bytes
         #: A writer whose subject is empty publishes its history first when it has at most this many rows.
         self.backfill = backfill
         self.stats = NatsStats()
@@ -215,7 +224,9 @@ class NatsReplication:
         self._retry_delay = 0.0
         self._invalid_log = _RateLimitedLog()
         self._error_log = _RateLimitedLog()
-        self._run: list[RdataCommand] = []  # facts delivered in this burst, not yet handed to the hub
+        self._rdata_received = getattr(hub, "rdata_received", None)  # the hub's call taking a run of RDATA
+        self._filling: dict[tuple[str, str], _WriterKey] = {}  # keys with a page being filled
+        self._queued_rows = 0  # lines in self._queue (what max_pending bounds)
         _REPLICATIONS.add(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -264,7 +275,8 @@ class NatsReplication:
                 if self._repairs:
                     await asyncio.gather(*self._repairs.values(), return_exceptions=True)
                     continue
-                if not (self._queue or self._retry or self._in_flight or any(k.batch for k in self._wkeys.values())):
+                if not (self._queue or self._retry or self._in_flight or self._filling
+                        or any(k.batch for k in self._wkeys.values())):
                     return
                 self._idle.clear()
                 self._wake.set()
@@ -342,6 +354,8 @@ class NatsReplication:
         self._ack_prefix = self.nc.new_inbox() + "."
         await _fast_subscribe(self.nc, self._ack_prefix + "*", self._on_ack_fast, self._on_ack)
         self._frames = _can_write_frames(self.nc)
+        # Room for the headers (ids carry the stream and writer names) inside the server's max payload.
+        self._page_max = max(1024, min(self.page_bytes, int(self.nc.max_payload) - 4096))
         await self.nc.subscribe(self.layout.control_subject, cb=self._on_control)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._flusher(), name="factstream-nats-flusher"))
@@ -352,7 +366,8 @@ class NatsReplication:
                 self._writer_key(stream, self.instance_name)  # starts its repair
         if self._follower() is not None:
             self._consumer = _LogConsumer(self._api, self._on_log, self.stats, heartbeat=self.consumer_heartbeat,
-                                          start_seq=self._initial_start)
+                                          start_seq=self._initial_start,
+                                          description=f"factstream reader {self.instance_name}")
         conn = self._conn = NatsConnection(self)
         self.hub.connection_made(conn)
         if self._consumer is not None:
@@ -439,18 +454,21 @@ class NatsReplication:
             js_last = None
         else:
             try:
-                cmd = wire.parse_line(last.data)
-                is_batch_row = type(cmd) is RdataCommand and cmd.token is None
+                cmds = decode_page(last.data)
             except ProtocolError:
-                cmd, is_batch_row = None, True
-            js_last = _prev_of(last.headers) if is_batch_row or cmd is None else _fact_token(last.headers, cmd)
+                cmds = []
+            prev = _prev_of(last.headers)
+            js_last = page_end(cmds, prev) if cmds else prev
+            if js_last is None:
+                js_last = 0
             st.last_seq = max(st.last_seq, last.seq)
-            if is_batch_row and cmd is not None:
+            tail = cmds[-1] if cmds else None
+            if type(tail) is RdataCommand and tail.token is None:
                 # The log ends inside a fact: its rows are in JetStream's duplicate window, so the
                 # re-published fact gets fresh ids (readers drop the cut rows when row 0 comes again).
-                index = _row_index(last.headers)
-                if index is not None:
-                    st.fresh = (index[0], f"/r{last.seq}")
+                _, cut = parse_keys(last.headers.get(MSG_ID, "").encode())
+                if cut is not None:
+                    st.fresh = (cut[0], f"/r{last.seq}")
         publisher = self._publisher()
         emitter = getattr(publisher, "_streams", {}).get(st.stream) if publisher is not None else None
         if js_last is None:
@@ -466,7 +484,7 @@ class NatsReplication:
                     return
             # Nothing in the log: start it at the writer's position (readers behind it use the table).
             st.prev = target
-            self._enqueue_position(st, target, target)
+            self._encode(st, (PositionCommand(st.stream, st.writer, target, target),))
             return
         st.prev = js_last
         st.acked = js_last
@@ -495,15 +513,16 @@ class NatsReplication:
                     raise RuntimeError(f"update source returned a limited page without progress after {pos}")
                 break
             pos = upto
-            while len(self._queue) > self.max_pending // 2:
+            while self._queued_rows > self.max_pending // 2:
                 await asyncio.sleep(0.01)
 
     def _send(self, cmds: Iterable[Command]) -> None:
         inst = self.instance_name
+        wkeys = self._wkeys
         for cmd in cmds:
             kind = type(cmd)
             if kind is RdataCommand or kind is PositionCommand:
-                st = self._wkeys.get((cmd.stream_name, cmd.instance_name))  # type: ignore[attr-defined]
+                st = wkeys.get((cmd.stream_name, cmd.instance_name))  # type: ignore[attr-defined]
                 if st is None:
                     st = self._writer_key(cmd.stream_name, cmd.instance_name)  # type: ignore[attr-defined]
                 if st.repairing:
@@ -511,66 +530,112 @@ class NatsReplication:
                             kind is RdataCommand and cmd.token is None):  # type: ignore[attr-defined]
                         st.held.append(cmd)
                     continue
+                if kind is RdataCommand and not st.batch and cmd.token is not None and st.page:  # type: ignore[attr-defined]
+                    # The common case: one more single-row fact on a page being filled.
+                    st.page.append(cmd)
+                    st.prev = cmd.token  # type: ignore[attr-defined]
+                    if len(st.page) >= self.page_rows:
+                        self._close_page(st)
+                    continue
                 self._encode(st, (cmd,))
             elif cmd.NAME == "REPLICATE":
                 continue  # the log answers it: readers replay from JetStream
             else:
+                self._close_pages()  # what the hub sent before it goes out before it
                 self._order += 1
                 self._queue.append(_Out(self._order, self.layout.control_subject, wire.encode(cmd), None, None, None,
                                         core=True))
-        if len(self._queue) > self.max_pending:
+                self._queued_rows += 1
+        if self._queued_rows > self.max_pending:
             self._overflow()
         self._wake.set()
 
     def _encode(self, st: _WriterKey, cmds: Iterable[Command]) -> None:
-        """Turn commands of one (stream, writer) into messages with ids and the Fs-Prev chain."""
-        s, w = st.stream, st.writer
-        queue = self._queue
-        now = time.monotonic()
+        """Add commands of one (stream, writer) to its page being filled (whole facts only)."""
         for cmd in cmds:
             if type(cmd) is RdataCommand:
                 if cmd.token is None:
                     st.batch.append(cmd)
                     continue
-                rows = [*st.batch, cmd] if st.batch else [cmd]
-                st.batch = []
-                token = cmd.token
-                prev = "" if st.prev is None else str(st.prev)
-                last = len(rows) - 1
-                suffix = st.fresh[1] if st.fresh is not None and st.fresh[0] == token else ""
-                for i, row_cmd in enumerate(rows):
-                    self._order += 1
-                    out = _Out(self._order, st.subject, wire.encode(row_cmd),
-                               _raw_headers(f"{s}:{w}:{token}:{i}{suffix}", prev), (s, w), token if i == last else None)
-                    queue.append(out)
-                    st.outstanding.append(out)
-                st.prev = token
+                if not st.page:
+                    self._open_page(st)
+                if st.batch:
+                    st.page.extend(st.batch)
+                    st.batch = []
+                st.page.append(cmd)
+                st.prev = cmd.token
             elif type(cmd) is PositionCommand:
-                self._enqueue_position(st, cmd.prev_token, cmd.new_token)
+                if not st.page:
+                    self._open_page(st)
+                st.page.append(cmd)
+                st.prev = cmd.new_token if st.prev is None else max(st.prev, cmd.new_token)
+            else:
                 continue
-            st.last_enqueued = now
+            if len(st.page) >= self.page_rows:
+                self._close_page(st)
+
+    def _open_page(self, st: _WriterKey) -> None:
+        st.page_prev = st.prev
+        self._filling[(st.stream, st.writer)] = st
+
+    def _close_page(self, st: _WriterKey) -> None:
+        """Turn the page being filled into messages (ids, Fs-Prev chain) at the end of the queue."""
+        self._filling.pop((st.stream, st.writer), None)
+        cmds, st.page = st.page, []
+        if not cmds:
+            return
+        key = (st.stream, st.writer)
+        pages, too_large = build_pages(st.stream, st.writer, cmds, st.page_prev, self._page_max, st.fresh)
+        if too_large:
+            self.stats.too_large += len(too_large)
+            logger.error("%s: %d rows larger than a message may be (%d bytes) not published; readers will fetch "
+                         "their facts from the table", st.subject, len(too_large), self._page_max)
+        for page in pages:
+            self._order += 1
+            out = _Out(self._order, st.subject, page.payload,
+                       _raw_headers(page.msg_id, "" if page.prev is None else str(page.prev)), key, page.end,
+                       rows=page.lines)
+            self._queue.append(out)
+            st.outstanding.append(out)
+            self._queued_rows += page.lines
+            self.stats.rows_queued += page.lines
+        if st.fresh is not None and st.prev is not None and st.prev >= st.fresh[0]:
+            st.fresh = None
+        st.page_prev = st.prev
+        st.last_enqueued = time.monotonic()
         self.stats.queued = self._order
 
-    def _enqueue_position(self, st: _WriterKey, prev: int, new: int, msg_id: str | None = None) -> None:
+    def _close_pages(self) -> None:
+        for st in list(self._filling.values()):
+            self._close_page(st)
+
+    def _enqueue_position(self, st: _WriterKey, prev: int, new: int, msg_id: str) -> None:
+        """A heartbeat ``POSITION prev new`` as its own message (its id stays the same while nothing changes)."""
+        self._close_page(st)
         self._order += 1
         chain = "" if st.prev is None else str(st.prev)
-        out = _Out(self._order, st.subject, wire.encode(PositionCommand(st.stream, st.writer, prev, new)),
-                   _raw_headers(msg_id or f"{st.stream}:{st.writer}:{new}:p{prev}", chain), (st.stream, st.writer), new)
+        out = _Out(self._order, st.subject, wire.encode(PositionCommand(st.stream, st.writer, prev, new)) + b"\n",
+                   _raw_headers(msg_id, chain), (st.stream, st.writer), new)
         self._queue.append(out)
+        self._queued_rows += 1
         st.outstanding.append(out)
         st.prev = new if st.prev is None else max(st.prev, new)
+        st.page_prev = st.prev
         st.last_enqueued = time.monotonic()
 
     def _overflow(self) -> None:
         """Too much queued (JetStream unreachable for long): drop the queue, repair from the source later."""
-        dropped = sum(1 for o in self._queue if not o.core)
-        self.stats.dropped += len(self._queue)
+        dropped = sum(o.rows for o in self._queue if not o.core)
+        self.stats.dropped += dropped
         self._queue.clear()
-        logger.error("NATS: more than %d messages queued; dropped %d and will re-publish them from the source "
+        self._queued_rows = 0
+        self._filling.clear()
+        logger.error("NATS: more than %d lines queued; dropped %d and will re-publish them from the source "
                      "once JetStream answers", self.max_pending, dropped)
         for st in self._wkeys.values():
             st.outstanding = deque(o for o in st.outstanding if o.order in self._in_flight_orders())
             st.held = []
+            st.page = []
             self._start_repair(st)
 
     def _in_flight_orders(self) -> set[int]:
@@ -588,6 +653,8 @@ class NatsReplication:
         prefix = self._ack_prefix
         window = self.max_in_flight
         while True:
+            if self._filling:
+                self._close_pages()
             if not (self._queue or self._retry):
                 if not self._in_flight and not self._repairs:
                     self._idle.set()
@@ -622,10 +689,11 @@ class NatsReplication:
                         self._retry.append(out)
                         continue
                     sent += await self._publish_one(nc, prefix, out, now, frames)
-                while source and len(self._in_flight) < window and sent < 4096:
+                while source and len(self._in_flight) < window and sent < 8 << 20:
                     if link != self._link or not nc.is_connected:
                         break
                     out = source.popleft()
+                    self._queued_rows -= out.rows
                     sent += await self._publish_one(nc, prefix, out, now, frames)
                 if frames:
                     # One write of many ready-made HPUB frames (what nats-py would build one by one).
@@ -638,15 +706,16 @@ class NatsReplication:
                 await asyncio.sleep(0)
 
     async def _publish_one(self, nc: Any, prefix: str, out: _Out, now: float, frames: list[bytes]) -> int:
-        """Send ``out`` (appending its frame to ``frames`` when frames can be written directly)."""
+        """Send ``out`` (appending its frame to ``frames`` when frames can be written directly); bytes sent."""
         if out.core:
             await nc.publish(out.subject, out.payload)
             self.stats.control_sent += 1
-            return 1
-        if len(out.payload) > nc.max_payload:
-            self.stats.too_large += 1
-            logger.error("%s: a %d-byte row is larger than the server's max payload (%d); not published, readers "
-                         "will fetch it from the table", out.subject, len(out.payload), nc.max_payload)
+            return len(out.payload) + 1
+        hdr = out.headers or b"NATS/1.0\r\n\r\n"
+        if len(out.payload) + len(hdr) > nc.max_payload:
+            self.stats.too_large += out.rows
+            logger.error("%s: a %d-byte message is larger than the server's max payload (%d); not published, "
+                         "readers will fetch its facts from the table", out.subject, len(out.payload), nc.max_payload)
             self._acked(out, 0, False)
             return 0
         self._n += 1
@@ -655,19 +724,18 @@ class NatsReplication:
         if not self._in_flight:
             self._last_ack = now  # the stall clock starts with the first unacknowledged publish
         self._in_flight[n] = out
-        hdr = out.headers or b"NATS/1.0\r\n\r\n"
+        payload = out.payload
         if self._frames:
-            payload = out.payload
             frames.append(b"HPUB %s %s%d %d %d\r\n%s%s\r\n" % (
                 out.subject.encode(), prefix.encode(), n, len(hdr), len(hdr) + len(payload), hdr, payload))
-            return 1
+            return len(hdr) + len(payload) + 1
         try:
-            await nc.publish(out.subject, out.payload, reply=f"{prefix}{n}", headers=_parse_headers(hdr))
+            await nc.publish(out.subject, payload, reply=f"{prefix}{n}", headers=_parse_headers(hdr))
         except Exception:
             self._in_flight.pop(n, None)
             self._retry.append(out)
             raise
-        return 1
+        return len(hdr) + len(payload) + 1
 
     async def _on_ack(self, msg: Any) -> None:
         hdr = msg.headers
@@ -786,7 +854,6 @@ class NatsReplication:
                                       cmd.NAME, msg.subject)
             return
         self.stats.control_received += 1
-        self._flush_run()
         self.hub.command_received(conn, cmd)
 
     def _reader_key(self, stream: str, writer: str) -> _ReaderKey:
@@ -813,21 +880,20 @@ class NatsReplication:
             if last is None:
                 continue
             try:
-                cmd = wire.parse_line(last.data)
+                cmds = decode_page(last.data)
             except ProtocolError:
                 continue
+            cmd = cmds[0] if cmds else None
             if type(cmd) not in (RdataCommand, PositionCommand):
                 continue
-            stream, writer = cmd.stream_name, cmd.instance_name  # type: ignore[attr-defined]
+            stream, writer = cmd.stream_name, cmd.instance_name  # type: ignore[union-attr]
             if writer == self.instance_name or (follower.streams is not None and stream not in follower.streams):
                 continue
             st = self._reader_key(stream, writer)
             pos = follower.position(stream, writer)
             if pos is None and follower.start_position is None:
                 # Live only: start after what the log holds, at the writer's position.
-                token = _fact_token(last.headers, cmd)
-                if type(cmd) is RdataCommand and cmd.token is None:
-                    token = _prev_of(last.headers) or 0
+                token = page_end(cmds, _prev_of(last.headers)) or 0
                 st.last_token = token
                 st.last_seq = last.seq
                 conn = self._conn
@@ -851,7 +917,8 @@ class NatsReplication:
         return max(start, 1)
 
     async def _first_after(self, subject: str, position: int, lo: int, hi: int) -> int | None:
-        """Sequence of ``subject``'s first message above ``position`` (binary search; tokens grow with sequence)."""
+        """Sequence of ``subject``'s first message reaching above ``position`` (binary search; tokens grow with
+        sequence)."""
         api = self._api
         assert api is not None
         answer: int | None = None
@@ -864,12 +931,12 @@ class NatsReplication:
                 hi = mid - 1
                 continue
             try:
-                cmd = wire.parse_line(m.data)
-                token = _fact_token(m.headers, cmd)
+                cmds = decode_page(m.data)
             except ProtocolError:
                 lo = m.seq + 1
                 continue
-            if token > position:
+            _, last_key = parse_keys(m.headers.get(MSG_ID, "").encode())
+            if page_top(cmds, last_key, _prev_of(m.headers)) > position:
                 answer = m.seq
                 hi = mid - 1
             else:
@@ -878,23 +945,42 @@ class NatsReplication:
 
     def _on_log(self, subject: str, data: bytes, headers: bytes | None, seq: int, ts: int,
                 pending: int) -> None:
-        """One log message, in stream order: check the chain, assemble batches, hand facts to the hub."""
+        """One log message (a page), in stream order: check the chain, join cut facts, hand facts to the hub."""
         conn = self._conn
         if conn is None:
             return
         self.stats.received += 1
         try:
-            cmd = wire.parse_line(data)
+            cmds = decode_page(data)  # the codec, in one call
         except ProtocolError as err:
             self.stats.invalid += 1
             self._invalid_log.warning("invalid message %d on %s skipped: %s", seq, subject, err)
             return
-        kind = type(cmd)
-        if kind is not RdataCommand and kind is not PositionCommand:
+        if not cmds:
             self.stats.invalid += 1
-            self._invalid_log.warning("message %d on %s is %s, not a fact; skipped", seq, subject, cmd.NAME)
+            self._invalid_log.warning("empty message %d on %s skipped", seq, subject)
             return
-        stream, writer = cmd.stream_name, cmd.instance_name  # type: ignore[attr-defined]
+        first = cmds[0]
+        if type(first) is not RdataCommand and type(first) is not PositionCommand:
+            self.stats.invalid += 1
+            self._invalid_log.warning("message %d on %s is %s, not a fact; skipped", seq, subject, first.NAME)
+            return
+        stream, writer = first.stream_name, first.instance_name
+        has_position = False
+        for cmd in cmds:
+            kind = type(cmd)
+            if kind is RdataCommand:
+                if cmd.instance_name == writer and cmd.stream_name == stream:  # type: ignore[attr-defined]
+                    continue
+            elif kind is PositionCommand:
+                has_position = True
+                if cmd.instance_name == writer and cmd.stream_name == stream:  # type: ignore[attr-defined]
+                    continue
+            self.stats.invalid += 1
+            self._invalid_log.warning("message %d on %s mixes %s of %s/%s with %s; skipped", seq, subject,
+                                      first.NAME, stream, writer, cmd.NAME)
+            return
+        self.stats.rows_received += len(cmds)
         if writer == self.instance_name:
             self.stats.echoes += 1
             return
@@ -907,76 +993,104 @@ class NatsReplication:
             return
         st.last_seq = seq
         st.lag = max(0.0, time.time() - ts / _NS)
-        prev, index = _chain(headers)
-        pos = st.last_token
-        if prev is not None and pos is not None and prev > pos:
-            self._fallback(st, conn, pos, prev)
-        if kind is PositionCommand:
+        prev, first_key, last_key = header_chain(headers)
+        if prev is not None and st.last_token is not None and prev > st.last_token:
+            self._fallback(st, conn, st.last_token, prev)
+        # Where the page starts: inside a fact whose first rows came in earlier messages (held in st.batch)?
+        lead_broken = False
+        if type(first) is RdataCommand:
+            index = first_key[1] if first_key is not None else None
             if st.batch:
-                st.batch = []
-                self.stats.broken_batches += 1
-            self._flush_run()
-            self.hub.command_received(conn, cmd)
-            new = cmd.new_token  # type: ignore[attr-defined]
-            if st.last_token is None or new > st.last_token:
-                st.last_token = new
-            return
-        token = cmd.token  # type: ignore[attr-defined]
-        if token is None:  # a batch row: held until its fact's closing row
-            fact, i = index if index is not None else (st.batch_token, len(st.batch))
-            if not st.batch or i == 0 or fact != st.batch_token:
-                if st.batch:
+                if index is None or (first_key is not None and first_key[0] == st.batch_token
+                                     and index == len(st.batch)):
+                    cmds = [*st.batch, *cmds]
+                    lead_broken = st.broken
+                else:
                     self.stats.broken_batches += 1  # a batch restarted (re-published after a writer crash)
-                st.batch = []
-                st.batch_token = fact
-                st.broken = i != 0
-            elif i != len(st.batch):
-                st.broken = True
-            st.batch.append(cmd)  # type: ignore[arg-type]
-            return
-        rows: list[RdataCommand]
-        if st.batch and (index is None or st.batch_token == token):
-            rows = [*st.batch, cmd]  # type: ignore[list-item]
-            broken = st.broken or (index is not None and index[1] != len(st.batch))
-        else:
-            if st.batch:
-                self.stats.broken_batches += 1  # rows of another fact whose closing row never came
-            rows = [cmd]  # type: ignore[list-item]
-            broken = index is not None and index[1] != 0
+                    lead_broken = index != 0
+            else:
+                lead_broken = index is not None and index != 0
+        elif st.batch:
+            self.stats.broken_batches += 1  # rows whose closing row never came
         st.batch = []
-        st.batch_token = None
-        st.broken = False
-        if st.last_token is not None and token <= st.last_token:
-            self.stats.skipped += len(rows)
-            return
-        if broken:
-            # Some rows of this fact are not in the log (cut by retention or never published): take it from the table.
+        # Where it ends: inside a fact whose last rows come in the next message?
+        tail = cmds[-1]
+        if type(tail) is RdataCommand and tail.token is None:
+            k = len(cmds) - 1
+            while k > 0 and type(cmds[k - 1]) is RdataCommand and cmds[k - 1].token is None:  # type: ignore[attr-defined]
+                k -= 1
+            st.batch = cmds[k:]  # type: ignore[assignment]
+            st.batch_token = last_key[0] if last_key is not None else None
+            st.broken = (lead_broken and k == 0) or (
+                last_key is not None and last_key[1] is not None and last_key[1] != len(st.batch) - 1)
+            cmds = cmds[:k]
+            if not cmds:
+                return
+        if lead_broken:
+            # The page begins with the last rows of a fact whose first rows are not in the log: take it from the table.
+            j = 0
+            while type(cmds[j]) is RdataCommand and cmds[j].token is None and j < len(cmds) - 1:  # type: ignore[attr-defined]
+                j += 1
             self.stats.broken_batches += 1
-            self._fallback(st, conn, st.last_token, token)
-            return
-        st.last_token = token
-        run = self._run
-        run.extend(rows)
-        if len(run) == len(rows):  # the first facts of this burst: hand the run over at the end of it
-            asyncio.get_running_loop().call_soon(self._flush_run)
+            cut = cmds[j]
+            if type(cut) is RdataCommand and cut.token is not None:
+                if st.last_token is None or cut.token > st.last_token:
+                    self._fallback(st, conn, st.last_token, cut.token)
+                cmds = cmds[j + 1:]
+            else:
+                cmds = cmds[j:]
+            if not cmds:
+                return
+        last = st.last_token
+        if not has_position:
+            low = next(c.token for c in cmds if c.token is not None)  # type: ignore[attr-defined]
+            if last is None or low > last:
+                # The common case: whole facts, all new, in token order: one call hands them all to the hub.
+                st.last_token = cmds[-1].token  # type: ignore[attr-defined]
+                self._hand(conn, cmds)
+                return
+        self._deliver_page(st, conn, cmds)
 
-    def _flush_run(self) -> None:
-        """Hand the facts gathered from one burst of deliveries to the hub, in one call."""
-        run = self._run
-        conn = self._conn
-        if not run or conn is None:
-            run.clear()
-            return
-        self._run = []
-        many = getattr(self.hub, "rdata_received", None)
+    def _deliver_page(self, st: _ReaderKey, conn: NatsConnection, cmds: list[Command]) -> None:
+        """Hand a page with POSITIONs or facts already delivered to the hub, line by line in order."""
+        last = st.last_token
+        keep: list[Command] = []
+        start = 0
+        for i, cmd in enumerate(cmds):
+            if type(cmd) is PositionCommand:
+                if start < i:
+                    self.stats.broken_batches += 1  # batch rows cut by a POSITION: their fact is not here
+                if keep:
+                    self._hand(conn, keep)
+                    keep = []
+                self.hub.command_received(conn, cmd)
+                if last is None or cmd.new_token > last:
+                    last = cmd.new_token
+                start = i + 1
+                continue
+            token = cmd.token  # type: ignore[attr-defined]
+            if token is None:
+                continue
+            if last is None or token > last:
+                keep.extend(cmds[start:i + 1])
+                last = token
+            else:
+                self.stats.skipped += i + 1 - start
+            start = i + 1
+        st.last_token = last
+        if keep:
+            self._hand(conn, keep)
+
+    def _hand(self, conn: NatsConnection, cmds: list[Command]) -> None:
+        """Hand a run of RDATA (whole facts of one page) to the hub, in one call when it takes runs."""
+        many = self._rdata_received
         if many is not None:
-            many(conn, run)
+            many(conn, cmds)
         else:
-            for row in run:
+            for row in cmds:
                 self.hub.command_received(conn, row)
 
     def _fallback(self, st: _ReaderKey, conn: NatsConnection, pos: int | None, upto: int) -> None:
-        self._flush_run()
         st.fallbacks += 1
         self.stats.fallbacks += 1
         logger.warning("%s/%s: JetStream no longer holds facts (%s, %d] (retention, or a re-published message out "

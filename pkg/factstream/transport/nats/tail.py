@@ -14,6 +14,7 @@ from ...redaction import redact_url
 from .client import _Api, _ApiError, connect_nats
 from .consumer import _LogConsumer
 from .layout import JetStreamLayout, NatsStats, _RateLimitedLog
+from .pages import decode_page
 
 
 async def tail_nats(
@@ -30,9 +31,11 @@ async def tail_nats(
 ) -> NatsStats:
     """Print the deployment's log as it grows (``from_start``: from its oldest retained message).
 
-    Raises LookupError when the deployment has no stream there. Lines are printed exactly as stored (``json_output``: one JSON object per
-    command, with its JetStream sequence). ``streams`` keeps only those
-    streams. Stops after ``limit`` messages or when ``stop`` is set.
+    Raises LookupError when the deployment has no stream there. Each message
+    is a page of lines; they are printed one per line as the codec writes them
+    (``json_output``: one JSON object per command, with its message's
+    JetStream sequence). ``streams`` keeps only those streams. Stops after
+    ``limit`` lines or when ``stop`` is set.
     """
     from ...commands import command_to_json
 
@@ -50,22 +53,25 @@ async def tail_nats(
             return
         stats.received += 1
         try:
-            cmd = wire.parse_line(data)
+            cmds = decode_page(data)
         except ProtocolError as err:
             stats.invalid += 1
             invalid_log.warning("invalid message %d on %s skipped: %s", seq, subject, err)
             return
-        name = getattr(cmd, "stream_name", None)
-        if wanted and name is not None and name not in wanted:
-            return
-        if json_output:
-            out.write(json.dumps({"seq": seq, **command_to_json(cmd)}, separators=(",", ":")) + "\n")
-        else:
-            out.write(data.decode("utf-8", "replace") + "\n")
+        stats.rows_received += len(cmds)
+        for cmd in cmds:
+            name = getattr(cmd, "stream_name", None)
+            if wanted and name is not None and name not in wanted:
+                continue
+            if json_output:
+                out.write(json.dumps({"seq": seq, **command_to_json(cmd)}, separators=(",", ":")) + "\n")
+            else:
+                out.write(wire.encode(cmd).decode("utf-8", "replace") + "\n")
+            shown += 1
+            if limit is not None and shown >= limit:
+                done.set()
+                break
         out.flush()
-        shown += 1
-        if limit is not None and shown >= limit:
-            done.set()
 
     nc = await connect_nats(url, name="factstream-tail")
     try:
@@ -77,7 +83,7 @@ async def tail_nats(
                 raise
             raise LookupError(f"no JetStream stream {layout.stream} at {redact_url(url)}: no writer of deployment "
                               f"{server_name!r} has published there yet (check --server-name)") from None
-        consumer = _LogConsumer(api, show, stats, deliver_new=not from_start)
+        consumer = _LogConsumer(api, show, stats, deliver_new=not from_start, description="factstream tail")
         consumer.start()
         await done.wait()
         await consumer.close()
