@@ -177,3 +177,32 @@ async def test_a_page_with_a_bad_or_foreign_line_is_skipped_whole(nats_url: str,
         assert reader.nats.stats.invalid == 1
     finally:
         await stop_all([writer, reader])
+
+
+async def test_an_old_position_read_again_does_not_move_a_reader_back(nats_url: str, deployment: str) -> None:
+    # A consumer restarted behind what it delivered (links cut again and again) reads old pages again:
+    # their facts are skipped by token, and so must their POSITIONs be, or the follower would take
+    # one for a writer going backwards and deliver everything after it a second time.
+    import nats
+
+    source = MemoryUpdateSource()
+    writer = Writer("w1", nats_url, deployment, source)
+    reader = Reader("r1", nats_url, deployment, source)
+    await start_all([writer, reader])
+    try:
+        for i in range(4):
+            writer.write([[f"x{i}"]])
+        await settle([writer], [reader])
+        old = wire.encode(P(STREAM, "w1", 1, 2)) + b"\n"
+        nc = await nats.connect(nats_url)
+        try:
+            await nc.jetstream().publish(JetStreamLayout.for_server(deployment).log_subject(STREAM, "w1"), old)
+        finally:
+            await nc.close()
+        writer.write([["x4"]])
+        await settle([writer], [reader])
+        assert_exact([writer], [reader])
+        assert reader.follower.stats["resets"] == 0
+        assert reader.nats.stats.skipped >= 1
+    finally:
+        await stop_all([writer, reader])

@@ -1063,9 +1063,13 @@ class NatsReplication:
                 if keep:
                     self._hand(conn, keep)
                     keep = []
-                self.hub.command_received(conn, cmd)
                 if last is None or cmd.new_token > last:
+                    self.hub.command_received(conn, cmd)
                     last = cmd.new_token
+                else:
+                    # Read again (a consumer restarted behind what it delivered): the follower would
+                    # take it for the writer going backwards and deliver everything after it again.
+                    self.stats.skipped += 1
                 start = i + 1
                 continue
             token = cmd.token  # type: ignore[attr-defined]
