@@ -152,6 +152,34 @@ async def test_one_rdata_far_ahead_is_dropped_and_counted(setup: Setup, caplog: 
     assert any("RDATA claims position 5000000" in m for m in errors(caplog))
 
 
+async def test_rows_arriving_while_the_head_is_read_are_checked_again_not_dropped(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The head the database showed judges only the rows queued before it was asked for: rows that
+    # arrive while it is read were committed after the query may have run (the demo over NATS lost
+    # rows this way when a resumed reader reached the live edge).
+    setup.follower.trust_window = 0  # every row past the known head is checked
+    await setup.write(2)
+    await setup.settle()
+    source = setup.follower.sources["caches"]
+    real_head = source.stream_head
+
+    async def slow_head() -> int:
+        head = await real_head()
+        await asyncio.sleep(0.3)  # the answer is on its way while the writer goes on
+        return head
+
+    source.stream_head = slow_head  # type: ignore[method-assign]
+    before = sample("factstream_dropped_rows_total", stream="caches", why="unbacked")
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        setup.follower.on_rdata_many([RdataCommand("caches", "master", 5_000_000, ["forged", None, 0])])
+        await asyncio.sleep(0.05)  # the check has read the head
+        await setup.write(3)  # committed after that read: these arrive while the check runs
+        await setup.settle()
+    assert setup.got == setup.written
+    assert sample("factstream_dropped_rows_total", stream="caches", why="unbacked") == before + 1  # the forged one
+
+
 async def test_real_positions_and_rollbacks_at_the_head_raise_no_error(
     setup: Setup, caplog: pytest.LogCaptureFixture
 ) -> None:

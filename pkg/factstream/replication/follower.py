@@ -105,6 +105,9 @@ class _Key:
     rows: int = 0
     #: While draining after a check of queued rows: the head the database showed (rows above it are unbacked).
     checked_head: int | None = None
+    #: How many items at the front of ``queue`` that head judges: those queued before it was asked for. Rows
+    #: that arrived while it was read may have been committed after the query ran; they get their own check.
+    checked_items: int = 0
     #: RDATA above this token is checked against the database first (see Follower._suspect).
     bound: int = 0
 
@@ -655,10 +658,12 @@ class Follower:
         await self._catch_up(key, self.sources[key.stream], head, settle=False)
 
     async def _check_queued_rows(self, key: _Key) -> None:
+        judged = len(key.queue)
         top = max((item[1] for item in key.queue if item[0] == "rows"), default=0)
         # No grace: a real RDATA's rows were committed before it was sent, so the database shows them now.
         head = await self._read_head(key, top, grace=0.0)
         key.checked_head = top if head is None else head
+        key.checked_items = judged
         key.fetching = False
         self._drain_queue(key)
 
@@ -749,6 +754,10 @@ class Follower:
     def _drain_queue(self, key: _Key) -> None:
         queue = key.queue
         while queue and not key.fetching:
+            if key.checked_items:
+                key.checked_items -= 1
+            else:
+                key.checked_head = None  # past what the last check judged
             item = queue.popleft()
             if item[0] == "rows":
                 self._apply_rows(key, item[1], item[2], queued=True)
@@ -756,6 +765,7 @@ class Follower:
                 self._apply_position(key, item[1], item[2])
         if not queue:
             key.checked_head = None
+            key.checked_items = 0
 
     def _deliver(self, key: _Key, facts: list[tuple[int, list[Any]]]) -> None:
         """Deliver facts above the position, in order, moving the position past each."""
