@@ -406,3 +406,62 @@ def encode_lines(cmds) -> bytes:
         _encode_into(out, cmd)
         out.byte(10)
     return out.take()
+
+
+cdef int _resp_len(_Out out, Py_ssize_t n) except -1:
+    # ``$<n>\r\n``: a RESP bulk string's length header.
+    cdef char digits[24]
+    cdef int i = 24
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + n % 10)
+        n //= 10
+        if n == 0:
+            break
+    out.byte(36)
+    out.write(digits + i, 24 - i)
+    out.write(b"\r\n", 2)
+    return 0
+
+
+cdef bytes _publish_header(bytes channel):
+    return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(channel), channel)
+
+
+def encode_redis_publish(cmds, bytes channel, bytes user_ip_channel, dict counts) -> bytes:
+    """The commands as pipelined Redis ``PUBLISH`` requests (RESP), one bytes object."""
+    cdef _Out out = _Out()
+    cdef _Out line = _Out()
+    cdef bytes main = _publish_header(channel)
+    cdef bytes user_ip = _publish_header(user_ip_channel)
+    cdef bytes header = main
+    cdef dict packed = {}
+    cdef object last = None
+    cdef Py_ssize_t run = 0
+    # Commands come in runs of one type: the name (channel, counts) is looked
+    # up once per run, not per command.
+    for cmd in cmds:
+        line.len = 0
+        _encode_into(line, cmd)
+        if type(cmd) is not last:
+            if run:
+                _count(packed, last.NAME, run)
+            last = type(cmd)
+            run = 0
+            header = user_ip if last.NAME == "USER_IP" else main
+        run += 1
+        out.write(PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header))
+        _resp_len(out, line.len)
+        out.write(line.buf, line.len)
+        out.write(b"\r\n", 2)
+    if run:
+        _count(packed, last.NAME, run)
+    for name, n in packed.items():  # only once all of them encoded
+        counts[name] = counts.get(name, 0) + n
+    return out.take()
+
+
+cdef int _count(dict counts, object name, Py_ssize_t n) except -1:
+    cdef PyObject* seen = PyDict_GetItem(counts, name)
+    PyDict_SetItem(counts, name, (<object>seen) + n if seen != NULL else n)
+    return 0
