@@ -359,6 +359,24 @@ cdef int _encode_into(_Out out, object cmd) except -1:
             return 0
         except ProtocolError:
             out.len = mark  # to_line below raises the error, in its own order
+    if t is _USER_IP:
+        mark = out.len
+        try:
+            out.write(b"USER_IP ", 8)
+            _enc_word(out, cmd.user_id, "user_id", "USER_IP")
+            out.byte(32)
+            _enc_json(out, [cmd.access_token, cmd.ip, cmd.user_agent, cmd.device_id, cmd.last_seen], "fields", "USER_IP")
+            return 0
+        except ProtocolError:
+            out.len = mark  # to_line below raises the error, in its own order
+    elif t is _LOCK_RELEASED:
+        mark = out.len
+        try:
+            out.write(b"LOCK_RELEASED ", 14)
+            _enc_json(out, [cmd.instance_name, cmd.lock_name, cmd.lock_key], "fields", "LOCK_RELEASED")
+            return 0
+        except ProtocolError:
+            out.len = mark
     if not isinstance(cmd, Command):
         raise TypeError(f"encode() takes a Command, not {type(cmd).__name__}")
     text = cmd.NAME + " " + cmd.to_line()
@@ -371,6 +389,8 @@ cdef int _encode_into(_Out out, object cmd) except -1:
 
 
 cdef object _USER_SYNC = UserSyncCommand
+cdef object _USER_IP = UserIpCommand
+cdef object _LOCK_RELEASED = LockReleasedCommand
 # The commands whose body is one free-text ``data`` slot, by exact type.
 cdef dict _SIMPLE_PREFIX = {
     cls: (cls.NAME + " ").encode() for cls in COMMAND_MAP.values() if S_DATA_CLASS in cls.__mro__ and cls.__mro__[1] is S_DATA_CLASS
