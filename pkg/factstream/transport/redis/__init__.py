@@ -14,9 +14,11 @@ more: it never looks at positions. What it adds around that:
 * ``on_subscribed`` fires every time the subscription is confirmed by Redis
   (the owner publishes REPLICATE and its positions from there, so no answer
   can arrive before anyone listens);
-* outbound commands go into a bounded queue that is flushed with pipelining:
-  everything queued in one event-loop tick goes out in one round trip, in
-  order. Past the bound, new commands are refused and counted, loudly;
+* outbound commands are packed into PUBLISH requests when sent and go into a
+  bounded queue that is flushed with pipelining: everything queued in one
+  event-loop tick goes out in one write, in order (``send_many`` writes full
+  chunks at once when nothing older waits); a command counts as published
+  when Redis acknowledged it. Past the bound, new commands are refused and counted, loudly;
   ``on_resync`` then fires once the queue has drained, and after every
   publisher reconnect, so the owner can announce its positions and let
   readers repair the gap from the database (pub/sub is at-most-once);

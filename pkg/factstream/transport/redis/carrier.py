@@ -91,7 +91,7 @@ def _buffered_replies(conn: AbstractConnection) -> tuple[Callable[[], Any], Any]
     return gets, NOT_ENOUGH_DATA
 
 
-def _direct_write(conn: AbstractConnection) -> Callable[[bytes], None] | None:
+def _direct_write(conn: AbstractConnection) -> Callable[[bytes], bool] | None:
     """A synchronous ``write(data)`` on ``conn``'s stream, or None if redis-py's internals changed.
 
     ``send_many`` writes each full chunk of PUBLISH requests as soon as it is
