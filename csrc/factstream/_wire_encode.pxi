@@ -458,6 +458,8 @@ def encode_redis_publish(cmds, bytes channel, bytes user_ip_channel, dict counts
     cdef dict packed = {}
     cdef object last = None
     cdef Py_ssize_t run = 0
+    if type(cmds) is list or type(cmds) is tuple:
+        out.reserve(len(cmds) * 192)  # header + a typical line: most chunks never grow
     # Commands come in runs of one type: the name (channel, counts) is looked
     # up once per run, not per command.
     for cmd in cmds:
