@@ -448,6 +448,10 @@ cdef bytes _publish_header(bytes channel):
     return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(channel), channel)
 
 
+cdef enum:
+    PUBLISH_TYPES = 32  # distinct command classes tracked in C per call (15 exist)
+
+
 def encode_redis_publish(cmds, bytes channel, bytes user_ip_channel, dict counts) -> bytes:
     """The commands as pipelined Redis ``PUBLISH`` requests (RESP), one bytes object."""
     cdef _Out out = _Out()
@@ -455,31 +459,56 @@ def encode_redis_publish(cmds, bytes channel, bytes user_ip_channel, dict counts
     cdef bytes main = _publish_header(channel)
     cdef bytes user_ip = _publish_header(user_ip_channel)
     cdef bytes header = main
-    cdef dict packed = {}
-    cdef object last = None
-    cdef Py_ssize_t run = 0
+    # Per command class seen: its count and whether it goes to the USER_IP
+    # channel, in C arrays searched by pointer (a call sees a handful of
+    # classes, mostly in runs); names are looked up once per class at the end.
+    # ``alive`` holds a reference to each class for the duration of the call.
+    cdef PyObject* types[PUBLISH_TYPES]
+    cdef Py_ssize_t seen[PUBLISH_TYPES]
+    cdef bint to_ip[PUBLISH_TYPES]
+    cdef int ntypes = 0, cur = -1, i
+    cdef PyObject* t
+    cdef list alive = []
+    cdef dict more = {}  # past PUBLISH_TYPES classes (only with many Command subclasses)
     if type(cmds) is list or type(cmds) is tuple:
         out.reserve(len(cmds) * 192)  # header + a typical line: most chunks never grow
-    # Commands come in runs of one type: the name (channel, counts) is looked
-    # up once per run, not per command.
     for cmd in cmds:
         line.len = 0
         _encode_into(line, cmd)
-        if type(cmd) is not last:
-            if run:
-                _count(packed, last.NAME, run)
-            last = type(cmd)
-            run = 0
-            header = user_ip if last.NAME == "USER_IP" else main
-        run += 1
+        t = <PyObject*>Py_TYPE(cmd)
+        if cur < 0 or types[cur] != t:
+            cur = -1
+            for i in range(ntypes):
+                if types[i] == t:
+                    cur = i
+                    break
+            if cur < 0:
+                if ntypes == PUBLISH_TYPES:
+                    name = type(cmd).NAME
+                    more[name] = more.get(name, 0) + 1
+                    header = user_ip if name == "USER_IP" else main
+                    out.write(PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header))
+                    _resp_len(out, line.len)
+                    out.write(line.buf, line.len)
+                    out.write(b"\r\n", 2)
+                    continue
+                alive.append(type(cmd))
+                cur = ntypes
+                ntypes += 1
+                types[cur] = t
+                seen[cur] = 0
+                to_ip[cur] = type(cmd).NAME == "USER_IP"
+        seen[cur] += 1
+        header = user_ip if to_ip[cur] else main
         out.write(PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header))
         _resp_len(out, line.len)
         out.write(line.buf, line.len)
         out.write(b"\r\n", 2)
-    if run:
-        _count(packed, last.NAME, run)
-    for name, n in packed.items():  # only once all of them encoded
-        counts[name] = counts.get(name, 0) + n
+    # only once all of them encoded
+    for i in range(ntypes):
+        _count(counts, (<object>types[i]).NAME, seen[i])
+    for name, n in more.items():
+        _count(counts, name, n)
     return out.take()
 
 

@@ -114,7 +114,7 @@ def _direct_write(conn: AbstractConnection) -> Callable[[bytes], bool] | None:
 
 
 #: Commands packed (and, when the publisher is idle, written) per chunk by ``send_many``.
-CHUNK = 1024
+CHUNK = 512
 
 
 class RedisCarrier:
