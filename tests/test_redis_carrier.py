@@ -781,3 +781,38 @@ def test_connection_lost_with_chunks_in_flight_is_counted_then_resynced(
     with caplog.at_level(logging.ERROR, logger="factstream.transport.redis"):
         run(scenario())
     assert f"connection lost with {n} commands unacknowledged" in caplog.text
+
+
+def test_a_held_batch_is_acknowledged_promptly_and_idle_pings_still_answer(
+    run: Any, private_redis: RedisServer, channel_prefix: str
+) -> None:
+    """The publisher waits for many replies at once (SO_RCVLOWAT) and then for any single one again.
+
+    Redis holds a batch (CLIENT PAUSE WRITE) and lets it go: the flush ends
+    as soon as the replies are in, and afterwards the idle PINGs (one reply
+    each) and a lone command are answered well within ``ping_timeout``.
+    """
+    n = 3 * carrier_module.CHUNK
+
+    async def scenario() -> None:
+        writer = RedisCarrier(private_redis.url, channel_prefix, listen=False, **FAST)
+        admin = await raw_client(private_redis.url)
+        try:
+            async with writer:
+                await eventually(lambda: writer.publisher_connected, what="publisher up")
+                await admin.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
+                assert writer.send_many([wire.RdataCommand("s", "w", i, [i]) for i in range(1, n + 1)]) == n
+                await asyncio.sleep(0.1)
+                await admin.execute_command("CLIENT", "UNPAUSE")
+                await writer.flush(FAST["ping_timeout"] / 2)
+                assert writer.stats.published == n
+                await asyncio.sleep(4 * FAST["ping_interval"] + FAST["ping_timeout"])  # several idle PINGs
+                assert writer.stats.health_check_failures == 0 and writer.stats.publisher_connects == 1
+                assert writer.send(wire.PingCommand("lone"))
+                await writer.flush(FAST["ping_timeout"] / 2)
+                assert writer.stats.published == n + 1
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+            await admin.aclose()
+
+    run(scenario())

@@ -13,6 +13,7 @@ import functools
 import inspect
 import logging
 import random
+import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -21,6 +22,7 @@ from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.connection import Connection as TcpRedisConnection
+from redis.asyncio.connection import SSLConnection
 from redis.exceptions import RedisError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
@@ -111,6 +113,39 @@ def _direct_write(conn: AbstractConnection) -> Callable[[bytes], bool] | None:
         return True
 
     return write
+
+
+#: The most bytes of replies the publisher waits for before its event loop wakes it (SO_RCVLOWAT).
+REPLY_LOWAT_MAX = 65536
+
+
+def _reply_lowat(conn: AbstractConnection) -> Callable[[int], None] | None:
+    """``set(n)``: wake the publisher only once ``n`` bytes of replies are in the socket; None if unusable.
+
+    A pipelined batch's replies (``:0\r\n``, 4 bytes or more each) arrive in
+    small pieces as Redis works through it; waking for each piece costs an
+    event-loop turn and a redis-py read. With ``4 * (replies still due) - 3``
+    bytes as the kernel's low-water mark (at most one reply may already be
+    partly read), the kernel never holds back the last replies. Plain TCP only:
+    under TLS the bytes on the wire are not the replies' bytes, and a record
+    may sit half-read in the TLS layer.
+    """
+    if not isinstance(conn, TcpRedisConnection) or isinstance(conn, SSLConnection):
+        return None
+    writer = getattr(conn, "_writer", None)
+    sock = writer.transport.get_extra_info("socket") if isinstance(writer, asyncio.StreamWriter) else None
+    option = getattr(socket, "SO_RCVLOWAT", None)
+    if sock is None or option is None:
+        return None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, option, 1)
+    except OSError:
+        return None
+
+    def set_lowat(n: int) -> None:
+        sock.setsockopt(socket.SOL_SOCKET, option, n)
+
+    return set_lowat
 
 
 #: Commands packed (and, when the publisher is idle, written) per chunk by ``send_many``.
@@ -696,6 +731,8 @@ class RedisCarrier:
         write = conn.send_packed_command
         stats = self.stats
         max_batch = self.max_batch
+        lowat = _reply_lowat(conn) if self.pipelining else None
+        waiting_for = 1  # the socket's low-water mark now
 
         async def send(parts: list[bytes]) -> None:
             # Through the same synchronous write as send_many when there is one,
@@ -722,6 +759,9 @@ class RedisCarrier:
                             if type(reply) is not int:
                                 errors += self._publish_error(reply)
                     if not acked:
+                        if lowat is not None:
+                            waiting_for = min(4 * self._in_flight - 3, REPLY_LOWAT_MAX)
+                            lowat(waiting_for)
                         try:
                             async with asyncio.timeout(self.ping_timeout):
                                 reply = await read()
@@ -737,6 +777,9 @@ class RedisCarrier:
                     self._in_flight -= acked
                     stats.published += acked - errors
                     stats.publish_errors += errors
+                if lowat is not None and waiting_for != 1 and not self._in_flight:
+                    waiting_for = 1  # PING and the next batch: wake for any reply
+                    lowat(1)
                 continue
             if queue:
                 batch: list[bytes] = []
