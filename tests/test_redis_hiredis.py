@@ -95,13 +95,13 @@ async def test_carrier_delivers_bursts_in_order_on_either_parser(redis_url: str,
 
 async def test_write_through_and_reply_low_water_mark_are_usable_on_tcp(redis_url: str, channel_prefix: str) -> None:
     """send_many's direct write and the publisher's SO_RCVLOWAT rely on redis-py's stream; both find it."""
-    from factstream.transport.redis import carrier as carrier_module
+    from factstream.transport.redis import fastpaths
 
     carrier = RedisCarrier(redis_url, channel_prefix, **FAST)
     conn = await _connected(carrier)
     try:
-        write = carrier_module._direct_write(conn)
-        lowat = carrier_module._reply_lowat(conn)
+        write = fastpaths._direct_write(conn)
+        lowat = fastpaths._reply_lowat(conn)
         assert write is not None and lowat is not None
         lowat(5)
         assert write(b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n")  # 8 bytes of reply: above the mark

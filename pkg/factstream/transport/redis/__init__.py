@@ -35,8 +35,9 @@ pipelining are under this module's control.
 confirmed subscription, positions announced after every reconnect, RDATA
 held back on a fresh subscription until its writer's POSITION);
 the package splits into :mod:`.urls` (URLs and channel names),
-:mod:`.carrier` (the two connections) and :mod:`.replication` (the hub
-glue); ``factstream tail --redis`` (``factstream.cli.tail_redis``) prints a
+:mod:`.carrier` (the two connections), :mod:`.fastpaths` (the three
+places it reaches under redis-py's API, each with a fallback) and
+:mod:`.replication` (the hub glue); ``factstream tail --redis`` (``factstream.cli.tail_redis``) prints a
 live deployment's traffic. See docs/redis.md.
 """
 
@@ -45,7 +46,8 @@ from __future__ import annotations
 from ...backoff import backoff_delay
 from ...commands import command_to_json
 from ...redaction import redact_url as redacted_url
-from .carrier import ECHO_COMMANDS, RedisCarrier, RedisCarrierStats, _buffered_replies
+from .carrier import ECHO_COMMANDS, RedisCarrier, RedisCarrierStats
+from .fastpaths import _buffered_replies
 from .replication import RedisConnection, RedisReplication
 from .urls import USER_IP_CHANNEL, RedisChannels, connection_kwargs_from_url
 
