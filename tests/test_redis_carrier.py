@@ -816,3 +816,22 @@ def test_a_held_batch_is_acknowledged_promptly_and_idle_pings_still_answer(
             await admin.aclose()
 
     run(scenario())
+
+
+def test_send_many_past_the_bound_counts_every_refused_command_before_a_bad_one(
+    run: Any, private_redis: RedisServer, channel_prefix: str
+) -> None:
+    private_redis.stop()  # nothing drains: the bound is reached by this call alone
+
+    async def scenario() -> None:
+        writer = RedisCarrier(private_redis.url, channel_prefix, max_pending=100, listen=False, **FAST)
+        async with writer:
+            cmds: list[wire.Command] = [wire.RdataCommand("s", "w", i, [i]) for i in range(1, 151)]
+            cmds[129] = wire.RdataCommand("s", "", 130, [0])
+            with pytest.raises(wire.ProtocolError, match="instance_name must be non-empty"):
+                writer.send_many(cmds)
+            assert writer.pending == 100  # the first hundred, queued
+            assert writer.stats.dropped == 29 and writer.stats.overflows == 1  # 101..129, refused and counted
+            assert writer.send_many(cmds[130:]) == 0 and writer.stats.dropped == 49
+
+    run(scenario())

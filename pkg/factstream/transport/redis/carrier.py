@@ -321,9 +321,14 @@ class RedisCarrier:
             else:
                 self._put(data, n)
         if accepted < total:
-            for cmd in cmds[accepted:]:
-                encode((cmd,), main, user_ip, {})  # the same errors as an accepted command
-            self._refuse(total - accepted)
+            refused = 0
+            try:
+                for cmd in cmds[accepted:]:
+                    encode((cmd,), main, user_ip, {})  # the same errors as an accepted command
+                    refused += 1
+            finally:
+                if refused:  # those before a bad one are dropped, and counted, as with send()
+                    self._refuse(refused)
         return accepted
 
     def _put(self, data: bytes, n: int) -> None:
