@@ -145,6 +145,74 @@ def test_publish_redis_benchmark(benchmark: Any, redis_url: str, clients: int, p
     benchmark.extra_info.update(items=n, reported_rps=round(max(reported)), line_bytes=len(SAMPLE_LINE))
 
 
+PAIRS = 7
+
+
+@pytest.mark.skipif(REDIS_BENCHMARK is None, reason="redis-benchmark is not installed (apt-get install redis-tools)")
+@pytest.mark.parametrize("lines", ["corpus", "same-line"])
+def test_paired_ratio_publish_over_redis_benchmark(
+    benchmark: Any, redis_url: str, loop: asyncio.AbstractEventLoop, lines: str
+) -> None:
+    """Issue 17 target 5: the carrier's pipelined publish over ``redis-benchmark -P 1000``, rounds alternated.
+
+    Each pair is one carrier round (N_COMMANDS commands queued with
+    ``send_many``, clock stopped when Redis acknowledged the last) and one
+    redis-benchmark run (1 client, ``-P 1000``, 5 x N_COMMANDS PUBLISH of
+    SAMPLE_LINE), back to back so machine load hits both alike. ``corpus``
+    publishes the seeded corpus (every command type), ``same-line`` the very
+    line redis-benchmark publishes. Ratios are taken against redis-benchmark's
+    wall time (process start-up included) and against the rate it reports
+    itself (start-up excluded, the stricter one); extra_info holds each
+    median and every pair in run order. The timing row is the whole paired run.
+    """
+    import time
+
+    benchmark.group = "redis publish, paired ratio over redis-benchmark -P 1000"
+    run = _on(loop)
+    cmds = COMMANDS if lines == "corpus" else [wire.parse_line(SAMPLE_LINE) for _ in range(N_COMMANDS)]
+    carrier = RedisCarrier(redis_url, _channel(), listen=False, max_pending=N_COMMANDS)
+    n_rb = N_COMMANDS * 5
+    result: dict[str, Any] = {}
+
+    async def publish() -> float:
+        start = time.perf_counter()
+        carrier.send_many(cmds)
+        await carrier.flush()
+        return N_COMMANDS / (time.perf_counter() - start)
+
+    def pairs() -> None:
+        ours, wall, reported = [], [], []
+        run(publish())  # warm-up
+        for _ in range(PAIRS):
+            ours.append(run(publish()))
+            start = time.perf_counter()
+            reported.append(_redis_benchmark(redis_url, n_rb, 1, 1000))
+            wall.append(n_rb / (time.perf_counter() - start))
+        by_wall = [a / b for a, b in zip(ours, wall)]
+        by_reported = [a / b for a, b in zip(ours, reported)]
+
+        def median(xs: list[float]) -> float:
+            return sorted(xs)[len(xs) // 2]
+
+        result.update(
+            factstream_per_s=round(median(ours)),
+            redis_benchmark_wall_per_s=round(median(wall)),
+            redis_benchmark_reported_per_s=round(median(reported)),
+            median_ratio_wall=round(median(by_wall), 2),
+            median_ratio_reported=round(median(by_reported), 2),
+            ratios_reported=[round(r, 2) for r in by_reported],
+            factstream_rounds=[round(x) for x in ours],
+        )
+
+    run(carrier.start())
+    try:
+        benchmark.pedantic(pairs, rounds=1, iterations=1)
+    finally:
+        run(carrier.close())
+    assert carrier.stats.dropped == 0 and carrier.stats.publish_errors == 0
+    benchmark.extra_info.update(result, loop=type(loop).__module__.split(".")[0], line_bytes=len(SAMPLE_LINE))
+
+
 # ---------------------------------------------------------------------- publish + deliver
 
 

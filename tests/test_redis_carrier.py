@@ -29,6 +29,7 @@ from prometheus_client import REGISTRY
 from conftest import require, unavailable
 from factstream import wire
 from factstream.cli.tail_redis import tail_redis
+from factstream.transport.redis import carrier as carrier_module
 from factstream.transport.redis import (
     RedisCarrier,
     RedisChannels,
@@ -671,3 +672,166 @@ def test_tls(run: Any, tmp_path: Path, channel_prefix: str) -> None:
         run(scenario())
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------ batches: write-through, refusals, losses
+
+
+def test_send_many_writes_full_chunks_at_once_and_stops_at_a_bad_command(
+    run: Any, redis_url: str, channel_prefix: str
+) -> None:
+    """Full chunks go straight onto the connection; a bad command raises, the ones before it are published."""
+    chunk = carrier_module.CHUNK
+    good = 2 * chunk + 5
+
+    async def scenario() -> None:
+        got: list[int] = []
+        reader = RedisCarrier(redis_url, channel_prefix, on_command=lambda c: got.append(c.token), **FAST)
+        writer = RedisCarrier(redis_url, channel_prefix, listen=False, **FAST)
+        async with reader, writer:
+            await reader.wait_subscribed(5)
+            await eventually(lambda: writer.publisher_connected, what="publisher up")
+            cmds: list[wire.Command] = [wire.RdataCommand("s", "w", i, [i]) for i in range(1, 3 * chunk + 1)]
+            cmds[good] = wire.RdataCommand("s", "has space", good + 1, [0])
+            before = writer.stats.round_trips
+            with pytest.raises(wire.ProtocolError, match="instance_name must be non-empty with no spaces"):
+                writer.send_many(cmds)
+            # two full chunks already written (acknowledged later), the five before the bad one queued
+            assert writer.stats.round_trips - before == 2 and writer.pending == good
+            await writer.flush(10)
+            assert writer.stats.round_trips - before == 3
+            assert writer.stats.published == good and writer.stats.queued == good and writer.pending == 0
+            await eventually(lambda: len(got) == good, what=f"{good} commands")
+        assert got == list(range(1, good + 1))
+
+    run(scenario())
+
+
+def test_redis_refusing_publish_is_counted_and_the_rest_goes_through(
+    run: Any, private_redis: RedisServer, channel_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ACL that forbids the USER_IP channel: those PUBLISHes fail (counted, logged), the others arrive."""
+    sent = [
+        wire.UserIpCommand("@u:hs", "tok", "10.0.0.1", "ua", None, i) if i % 10 == 0 else wire.RdataCommand("s", "w", i, [i])
+        for i in range(1, 3001)
+    ]
+
+    async def scenario() -> None:
+        admin = await raw_client(private_redis.url)
+        await admin.execute_command("ACL", "SETUSER", "pub", "on", ">pw", "resetchannels", f"&{channel_prefix}", "+@all")
+        await admin.aclose()
+        got: list[wire.Command] = []
+        reader = RedisCarrier(private_redis.url, channel_prefix, on_command=got.append, subscribe_user_ip=True, **FAST)
+        url = f"redis://pub:pw@127.0.0.1:{private_redis.port}/0"
+        writer = RedisCarrier(url, channel_prefix, listen=False, **FAST)
+        async with reader, writer:
+            await reader.wait_subscribed(5)
+            await eventually(lambda: writer.publisher_connected, what="publisher up")
+            assert writer.send_many(sent) == len(sent)
+            await writer.flush(10)
+            assert (writer.stats.published, writer.stats.publish_errors) == (2700, 300)
+            assert writer.publisher_connected and writer.stats.publisher_failures == 0
+            await eventually(lambda: len(got) == 2700, what="the permitted commands")
+        assert got == [c for c in sent if c.NAME != "USER_IP"]
+
+    with caplog.at_level(logging.ERROR, logger="factstream.transport.redis"):
+        run(scenario())
+    refused = [r for r in caplog.records if "refused PUBLISH" in r.getMessage()]
+    assert refused and "no permissions" in refused[0].getMessage()
+    assert len(refused) < 5  # rate-limited, not one line per refusal
+
+
+def test_connection_lost_with_chunks_in_flight_is_counted_then_resynced(
+    run: Any, private_redis: RedisServer, channel_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis holds the PUBLISHes (CLIENT PAUSE WRITE) and the connection is killed: all of them count as lost."""
+    n = 3 * carrier_module.CHUNK
+
+    async def scenario() -> None:
+        resyncs = 0
+
+        def on_resync() -> None:
+            nonlocal resyncs
+            resyncs += 1
+
+        writer = RedisCarrier(private_redis.url, channel_prefix, listen=False, on_resync=on_resync, **FAST)
+        admin = await raw_client(private_redis.url)
+        try:
+            async with writer:
+                await eventually(lambda: writer.publisher_connected, what="publisher up")
+                resyncs_before = resyncs
+                await admin.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
+                assert writer.send_many([wire.RdataCommand("s", "w", i, [i]) for i in range(1, n + 1)]) == n
+                assert writer.pending == n
+                await asyncio.sleep(0.1)  # written, held by Redis: no reply
+                assert writer.stats.published == 0
+                await admin.execute_command("CLIENT", "KILL", "ID", str(writer.publisher_client_id))
+                await admin.execute_command("CLIENT", "UNPAUSE")
+                await eventually(lambda: writer.stats.lost_in_flight == n, what="the batch counted as lost")
+                assert writer.pending == 0 and writer.stats.published == 0
+                await eventually(lambda: writer.stats.publisher_connects == 2, what="reconnect")
+                await eventually(lambda: resyncs > resyncs_before, what="resync after the loss")
+                assert writer.send(wire.PingCommand("after"))
+                await writer.flush(5)
+                assert writer.stats.published == 1
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+            await admin.aclose()
+
+    with caplog.at_level(logging.ERROR, logger="factstream.transport.redis"):
+        run(scenario())
+    assert f"connection lost with {n} commands unacknowledged" in caplog.text
+
+
+def test_a_held_batch_is_acknowledged_promptly_and_idle_pings_still_answer(
+    run: Any, private_redis: RedisServer, channel_prefix: str
+) -> None:
+    """The publisher waits for many replies at once (SO_RCVLOWAT) and then for any single one again.
+
+    Redis holds a batch (CLIENT PAUSE WRITE) and lets it go: the flush ends
+    as soon as the replies are in, and afterwards the idle PINGs (one reply
+    each) and a lone command are answered well within ``ping_timeout``.
+    """
+    n = 3 * carrier_module.CHUNK
+
+    async def scenario() -> None:
+        writer = RedisCarrier(private_redis.url, channel_prefix, listen=False, **FAST)
+        admin = await raw_client(private_redis.url)
+        try:
+            async with writer:
+                await eventually(lambda: writer.publisher_connected, what="publisher up")
+                await admin.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
+                assert writer.send_many([wire.RdataCommand("s", "w", i, [i]) for i in range(1, n + 1)]) == n
+                await asyncio.sleep(0.1)
+                await admin.execute_command("CLIENT", "UNPAUSE")
+                await writer.flush(FAST["ping_timeout"] / 2)
+                assert writer.stats.published == n
+                await asyncio.sleep(4 * FAST["ping_interval"] + FAST["ping_timeout"])  # several idle PINGs
+                assert writer.stats.health_check_failures == 0 and writer.stats.publisher_connects == 1
+                assert writer.send(wire.PingCommand("lone"))
+                await writer.flush(FAST["ping_timeout"] / 2)
+                assert writer.stats.published == n + 1
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+            await admin.aclose()
+
+    run(scenario())
+
+
+def test_send_many_past_the_bound_counts_every_refused_command_before_a_bad_one(
+    run: Any, private_redis: RedisServer, channel_prefix: str
+) -> None:
+    private_redis.stop()  # nothing drains: the bound is reached by this call alone
+
+    async def scenario() -> None:
+        writer = RedisCarrier(private_redis.url, channel_prefix, max_pending=100, listen=False, **FAST)
+        async with writer:
+            cmds: list[wire.Command] = [wire.RdataCommand("s", "w", i, [i]) for i in range(1, 151)]
+            cmds[129] = wire.RdataCommand("s", "", 130, [0])
+            with pytest.raises(wire.ProtocolError, match="instance_name must be non-empty"):
+                writer.send_many(cmds)
+            assert writer.pending == 100  # the first hundred, queued
+            assert writer.stats.dropped == 29 and writer.stats.overflows == 1  # 101..129, refused and counted
+            assert writer.send_many(cmds[130:]) == 0 and writer.stats.dropped == 49
+
+    run(scenario())

@@ -91,3 +91,21 @@ async def test_carrier_delivers_bursts_in_order_on_either_parser(redis_url: str,
     assert writer.stats.published == len(sent) and writer.stats.publish_errors == 0
     assert writer.stats.round_trips == len(sent) // 500  # every batch's replies drained in one round trip
     assert reader.stats.invalid == 0
+
+
+async def test_write_through_and_reply_low_water_mark_are_usable_on_tcp(redis_url: str, channel_prefix: str) -> None:
+    """send_many's direct write and the publisher's SO_RCVLOWAT rely on redis-py's stream; both find it."""
+    from factstream.transport.redis import fastpaths
+
+    carrier = RedisCarrier(redis_url, channel_prefix, **FAST)
+    conn = await _connected(carrier)
+    try:
+        write = fastpaths._direct_write(conn)
+        lowat = fastpaths._reply_lowat(conn)
+        assert write is not None and lowat is not None
+        lowat(5)
+        assert write(b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n")  # 8 bytes of reply: above the mark
+        assert await conn.read_response() == b"hi"
+        lowat(1)
+    finally:
+        await conn.disconnect()

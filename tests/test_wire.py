@@ -71,6 +71,45 @@ def test_encode_and_parse_exact_bytes(wire_impl: ModuleType, cmd: object, line: 
     assert wire_impl.encode_lines([cmd, cmd]) == line + b"\n" + line + b"\n"
 
 
+def _resp_publish(channel: bytes, line: bytes) -> bytes:
+    return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, len(line), line)
+
+
+def test_encode_redis_publish_frames_each_line_as_a_publish(wire_impl: ModuleType) -> None:
+    cmds = [c for c, _ in EXAMPLES] * 3
+    counts = {"RDATA": 1}
+    data = wire_impl.encode_redis_publish(cmds, b"srv", b"srv/USER_IP", counts)
+    assert data == b"".join(
+        _resp_publish(b"srv/USER_IP" if type(c) is UserIpCommand else b"srv", line) for c, line in EXAMPLES * 3
+    )
+    expected = {"RDATA": 1}
+    for c in cmds:
+        expected[c.NAME] = expected.get(c.NAME, 0) + 1
+    assert counts == expected
+    # non-ASCII lines: the RESP length is in bytes
+    cmd = RdataCommand("events", "master", 3, ["é", "\u2028"])
+    assert wire_impl.encode_redis_publish((cmd,), b"c", b"u", {}) == _resp_publish(b"c", wire_impl.encode(cmd))
+    assert wire_impl.encode_redis_publish([], b"c", b"u", counts) == b"" and counts == expected
+
+
+def test_encode_redis_publish_error_leaves_counts_alone(wire_impl: ModuleType) -> None:
+    counts: dict[str, int] = {}
+    bad = PositionCommand("events", "has space", 1, 2)
+    with pytest.raises(ProtocolError, match="instance_name must be non-empty with no spaces"):
+        wire_impl.encode_redis_publish([PingCommand("1"), bad, PingCommand("2")], b"c", b"u", counts)
+    assert counts == {}
+    with pytest.raises(TypeError, match="takes a Command"):
+        wire_impl.encode_redis_publish([b"PING 1"], b"c", b"u", counts)
+    with pytest.raises(ProtocolError, match="fields is not JSON"):
+        wire_impl.encode_redis_publish([UserIpCommand("@a:hs", "t", "ip", "ua", None, float("nan"))], b"c", b"u", counts)  # type: ignore[arg-type]
+    assert counts == {}
+    # two bad fields: both twins name the same one first
+    with pytest.raises(ProtocolError, match="fields is not JSON"):
+        wire_impl.encode(UserIpCommand("a b", "t", "ip", "ua", None, float("nan")))  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match="user_id must be non-empty"):
+        wire_impl.encode(UserIpCommand("a b", "t", "ip", "ua", None, 1))
+
+
 def test_commands_compare_by_value_and_repr() -> None:
     a = RdataCommand("events", "master", 1, ["x"])
     assert a == RdataCommand("events", "master", 1, ["x"])

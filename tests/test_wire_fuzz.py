@@ -61,6 +61,16 @@ def test_decoder_round_trip_any_chunking(wire_impl: ModuleType, cmds: list[Comma
 
 
 @FUZZ
+@given(cmds=st.lists(commands, max_size=12))
+def test_redis_publish_framing_matches_the_pure_twin(wire_impl: ModuleType, cmds: list[Command]) -> None:
+    counts: dict[str, int] = {}
+    expected: dict[str, int] = {}
+    data = wire_impl.encode_redis_publish(cmds, b"srv", b"srv/USER_IP", counts)
+    assert data == PY.encode_redis_publish(cmds, b"srv", b"srv/USER_IP", expected)
+    assert counts == expected and sum(counts.values()) == len(cmds)
+
+
+@FUZZ
 @given(value=json_values)
 def test_json_matches_stdlib_both_ways(wire_impl: ModuleType, value: Any) -> None:
     line = wire_impl.encode(RdataCommand("s", "w", 1, value))

@@ -19,9 +19,9 @@ decoder.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
-from cpython.dict cimport PyDict_Next, PyDict_SetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, Py_TYPE
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.long cimport PyLong_FromLongLong, PyLong_FromString
@@ -48,7 +48,7 @@ from .commands import (
 from .commands import _UNSET
 from .errors import ProtocolError
 
-__all__ = ["parse_line", "encode", "encode_lines", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
+__all__ = ["parse_line", "encode", "encode_lines", "encode_redis_publish", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
 
 from factstream._ascii cimport (
     C_0, C_9, C_BACKSLASH, C_BS, C_COLON, C_COMMA, C_CR, C_DOT, C_FF, C_LBRACE, C_LBRACKET, C_LF, C_LOWER_A,

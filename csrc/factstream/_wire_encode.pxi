@@ -359,6 +359,24 @@ cdef int _encode_into(_Out out, object cmd) except -1:
             return 0
         except ProtocolError:
             out.len = mark  # to_line below raises the error, in its own order
+    if t is _USER_IP:
+        mark = out.len
+        try:
+            out.write(b"USER_IP ", 8)
+            _enc_word(out, cmd.user_id, "user_id", "USER_IP")
+            out.byte(32)
+            _enc_json(out, [cmd.access_token, cmd.ip, cmd.user_agent, cmd.device_id, cmd.last_seen], "fields", "USER_IP")
+            return 0
+        except ProtocolError:
+            out.len = mark  # to_line below raises the error, in its own order
+    elif t is _LOCK_RELEASED:
+        mark = out.len
+        try:
+            out.write(b"LOCK_RELEASED ", 14)
+            _enc_json(out, [cmd.instance_name, cmd.lock_name, cmd.lock_key], "fields", "LOCK_RELEASED")
+            return 0
+        except ProtocolError:
+            out.len = mark
     if not isinstance(cmd, Command):
         raise TypeError(f"encode() takes a Command, not {type(cmd).__name__}")
     text = cmd.NAME + " " + cmd.to_line()
@@ -371,6 +389,8 @@ cdef int _encode_into(_Out out, object cmd) except -1:
 
 
 cdef object _USER_SYNC = UserSyncCommand
+cdef object _USER_IP = UserIpCommand
+cdef object _LOCK_RELEASED = LockReleasedCommand
 # The commands whose body is one free-text ``data`` slot, by exact type.
 cdef dict _SIMPLE_PREFIX = {
     cls: (cls.NAME + " ").encode() for cls in COMMAND_MAP.values() if S_DATA_CLASS in cls.__mro__ and cls.__mro__[1] is S_DATA_CLASS
@@ -406,3 +426,93 @@ def encode_lines(cmds) -> bytes:
         _encode_into(out, cmd)
         out.byte(10)
     return out.take()
+
+
+cdef int _resp_len(_Out out, Py_ssize_t n) except -1:
+    # ``$<n>\r\n``: a RESP bulk string's length header.
+    cdef char digits[24]
+    cdef int i = 24
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + n % 10)
+        n //= 10
+        if n == 0:
+            break
+    out.byte(36)
+    out.write(digits + i, 24 - i)
+    out.write(b"\r\n", 2)
+    return 0
+
+
+cdef bytes _publish_header(bytes channel):
+    return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(channel), channel)
+
+
+cdef enum:
+    PUBLISH_TYPES = 32  # distinct command classes tracked in C per call (15 exist)
+
+
+def encode_redis_publish(cmds, bytes channel, bytes user_ip_channel, dict counts) -> bytes:
+    """The commands as pipelined Redis ``PUBLISH`` requests (RESP), one bytes object."""
+    cdef _Out out = _Out()
+    cdef _Out line = _Out()
+    cdef bytes main = _publish_header(channel)
+    cdef bytes user_ip = _publish_header(user_ip_channel)
+    cdef bytes header = main
+    # Per command class seen: its count and whether it goes to the USER_IP
+    # channel, in C arrays searched by pointer (a call sees a handful of
+    # classes, mostly in runs); names are looked up once per class at the end.
+    # ``alive`` holds a reference to each class for the duration of the call.
+    cdef PyObject* types[PUBLISH_TYPES]
+    cdef Py_ssize_t seen[PUBLISH_TYPES]
+    cdef bint to_ip[PUBLISH_TYPES]
+    cdef int ntypes = 0, cur = -1, i
+    cdef PyObject* t
+    cdef list alive = []
+    cdef dict more = {}  # past PUBLISH_TYPES classes (only with many Command subclasses)
+    if type(cmds) is list or type(cmds) is tuple:
+        out.reserve(len(cmds) * 192)  # header + a typical line: most chunks never grow
+    for cmd in cmds:
+        line.len = 0
+        _encode_into(line, cmd)
+        t = <PyObject*>Py_TYPE(cmd)
+        if cur < 0 or types[cur] != t:
+            cur = -1
+            for i in range(ntypes):
+                if types[i] == t:
+                    cur = i
+                    break
+            if cur < 0:
+                if ntypes == PUBLISH_TYPES:
+                    name = type(cmd).NAME
+                    more[name] = more.get(name, 0) + 1
+                    header = user_ip if name == "USER_IP" else main
+                    out.write(PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header))
+                    _resp_len(out, line.len)
+                    out.write(line.buf, line.len)
+                    out.write(b"\r\n", 2)
+                    continue
+                alive.append(type(cmd))
+                cur = ntypes
+                ntypes += 1
+                types[cur] = t
+                seen[cur] = 0
+                to_ip[cur] = type(cmd).NAME == "USER_IP"
+        seen[cur] += 1
+        header = user_ip if to_ip[cur] else main
+        out.write(PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header))
+        _resp_len(out, line.len)
+        out.write(line.buf, line.len)
+        out.write(b"\r\n", 2)
+    # only once all of them encoded
+    for i in range(ntypes):
+        _count(counts, (<object>types[i]).NAME, seen[i])
+    for name, n in more.items():
+        _count(counts, name, n)
+    return out.take()
+
+
+cdef int _count(dict counts, object name, Py_ssize_t n) except -1:
+    cdef PyObject* seen = PyDict_GetItem(counts, name)
+    PyDict_SetItem(counts, name, (<object>seen) + n if seen != NULL else n)
+    return 0

@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING
 from ._compat import load
 
 if TYPE_CHECKING:
-    from ._wire_py import DEFAULT_MAX_LINE_LENGTH, LineDecoder, encode, encode_lines, parse_line
+    from ._wire_py import DEFAULT_MAX_LINE_LENGTH, LineDecoder, encode, encode_lines, encode_redis_publish, parse_line
 else:
     _impl = load("_wire")
     parse_line = _impl.parse_line
     encode = _impl.encode
     encode_lines = _impl.encode_lines
+    encode_redis_publish = _impl.encode_redis_publish
     LineDecoder = _impl.LineDecoder
     DEFAULT_MAX_LINE_LENGTH = _impl.DEFAULT_MAX_LINE_LENGTH
 
-__all__ = ["parse_line", "encode", "encode_lines", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
+__all__ = ["parse_line", "encode", "encode_lines", "encode_redis_publish", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]

@@ -26,7 +26,7 @@ from .commands import (
 )
 from .errors import ProtocolError
 
-__all__ = ["parse_line", "encode", "encode_lines", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
+__all__ = ["parse_line", "encode", "encode_lines", "encode_redis_publish", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
 
 #: Longest line accepted by default, in bytes without the newline (Synapse's limit).
 DEFAULT_MAX_LINE_LENGTH = 16384
@@ -202,6 +202,34 @@ def encode(cmd: Command) -> bytes:
 def encode_lines(cmds: Iterable[Command]) -> bytes:
     """Newline-terminated lines for a TCP stream."""
     return b"".join([encode(cmd) + b"\n" for cmd in cmds])
+
+
+def _publish_header(channel: bytes) -> bytes:
+    return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(channel), channel)
+
+
+def encode_redis_publish(cmds: Iterable[Command], channel: bytes, user_ip_channel: bytes, counts: dict[str, int]) -> bytes:
+    """The commands as pipelined Redis ``PUBLISH`` requests (RESP), one bytes object.
+
+    Each command is one ``PUBLISH channel line`` request, ``USER_IP`` on
+    ``user_ip_channel`` (Synapse's layout), the others on ``channel``; so a
+    carrier writes a whole batch with one call and no per-command Python.
+    ``counts`` (command name -> number) is increased for each command packed.
+    An encoding error raises :class:`ProtocolError` for the first bad command;
+    then nothing is returned and ``counts`` is left as it was.
+    """
+    main = _publish_header(channel)
+    user_ip = _publish_header(user_ip_channel)
+    parts = []
+    packed: dict[str, int] = {}
+    for cmd in cmds:
+        data = encode(cmd)
+        name = cmd.NAME
+        parts.append(b"%s$%d\r\n%s\r\n" % (user_ip if name == "USER_IP" else main, len(data), data))
+        packed[name] = packed.get(name, 0) + 1
+    for name, n in packed.items():  # only once all of them encoded
+        counts[name] = counts.get(name, 0) + n
+    return b"".join(parts)
 
 
 class LineDecoder:

@@ -14,7 +14,7 @@ turns a byte stream into commands incrementally.
 
 from __future__ import annotations
 
-from ._wire import DEFAULT_MAX_LINE_LENGTH, LineDecoder, encode, encode_lines, parse_line
+from ._wire import DEFAULT_MAX_LINE_LENGTH, LineDecoder, encode, encode_lines, encode_redis_publish, parse_line
 from .commands import *  # noqa: F403 - the command classes are part of this API
 from .commands import __all__ as _command_names
 from .errors import ProtocolError
@@ -23,6 +23,7 @@ __all__ = [
     "parse_line",
     "encode",
     "encode_lines",
+    "encode_redis_publish",
     "LineDecoder",
     "DEFAULT_MAX_LINE_LENGTH",
     "ProtocolError",

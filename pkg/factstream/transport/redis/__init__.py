@@ -14,9 +14,11 @@ more: it never looks at positions. What it adds around that:
 * ``on_subscribed`` fires every time the subscription is confirmed by Redis
   (the owner publishes REPLICATE and its positions from there, so no answer
   can arrive before anyone listens);
-* outbound commands go into a bounded queue that is flushed with pipelining:
-  everything queued in one event-loop tick goes out in one round trip, in
-  order. Past the bound, new commands are refused and counted, loudly;
+* outbound commands are packed into PUBLISH requests when sent and go into a
+  bounded queue that is flushed with pipelining: everything queued in one
+  event-loop tick goes out in one write, in order (``send_many`` writes full
+  chunks at once when nothing older waits); a command counts as published
+  when Redis acknowledged it. Past the bound, new commands are refused and counted, loudly;
   ``on_resync`` then fires once the queue has drained, and after every
   publisher reconnect, so the owner can announce its positions and let
   readers repair the gap from the database (pub/sub is at-most-once);
@@ -33,8 +35,9 @@ pipelining are under this module's control.
 confirmed subscription, positions announced after every reconnect, RDATA
 held back on a fresh subscription until its writer's POSITION);
 the package splits into :mod:`.urls` (URLs and channel names),
-:mod:`.carrier` (the two connections) and :mod:`.replication` (the hub
-glue); ``factstream tail --redis`` (``factstream.cli.tail_redis``) prints a
+:mod:`.carrier` (the two connections), :mod:`.fastpaths` (the three
+places it reaches under redis-py's API, each with a fallback) and
+:mod:`.replication` (the hub glue); ``factstream tail --redis`` (``factstream.cli.tail_redis``) prints a
 live deployment's traffic. See docs/redis.md.
 """
 
@@ -43,7 +46,8 @@ from __future__ import annotations
 from ...backoff import backoff_delay
 from ...commands import command_to_json
 from ...redaction import redact_url as redacted_url
-from .carrier import ECHO_COMMANDS, RedisCarrier, RedisCarrierStats, _buffered_replies
+from .carrier import ECHO_COMMANDS, RedisCarrier, RedisCarrierStats
+from .fastpaths import _buffered_replies
 from .replication import RedisConnection, RedisReplication
 from .urls import USER_IP_CHANNEL, RedisChannels, connection_kwargs_from_url
 

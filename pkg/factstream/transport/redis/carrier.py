@@ -16,6 +16,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
+from itertools import islice
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
@@ -28,6 +29,7 @@ from ...backoff import backoff_delay
 from ...commands import Command
 from ...redaction import redact_url as redacted_url
 from ...replication.droplog import DropLog
+from .fastpaths import REPLY_LOWAT_MAX, _buffered_replies, _direct_write, _reply_lowat
 from .urls import RedisChannels, connection_kwargs_from_url
 
 logger = logging.getLogger("factstream.transport.redis")
@@ -51,7 +53,7 @@ class RedisCarrierStats:
     queued: int = 0  #: commands accepted by ``send``
     published: int = 0  #: commands Redis acknowledged
     publish_errors: int = 0  #: commands Redis answered with an error
-    round_trips: int = 0  #: pipelined flushes (one write, one read of all replies)
+    round_trips: int = 0  #: pipelined writes (each up to ``max_batch`` commands; replies counted in bulk)
     dropped: int = 0  #: commands refused because the outbound queue was full
     overflows: int = 0  #: times the bound was hit (each followed by a resync)
     lost_in_flight: int = 0  #: written, but the connection died before Redis replied
@@ -67,31 +69,8 @@ class RedisCarrierStats:
         return asdict(self)
 
 
-_NOTHING: Any = object()
-
-
-def _buffered_replies(conn: AbstractConnection) -> tuple[Callable[[], Any], Any]:
-    """``(gets, nothing)``: ``gets()`` returns the next reply already buffered, or ``nothing``.
-
-    With hiredis this is the parser's own ``gets`` (a C call, no coroutine),
-    which lets a burst of pub/sub messages or PUBLISH replies be consumed in
-    one synchronous loop after a single awaited read. Without it (or if
-    redis-py's internals change) ``gets`` always says ``nothing`` and every
-    reply goes through the public ``read_response``.
-    """
-    reader = getattr(getattr(conn, "_parser", None), "_reader", None)
-    try:
-        from redis._parsers.hiredis import NOT_ENOUGH_DATA
-    except ImportError:  # pragma: no cover - depends on the redis-py version
-        reader = None
-    gets = getattr(reader, "gets", None)
-    if gets is None:
-        return (lambda: _NOTHING), _NOTHING
-    return gets, NOT_ENOUGH_DATA
-
-
-def _pack_publish_header(channel: bytes) -> bytes:
-    return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n" % (len(channel), channel)
+#: Commands packed (and, when the publisher is idle, written) per chunk by ``send_many``.
+CHUNK = 512
 
 
 class RedisCarrier:
@@ -147,6 +126,8 @@ class RedisCarrier:
         self.listen = listen
         self.max_pending = max_pending
         self.max_batch = max_batch if pipelining else 1
+        self.pipelining = pipelining
+        self._chunk = min(self.max_batch, CHUNK)
         self.ping_interval = ping_interval
         self.ping_timeout = ping_timeout
         self.connect_timeout = connect_timeout
@@ -167,10 +148,14 @@ class RedisCarrier:
         self._subscribe_to = [self.channels.main]
         if subscribe_user_ip:
             self._subscribe_to.append(self.channels.user_ip)
-        self._header_main = _pack_publish_header(self.channels.main.encode())
-        self._header_user_ip = _pack_publish_header(self.channels.user_ip.encode())
+        self._channel_main = self.channels.main.encode()
+        self._channel_user_ip = self.channels.user_ip.encode()
 
-        self._queue: deque[bytes] = deque()
+        #: packed PUBLISH requests waiting for the publisher task: (bytes, commands in them)
+        self._queue: deque[tuple[bytes, int]] = deque()
+        self._queued = 0  # commands in _queue
+        #: write-through on the live publisher connection (send_many), None when not usable
+        self._direct: Callable[[bytes], bool] | None = None
         self._overflowing = False
         self._dropped_before = 0
         self._need_resync = False
@@ -191,6 +176,7 @@ class RedisCarrier:
         self._m_out = metrics.LabelledCounter(metrics.COMMANDS_OUT)
         self._invalid_log = DropLog(logger, interval=1.0)
         self._drop_log = DropLog(logger, interval=5.0)
+        self._refused_log = DropLog(logger, interval=5.0)
         #: redis-side client ids of the live connections (for operators and tests)
         self.subscriber_client_id: int | None = None
         self.publisher_client_id: int | None = None
@@ -217,11 +203,11 @@ class RedisCarrier:
         """Stop both connections, first trying for ``flush_timeout`` s to publish what is queued."""
         if self._closing:
             return
-        if flush_timeout > 0 and self._tasks and (self._queue or self._in_flight):
+        if flush_timeout > 0 and self._tasks and (self._queued or self._in_flight):
             try:
                 await self.flush(timeout=flush_timeout)
             except TimeoutError:
-                logger.warning("closing with %d commands still unpublished", len(self._queue) + self._in_flight)
+                logger.warning("closing with %d commands still unpublished", self._queued + self._in_flight)
         self._closing = True
         tasks = self._tasks + list(self._hook_tasks)
         for task in tasks:
@@ -229,7 +215,7 @@ class RedisCarrier:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         self._queue.clear()
-        self._in_flight = 0
+        self._queued = self._in_flight = 0
         self._report_metrics()
         self._subscribed = self._publisher_up = False
         for fut in self._drained_waiters:
@@ -256,7 +242,7 @@ class RedisCarrier:
     @property
     def pending(self) -> int:
         """Commands queued or in flight, not yet acknowledged by Redis."""
-        return len(self._queue) + self._in_flight
+        return self._queued + self._in_flight
 
     async def wait_subscribed(self, timeout: float | None = None) -> None:
         """Wait until the subscription is confirmed (raises TimeoutError after ``timeout``)."""
@@ -273,7 +259,7 @@ class RedisCarrier:
         While the publisher is disconnected this waits for the reconnect; a
         batch lost with a connection counts as done (see ``stats.lost_in_flight``).
         """
-        if not self._queue and not self._in_flight:
+        if not self._queued and not self._in_flight:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._drained_waiters.append(fut)
@@ -287,47 +273,91 @@ class RedisCarrier:
 
         Encoding errors (a command Synapse could not carry) raise
         :class:`factstream.wire.ProtocolError` here, at the caller.
+        Everything queued in one event-loop tick goes out in one write.
         """
-        data = wire.encode(cmd)
-        name = cmd.NAME
-        header = self._header_user_ip if name == "USER_IP" else self._header_main
-        if self._enqueue(b"%s$%d\r\n%s\r\n" % (header, len(data), data)):
-            counts = self._m_out.counts
-            counts[name] = counts.get(name, 0) + 1
-            return True
-        return False
+        return self.send_many((cmd,)) == 1
 
     def send_many(self, cmds: Iterable[Command]) -> int:
-        """Queue several commands in order; returns how many were accepted."""
-        accepted = 0
-        for cmd in cmds:
-            accepted += self.send(cmd)
+        """Queue several commands in order; returns how many were accepted.
+
+        They are packed into PUBLISH requests a chunk at a time (one compiled
+        call per chunk, see ``wire.encode_redis_publish``). A full chunk
+        finding nothing older queued is written at once on the publisher
+        connection, so Redis works on it while the next chunk is packed; the
+        rest waits for the publisher task. Accepted commands still count as
+        published only when Redis acknowledged them. An encoding error raises
+        at the bad command, the ones before it accepted, as with ``send``.
+        """
+        if not isinstance(cmds, (list, tuple)):
+            cmds = list(cmds)
+        total = len(cmds)
+        room = 0 if self._overflowing else self.max_pending - self._queued
+        accepted = min(total, max(room, 0))
+        encode = wire.encode_redis_publish
+        main, user_ip = self._channel_main, self._channel_user_ip
+        counts = self._m_out.counts
+        chunk = self._chunk
+        start = 0
+        while start < accepted:
+            part = cmds[start:min(start + chunk, accepted)]
+            try:
+                data = encode(part, main, user_ip, counts)
+            except Exception:
+                # Accept the commands before the bad one, one by one, then raise its error.
+                for cmd in part:
+                    self._put(encode((cmd,), main, user_ip, counts), 1)
+                raise
+            n = len(part)
+            start += n
+            direct = self._direct
+            if (
+                n == chunk and direct is not None and not self._queued
+                and self._in_flight + n <= self.max_pending and direct(data)
+            ):
+                self._in_flight += n
+                self.stats.queued += n
+                self.stats.round_trips += 1
+                self._wake_flusher()
+            else:
+                self._put(data, n)
+        if accepted < total:
+            refused = 0
+            try:
+                for cmd in cmds[accepted:]:
+                    encode((cmd,), main, user_ip, {})  # the same errors as an accepted command
+                    refused += 1
+            finally:
+                if refused:  # those before a bad one are dropped, and counted, as with send()
+                    self._refuse(refused)
         return accepted
 
-    def _enqueue(self, packed: bytes) -> bool:
-        queue = self._queue
-        if self._overflowing or len(queue) >= self.max_pending:
-            self.stats.dropped += 1
-            if not self._overflowing:
-                self._overflowing = True
-                self._need_resync = True
-                self.stats.overflows += 1
-                self._dropped_before = self.stats.dropped - 1
-                logger.error(
-                    "Redis publish queue full (%d commands, publisher %s): dropping new commands until it "
-                    "drains; readers will catch up from positions announced afterwards. Raise max_pending "
-                    "or check the Redis connection.",
-                    len(queue), "connected" if self._publisher_up else "DISCONNECTED",
-                )
-            else:
-                self._drop_log.log("Redis publish queue still full: %d commands dropped so far", self.stats.dropped)
-            return False
-        queue.append(packed)
-        self.stats.queued += 1
+    def _put(self, data: bytes, n: int) -> None:
+        self._queue.append((data, n))
+        self._queued += n
+        self.stats.queued += n
+        self._wake_flusher()
+
+    def _wake_flusher(self) -> None:
         if self._flusher_waiting:
             self._flusher_waiting = False
             self._wake.set()
-        return True
+
+    def _refuse(self, n: int) -> None:
+        """``n`` commands found the queue full (or still overflowing): count and log them."""
+        self.stats.dropped += n
+        if not self._overflowing:
+            self._overflowing = True
+            self._need_resync = True
+            self.stats.overflows += 1
+            self._dropped_before = self.stats.dropped - n
+            logger.error(
+                "Redis publish queue full (%d commands, publisher %s): dropping new commands until it "
+                "drains; readers will catch up from positions announced afterwards. Raise max_pending "
+                "or check the Redis connection.",
+                self._queued + self._in_flight, "connected" if self._publisher_up else "DISCONNECTED",
+            )
+        else:
+            self._drop_log.log("Redis publish queue still full: %d commands dropped so far", self.stats.dropped)
 
     # ------------------------------------------------------------------ connections
 
@@ -380,7 +410,7 @@ class RedisCarrier:
         return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
     def _report_pending(self) -> None:
-        pending = len(self._queue) + self._in_flight
+        pending = self._queued + self._in_flight
         if pending != self._pending_reported:
             metrics.PENDING_OUT.inc(pending - self._pending_reported)
             self._pending_reported = pending
@@ -588,7 +618,7 @@ class RedisCarrier:
             self.stats.publisher_connects += 1
             self._publisher_up = True
             if connected_before:
-                logger.info("Redis publisher reconnected; %d commands queued", len(self._queue))
+                logger.info("Redis publisher reconnected; %d commands queued", self._queued)
             connected_before = True
             try:
                 await self._publish_on(conn)
@@ -607,75 +637,122 @@ class RedisCarrier:
             self.stats.publisher_failures += 1
             metrics.DISCONNECTS.labels("redis publisher lost").inc()
             logger.warning(
-                "Redis publisher connection lost (%s); %d commands queued, reconnecting", reason, len(self._queue)
+                "Redis publisher connection lost (%s); %d commands queued, reconnecting", reason, self._queued
             )
             await self._backoff("publisher", attempt, ConnectionError(reason))
             attempt += 1
 
     async def _publish_on(self, conn: AbstractConnection) -> None:
-        """Flush the queue over ``conn`` until it fails; PING it when idle."""
+        """Flush the queue over ``conn`` and count Redis' replies until it fails; PING it when idle."""
+        self._direct = _direct_write(conn) if self.pipelining else None
+        try:
+            await self._publish_loop(conn)
+        finally:
+            self._direct = None
+
+    async def _publish_loop(self, conn: AbstractConnection) -> None:
         queue = self._queue
         read = functools.partial(conn.read_response, disconnect_on_error=False)  # we close, and wait for it
         gets, nothing = _buffered_replies(conn)
         write = conn.send_packed_command
         stats = self.stats
+        max_batch = self.max_batch
+        lowat = _reply_lowat(conn) if self.pipelining else None
+        waiting_for = 1  # the socket's low-water mark now
+
+        async def send(parts: list[bytes]) -> None:
+            # Through the same synchronous write as send_many when there is one,
+            # so nothing written by send_many can overtake these bytes.
+            direct = self._direct
+            if direct is None or not direct(b"".join(parts)):
+                await write(parts, check_health=False)
+
         while True:
-            if not queue:
-                self._drained()
-                self._report_metrics()
-                if queue:
-                    continue  # the resync hook queued positions
-                self._wake.clear()
-                self._flusher_waiting = True
+            if self._in_flight:
+                # Take every reply already buffered in one C-level loop (hiredis' gets called
+                # by iter() until it says "nothing"), check them all with one sum() (replies
+                # are receiver counts; an error reply is not an int); when there are none,
+                # wait for the next. send_many may write more meanwhile: _in_flight grows
+                # and this goes on until it is 0.
+                acked = errors = 0
                 try:
-                    async with asyncio.timeout(self.ping_interval):
-                        await self._wake.wait()
-                    continue
-                except TimeoutError:
-                    self._flusher_waiting = False
+                    replies = list(islice(iter(gets, nothing), self._in_flight))
+                    acked = len(replies)
+                    try:
+                        sum(replies)
+                    except TypeError:
+                        for reply in replies:
+                            if type(reply) is not int:
+                                errors += self._publish_error(reply)
+                    if not acked:
+                        if lowat is not None:
+                            waiting_for = min(4 * self._in_flight - 3, REPLY_LOWAT_MAX)
+                            lowat(waiting_for)
+                        try:
+                            async with asyncio.timeout(self.ping_timeout):
+                                reply = await read()
+                        except ResponseError as err:
+                            reply = err
+                        except TimeoutError:
+                            stats.health_check_failures += 1
+                            raise TimeoutError(f"no reply from Redis within {self.ping_timeout:g}s") from None
+                        acked = 1
+                        if type(reply) is not int:
+                            errors += self._publish_error(reply)
+                finally:
+                    self._in_flight -= acked
+                    stats.published += acked - errors
+                    stats.publish_errors += errors
+                if lowat is not None and waiting_for != 1 and not self._in_flight:
+                    waiting_for = 1  # PING and the next batch: wake for any reply
+                    lowat(1)
+                continue
+            if queue:
+                batch: list[bytes] = []
+                n = 0
+                while queue and n + queue[0][1] <= max_batch:
+                    data, k = queue.popleft()
+                    batch.append(data)
+                    n += k
+                self._queued -= n
+                self._in_flight = n
+                self._report_metrics()
+                stats.round_trips += 1
                 try:
                     async with asyncio.timeout(self.ping_timeout):
-                        await write(b"*1\r\n$4\r\nPING\r\n", check_health=False)
-                        await read()
+                        await send(batch)
                 except TimeoutError:
                     stats.health_check_failures += 1
-                    raise TimeoutError(f"no reply to PING within {self.ping_timeout:g}s") from None
+                    raise TimeoutError(f"could not write to Redis within {self.ping_timeout:g}s") from None
                 continue
-            n = min(len(queue), self.max_batch)
-            if n == len(queue):
-                batch = list(queue)
-                queue.clear()
-            else:
-                batch = [queue.popleft() for _ in range(n)]
-            self._in_flight = n
+            self._drained()
             self._report_metrics()
+            if queue or self._in_flight:
+                continue  # the resync hook queued positions
+            self._wake.clear()
+            self._flusher_waiting = True
+            try:
+                async with asyncio.timeout(self.ping_interval):
+                    await self._wake.wait()
+                continue
+            except TimeoutError:
+                self._flusher_waiting = False
             try:
                 async with asyncio.timeout(self.ping_timeout):
-                    await write(batch, check_health=False)
-                    errors = 0
-                    remaining = n
-                    while remaining:
-                        reply = gets()
-                        if reply is nothing:
-                            self._in_flight = remaining
-                            try:
-                                reply = await read()
-                            except ResponseError as err:
-                                reply = err
-                        if isinstance(reply, Exception):
-                            if not isinstance(reply, ResponseError):
-                                raise reply
-                            errors += 1
-                            if errors == 1:
-                                logger.error("Redis refused PUBLISH: %s", reply)
-                        remaining -= 1
-                    self._in_flight = 0
+                    await send([b"*1\r\n$4\r\nPING\r\n"])
+                    await read()  # the first reply from here on: nothing was in flight
             except TimeoutError:
                 stats.health_check_failures += 1
-                raise TimeoutError(f"no reply from Redis within {self.ping_timeout:g}s") from None
-            stats.round_trips += 1
-            stats.published += n - errors
-            stats.publish_errors += errors
+                raise TimeoutError(f"no reply to PING within {self.ping_timeout:g}s") from None
+
+    def _publish_error(self, reply: Any) -> int:
+        """A PUBLISH reply that is not a count: 1 for a refusal (logged, rate-limited), else raise."""
+        if isinstance(reply, ResponseError):
+            self._refused_log.log("Redis refused PUBLISH: %s", reply, level=logging.ERROR)
+            return 1
+        if isinstance(reply, Exception):
+            raise reply
+        raise RedisError(f"unexpected reply to PUBLISH: {reply!r}")
 
     def _lost_in_flight(self) -> None:
         """A batch was written but not (fully) acknowledged: some of it may never reach anyone.
@@ -685,8 +762,8 @@ class RedisCarrier:
         commands refused until the publisher is back and ``on_resync`` has
         announced positions (readers then fetch the hole from the database).
         """
-        lost, queued = self._in_flight, len(self._queue)
-        self._in_flight = 0
+        lost, queued = self._in_flight, self._queued
+        self._in_flight = self._queued = 0
         self.stats.lost_in_flight += lost
         self.stats.dropped += queued
         self._queue.clear()
