@@ -43,6 +43,16 @@ def _versions() -> dict[str, str]:
     return out
 
 
+#: The load when the run began: pytest-benchmark asks for machine_info only when it writes the JSON.
+_LOAD_AT_START: list[float] = []
+
+
+def pytest_sessionstart(session: object) -> None:
+    import os
+
+    _LOAD_AT_START[:] = os.getloadavg()
+
+
 def pytest_benchmark_update_machine_info(config: object, machine_info: dict[str, object]) -> None:
     """Record what a figure depends on: the implementation, versions, CPU and load."""
     import os
@@ -54,7 +64,7 @@ def pytest_benchmark_update_machine_info(config: object, machine_info: dict[str,
     machine_info["versions"] = _versions()
     machine_info["cpu_model"] = _cpu_model()
     machine_info["cpu_count"] = os.cpu_count()
-    machine_info["loadavg_start"] = list(os.getloadavg())
+    machine_info["loadavg_start"] = list(_LOAD_AT_START or os.getloadavg())
 
 
 def pytest_benchmark_update_json(config: object, benchmarks: object, output_json: dict[str, object]) -> None:
