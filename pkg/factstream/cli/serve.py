@@ -162,18 +162,22 @@ async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.
             pass
 
 
-class _Rollback(Exception):
-    pass
+#: ``serve --produce --rate 0``: synthetic transactions per database transaction (group commit).
+GROUP = 64
+#: ``serve --produce``: positions written but not yet published past which producing waits.
+BACKLOG = 4000
 
 
-def synthetic_row(stream: str, token: int, j: int) -> list[Any]:
-    """A row of ``stream`` in Synapse's shape, carrying its creation time where the shape allows."""
+def synthetic_row(stream: str, token: int, j: int, now: float | None = None) -> list[Any]:
+    """A row of ``stream`` in Synapse's shape, carrying its creation time (``now``) where the shape allows."""
+    if now is None:
+        now = time.time()
     if stream == "to_device":
         return [f"@user{token % 97}:demo.hs"]
     if stream == "receipts":
-        return [f"!room{token % 13}:demo.hs", "m.read", f"@user{token % 31}:demo.hs", f"$ev{token}_{j}", None, {"ts": time.time()}]
+        return [f"!room{token % 13}:demo.hs", "m.read", f"@user{token % 31}:demo.hs", f"$ev{token}_{j}", None, {"ts": now}]
     if stream == "caches":
-        return ["get_user_by_id", [f"@user{token}_{j}:demo.hs"], int(time.time() * 1000)]
+        return ["get_user_by_id", [f"@user{token}_{j}:demo.hs"], int(now * 1000)]
     return [f"{stream}-{token}-{j}"]
 
 
@@ -240,52 +244,116 @@ class Writer:
         return {s: g.current_token_for_writer(self.args.instance_name) for s, g in self.gens.items()}
 
     async def produce(self, stop: asyncio.Event) -> None:
-        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks, riding out database outages."""
-        from ..store.database import DatabaseUnavailable
+        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks, riding out database outages.
 
+        As fast as possible (``--rate 0``), up to :data:`GROUP` synthetic
+        transactions share one database transaction (a group commit), each in
+        a savepoint of its own, released or rolled back to, so each stays
+        atomic; their ids complete once the group's outcome is known, which
+        is when readers may see them. A group costs a few hand-overs to the
+        database, not a few per synthetic transaction. At a ``--rate`` each
+        transaction is its own group, written one fact at a time.
+        """
         a = self.args
         outage = Outage(log, f"database {redact_url(a.db)}", initial=0.1, maximum=5.0)
         rng = random.Random(a.seed)
         deadline = time.monotonic() + a.duration if a.duration else None
         interval = 1.0 / a.rate if a.rate else 0.0
-        inst = a.instance_name
-        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            t = rng.choice(self.tables)
-            gen = self.gens[t.stream]
-            n = 1 if interval else rng.randint(1, 24)
-            facts = rows = 0
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                await self._pace(stopping)
+                await self._produce_group(outage, rng, interval, stop)
+                await asyncio.sleep(interval)
+        finally:
+            stopping.cancel()
+
+    async def _pace(self, stopping: asyncio.Future[Any]) -> None:
+        """Wait while the publisher is more than :data:`BACKLOG` positions behind what was written.
+
+        Writing faster than rows are published only grows the distance
+        between them (and the rows readers are yet to get) while taking the
+        process's time from the publisher.
+        """
+        pub = self.publisher
+        if pub is None or pub.backlog() <= BACKLOG:
+            return
+        flushed = asyncio.ensure_future(pub.flush())
+        try:
+            await asyncio.wait({flushed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            flushed.cancel()
+
+    async def _produce_group(
+        self, outage: Outage, rng: random.Random, interval: float, stop: asyncio.Event
+    ) -> None:
+        """Write one group of synthetic transactions; a database outage is waited out (with backoff)."""
+        from ..store.database import DatabaseUnavailable
+
+        stats = self.stats
+        if interval:
+            plans = [(rng.choice(self.tables), 1)]
+        else:
+            plans = [(rng.choice(self.tables), rng.randint(1, 24)) for _ in range(GROUP)]
+        try:
+            async with self.db.transaction() as txn:
+                written = await self._write_group(txn, plans, rng)
+        except DatabaseUnavailable as err:
+            # The transaction is gone with its connection; its ids completed as rolled back
+            # (or committed, if the COMMIT got through): the position is not held back.
+            stats["db_failures"] += 1
+            delay = outage.failed(err)
+            stats["db_outages"] = outage.count
             try:
-                async with self.db.transaction() as txn:
-                    ids = await gen.get_next_mult_txn(txn, n)
-                    params: list[tuple[Any, ...]] = []
-                    for tok in ids:
-                        k = rng.choices((0, 1, 2, 4), (4, 80, 12, 4))[0]  # 0 rows: a hole; several: a batch
-                        params.extend(t.insert_params(tok, inst, synthetic_row(t.stream, tok, j)) for j in range(k))
-                        facts += 1 if k else 0
-                        rows += k
-                    if params:
-                        await txn.executemany(t.insert_sql(), params)
-                    if rng.random() < a.rollback_rate:
-                        raise _Rollback
-            except _Rollback:
-                self.stats["rolled_back"] += n
-            except DatabaseUnavailable as err:
-                # The transaction is gone with its connection; its ids completed as rolled back
-                # (or committed, if the COMMIT got through): the position is not held back.
-                self.stats["db_failures"] += 1
-                delay = outage.failed(err)
-                self.stats["db_outages"] = outage.count
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
-                except TimeoutError:
-                    pass
-                continue
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+            return
+        outage.recovered()
+        facts, rows, rolled_back = written
+        stats["facts"] += facts
+        stats["rows"] += rows
+        stats["rolled_back"] += rolled_back
+        stats["transactions"] += len(plans)
+
+    async def _write_group(
+        self, txn: Any, plans: list[tuple[StreamTable, int]], rng: random.Random
+    ) -> tuple[int, int, int]:
+        """Write ``plans`` (table, facts) in ``txn``, one savepoint each; (facts, rows, ids rolled back)."""
+        inst = self.args.instance_name
+        wanted: dict[str, int] = {}
+        for t, n in plans:
+            wanted[t.stream] = wanted.get(t.stream, 0) + n
+        ids: dict[str, list[int]] = {}
+        for stream, n in wanted.items():
+            ids[stream] = await self.gens[stream].get_next_mult_txn(txn, n)
+        used = dict.fromkeys(wanted, 0)
+        rollback_rate = self.args.rollback_rate
+        now = time.time()
+        steps: list[Any] = []
+        facts = rows = rolled_back = 0
+        for t, n in plans:
+            first = used[t.stream]
+            used[t.stream] = first + n
+            params: list[tuple[Any, ...]] = []
+            k_facts = 0
+            for tok in ids[t.stream][first:first + n]:
+                r = rng.random()  # rows of a fact: 1 mostly; 0 (a hole) 4%, 2 12%, 4 4% (a batch)
+                k = 1 if r < 0.80 else 2 if r < 0.92 else 0 if r < 0.96 else 4
+                params.extend(t.insert_params(tok, inst, synthetic_row(t.stream, tok, j, now)) for j in range(k))
+                k_facts += 1 if k else 0
+            steps.append(("SAVEPOINT produce", None))
+            if params:
+                steps.append((t.insert_sql(), params))
+            if rng.random() < rollback_rate:
+                steps.append(("ROLLBACK TO SAVEPOINT produce", None))
+                rolled_back += n
             else:
-                outage.recovered()
-                self.stats["facts"] += facts
-                self.stats["rows"] += rows
-            self.stats["transactions"] += 1
-            await asyncio.sleep(interval)
+                facts += k_facts
+                rows += len(params)
+            steps.append(("RELEASE SAVEPOINT produce", None))
+        await txn.execute_batch(steps)
+        return facts, rows, rolled_back
 
     async def stop(self, flush_timeout: float = 5.0) -> None:
         """Publish what is complete (for up to ``flush_timeout`` s: the database may be down), then close."""

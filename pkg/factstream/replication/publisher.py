@@ -136,6 +136,10 @@ class Publisher:
         """Stream -> the position up to which facts were published."""
         return {name: st.sent for name, st in self._streams.items()}
 
+    def backlog(self) -> int:
+        """Positions notified but not yet published, summed over streams (a writer may pace itself by it)."""
+        return sum(st.target - st.sent for st in self._streams.values())
+
     def position_commands(self) -> list[PositionCommand]:
         """What to answer to REPLICATE: ``POSITION s w p p`` per stream, at the published position."""
         return [PositionCommand(s.name, self.instance_name, s.sent, s.sent) for s in self._streams.values()]

@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from json.decoder import JSONDecoder
+from json.encoder import JSONEncoder, c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from ..streams.sources import TableUpdateSource
@@ -37,10 +40,15 @@ class StreamTable:
     columns: tuple[str, ...]
     plain_columns: frozenset[str] = field(default_factory=frozenset)
 
-    @property
+    @cached_property
     def json_columns(self) -> frozenset[str]:
         """Columns stored as JSON text."""
         return frozenset(self.columns) - self.plain_columns
+
+    @cached_property
+    def _json_flags(self) -> tuple[bool, ...]:
+        # per column, in order: stored as JSON text (computed once: it is asked for every row)
+        return tuple(c not in self.plain_columns for c in self.columns)
 
     def create_sql(self) -> list[str]:
         """Statements creating the table and its index (idempotent)."""
@@ -57,12 +65,12 @@ class StreamTable:
 
     def insert_params(self, token: int, instance_name: str, row: Sequence[Any]) -> tuple[Any, ...]:
         """Parameters for :meth:`insert_sql` of one wire row."""
-        vals = [json.dumps(v) if c in self.json_columns else v for c, v in zip(self.columns, row, strict=True)]
+        vals = [_to_json(v) if j else v for j, v in zip(self._json_flags, row, strict=True)]
         return (token, instance_name, *vals)
 
     def to_row(self, values: tuple[Any, ...]) -> list[Any]:
         """The wire row of a selected tuple (columns only)."""
-        return [json.loads(v) if c in self.json_columns and v is not None else v for c, v in zip(self.columns, values)]
+        return [_from_json(v) if j and v is not None else v for j, v in zip(self._json_flags, values)]
 
     def source(self, db: Any) -> TableUpdateSource:
         """The update source reading this table (a token's rows in the order they were written)."""
@@ -77,6 +85,44 @@ class StreamTable:
     def id_tables(self) -> tuple[tuple[str, str, str], ...]:
         """``tables=`` argument of ``factstream.ids.create_id_generator``."""
         return ((self.table, "instance_name", "stream_id"),)
+
+
+# The column codec runs for every row a writer writes and a publisher reads back, so it
+# skips json.dumps/json.loads' per-call set-up: the stdlib's C encoder and scanner, made
+# once, give the same text and values (json.dumps' defaults; json.loads' strictness, with
+# json.loads itself raising its own error for anything the quick path does not take).
+# (No circular-reference check: a row is a tree; a cycle raises RecursionError, not ValueError.)
+_ENCODE = (
+    c_make_encoder(None, JSONEncoder().default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    if c_make_encoder is not None else None
+)
+_SCAN = JSONDecoder().scan_once
+_SCALARS = {type(None): "null", True: "true", False: "false"}
+
+
+def _to_json(v: Any) -> str:
+    """``json.dumps(v)``, faster for the values rows are made of."""
+    t = type(v)
+    if t is str:
+        return encode_basestring_ascii(v)
+    if t is int:
+        return int.__repr__(v)
+    if v is None or t is bool:
+        return _SCALARS[v if t is bool else t]
+    if _ENCODE is None:
+        return json.dumps(v)
+    return "".join(_ENCODE(v, 0))
+
+
+def _from_json(text: str) -> Any:
+    """``json.loads(text)``, faster for the texts :func:`_to_json` writes."""
+    try:
+        value, end = _SCAN(text, 0)
+    except (StopIteration, ValueError):
+        return json.loads(text)  # raises json.loads' own error (or takes what the scanner alone does not)
+    if end != len(text):
+        return json.loads(text)
+    return value
 
 
 def tables_to_json(tables: Sequence[StreamTable]) -> str:

@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 Params = Sequence[Any]
 Row = tuple[Any, ...]
+#: One step of :meth:`Transaction.execute_batch`: a statement and its parameter tuples (None: run once, no parameters).
+Step = tuple[str, "Sequence[Params] | None"]
 
 #: The transaction the current task has open, per database (routes db.* calls into it).
 _current_txn: contextvars.ContextVar[Transaction | None] = contextvars.ContextVar(
@@ -118,6 +120,18 @@ class Transaction:
     async def executemany(self, sql: str, seq: Iterable[Params]) -> None:
         """Run one statement once per parameter tuple."""
         await self._db._txn_executemany(self._conn, sql, seq)
+
+    async def execute_batch(self, steps: Sequence[Step]) -> None:
+        """Run ``steps`` in order in one trip to the database: each statement once per parameter tuple.
+
+        A writer with many small units of work (``SAVEPOINT``, its inserts,
+        ``RELEASE`` or ``ROLLBACK TO``, and again) pays one hand-over to the
+        SQLite thread, or one pipelined round trip to PostgreSQL, instead of
+        one per statement. The first failing statement raises; the
+        transaction then rolls back as usual.
+        """
+        if steps:
+            await self._db._txn_execute_batch(self._conn, steps)
 
     async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         """All rows of a query, as tuples."""
@@ -255,6 +269,9 @@ class Database:
     async def _txn_executemany(self, conn: Any, sql: str, seq: Iterable[Params]) -> None:
         raise NotImplementedError
 
+    async def _txn_execute_batch(self, conn: Any, steps: Sequence[Step]) -> None:
+        raise NotImplementedError
+
     async def _txn_fetchall(self, conn: Any, sql: str, params: Params) -> list[Row]:
         raise NotImplementedError
 
@@ -323,6 +340,14 @@ class SqliteDatabase(Database):
     def _do_executemany(self, sql: str, seq: list[Params]) -> None:
         self._c().executemany(sql, seq)
 
+    def _do_batch(self, steps: Sequence[Step]) -> None:
+        conn = self._c()
+        for sql, seq in steps:
+            if seq is None:
+                conn.execute(sql)
+            else:
+                conn.executemany(sql, seq)
+
     async def _auto_execute(self, sql: str, params: Params) -> int:
         async with self._lock:
             return int(await self._run(self._do_execute, sql, params))
@@ -355,6 +380,9 @@ class SqliteDatabase(Database):
 
     async def _txn_executemany(self, conn: Any, sql: str, seq: Iterable[Params]) -> None:
         await self._run(self._do_executemany, sql, [tuple(p) for p in seq])
+
+    async def _txn_execute_batch(self, conn: Any, steps: Sequence[Step]) -> None:
+        await self._run(self._do_batch, steps)
 
     async def _txn_fetchall(self, conn: Any, sql: str, params: Params) -> list[Row]:
         rows: list[Row] = await self._run(self._do_fetchall, sql, params)
@@ -510,6 +538,15 @@ class PostgresDatabase(Database):
     async def _txn_executemany(self, conn: Any, sql: str, seq: Iterable[Params]) -> None:
         async with self._guard(conn), conn.cursor() as cur:
             await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
+
+    async def _txn_execute_batch(self, conn: Any, steps: Sequence[Step]) -> None:
+        # Pipeline mode: every statement is sent before any result is awaited (one round trip).
+        async with self._guard(conn), conn.pipeline(), conn.cursor() as cur:
+            for sql, seq in steps:
+                if seq is None:
+                    await cur.execute(sql)
+                else:
+                    await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
 
     async def _txn_fetchall(self, conn: Any, sql: str, params: Params) -> list[Row]:
         async with self._guard(conn):
