@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import random
 import signal
@@ -272,17 +273,18 @@ class Writer:
         """Wait while the publisher is more than :data:`BACKLOG` positions behind what was written.
 
         Writing faster than rows are published only grows the distance
-        between them (and the rows readers are yet to get) while taking the
-        process's time from the publisher.
+        between them (the rows readers are yet to get) while taking the
+        process's time from the publisher. Down to half of it, so the next
+        group is written while the publisher still has rows to send.
         """
         pub = self.publisher
         if pub is None or pub.backlog() <= BACKLOG:
             return
-        flushed = asyncio.ensure_future(pub.flush())
+        caught_up = asyncio.ensure_future(pub.wait_backlog(BACKLOG // 2))
         try:
-            await asyncio.wait({flushed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({caught_up, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            flushed.cancel()
+            caught_up.cancel()
 
     async def _produce_group(
         self, outage: Outage, rng: random.Random, interval: float, stop: asyncio.Event
@@ -296,8 +298,12 @@ class Writer:
         else:
             plans = [(rng.choice(self.tables), rng.randint(1, 24)) for _ in range(GROUP)]
         try:
-            async with self.db.transaction() as txn:
-                written = await self._write_group(txn, plans, rng)
+            async with contextlib.AsyncExitStack() as reserved:
+                # Ids first, rows made, then the transaction: the database is held only while it runs.
+                # Leaving the stack completes the ids (committed, rolled back, or cut off by an outage).
+                steps, written = await self._make_group(reserved, plans, rng)
+                async with self.db.transaction() as txn:
+                    await txn.execute_batch(steps)
         except DatabaseUnavailable as err:
             # The transaction is gone with its connection; its ids completed as rolled back
             # (or committed, if the COMMIT got through): the position is not held back.
@@ -316,17 +322,18 @@ class Writer:
         stats["rolled_back"] += rolled_back
         stats["transactions"] += len(plans)
 
-    async def _write_group(
-        self, txn: Any, plans: list[tuple[StreamTable, int]], rng: random.Random
-    ) -> tuple[int, int, int]:
-        """Write ``plans`` (table, facts) in ``txn``, one savepoint each; (facts, rows, ids rolled back)."""
+    async def _make_group(
+        self, reserved: contextlib.AsyncExitStack, plans: list[tuple[StreamTable, int]], rng: random.Random
+    ) -> tuple[list[Any], tuple[int, int, int]]:
+        """Reserve ids for ``plans`` (table, facts) in ``reserved``; the statements writing them, one savepoint
+        each, and what they write once committed: (facts, rows, ids rolled back)."""
         inst = self.args.instance_name
         wanted: dict[str, int] = {}
         for t, n in plans:
             wanted[t.stream] = wanted.get(t.stream, 0) + n
         ids: dict[str, list[int]] = {}
         for stream, n in wanted.items():
-            ids[stream] = await self.gens[stream].get_next_mult_txn(txn, n)
+            ids[stream] = await reserved.enter_async_context(self.gens[stream].get_next_mult(n))
         used = dict.fromkeys(wanted, 0)
         rollback_rate = self.args.rollback_rate
         now = time.time()
@@ -352,8 +359,7 @@ class Writer:
                 facts += k_facts
                 rows += len(params)
             steps.append(("RELEASE SAVEPOINT produce", None))
-        await txn.execute_batch(steps)
-        return facts, rows, rolled_back
+        return steps, (facts, rows, rolled_back)
 
     async def stop(self, flush_timeout: float = 5.0) -> None:
         """Publish what is complete (for up to ``flush_timeout`` s: the database may be down), then close."""

@@ -14,7 +14,7 @@ source's options, ``logs stream --tables FILE``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from json.decoder import JSONDecoder
@@ -50,6 +50,31 @@ class StreamTable:
         # per column, in order: stored as JSON text (computed once: it is asked for every row)
         return tuple(c not in self.plain_columns for c in self.columns)
 
+    @cached_property
+    def _encode_row(self) -> Callable[[int, str, Sequence[Any]], tuple[Any, ...]]:
+        # insert_params without a loop over the columns: one expression per column, made once
+        # per table (the way collections.namedtuple makes its methods); the same values.
+        n = len(self.columns)
+        cols = ", ".join(f"_to_json(row[{i}])" if j else f"row[{i}]" for i, j in enumerate(self._json_flags))
+        src = (f"def encode(token, instance_name, row):\n"
+               f"    if len(row) != {n}:\n"
+               f"        raise ValueError(f'row has {{len(row)}} fields, table {{_table}} has {n} columns')\n"
+               f"    return (token, instance_name, {cols},)\n")
+        scope: dict[str, Any] = {"_to_json": _to_json, "_table": self.table}
+        exec(src, scope)  # noqa: S102 - the source is built from column positions only, never from data
+        return scope["encode"]  # type: ignore[no-any-return]
+
+    @cached_property
+    def row_decoder(self) -> Callable[[tuple[Any, ...]], list[Any]]:
+        """:meth:`to_row` for tuples of exactly the table's columns, made once per table (the publisher's hot path)."""
+        cols = ", ".join(
+            f"(None if values[{i}] is None else _from_json(values[{i}]))" if j else f"values[{i}]"
+            for i, j in enumerate(self._json_flags)
+        )
+        scope: dict[str, Any] = {"_from_json": _from_json}
+        exec(f"def decode(values):\n    return [{cols}]\n", scope)  # noqa: S102 - positions only, as above
+        return scope["decode"]  # type: ignore[no-any-return]
+
     def create_sql(self) -> list[str]:
         """Statements creating the table and its index (idempotent)."""
         cols = ", ".join(f"{c} TEXT" for c in self.columns)
@@ -65,8 +90,7 @@ class StreamTable:
 
     def insert_params(self, token: int, instance_name: str, row: Sequence[Any]) -> tuple[Any, ...]:
         """Parameters for :meth:`insert_sql` of one wire row."""
-        vals = [_to_json(v) if j else v for j, v in zip(self._json_flags, row, strict=True)]
-        return (token, instance_name, *vals)
+        return self._encode_row(token, instance_name, row)
 
     def to_row(self, values: tuple[Any, ...]) -> list[Any]:
         """The wire row of a selected tuple (columns only)."""
@@ -78,7 +102,7 @@ class StreamTable:
 
         postgres = getattr(db, "engine", "") == "postgres"
         return TableUpdateSource(
-            db, self.table, self.columns, to_row=self.to_row, tiebreak=ROW_ORDER_COLUMN if postgres else "rowid",
+            db, self.table, self.columns, to_row=self.row_decoder, tiebreak=ROW_ORDER_COLUMN if postgres else "rowid",
             stream_name=self.stream, sequence_name=default_sequence_name(self.stream) if postgres else None,
         )
 
