@@ -299,11 +299,11 @@ class Writer:
             plans = [(rng.choice(self.tables), rng.randint(1, 24)) for _ in range(GROUP)]
         try:
             async with contextlib.AsyncExitStack() as reserved:
-                # Ids first, rows made, then the transaction: the database is held only while it runs.
-                # Leaving the stack completes the ids (committed, rolled back, or cut off by an outage).
+                # Ids first, rows made, then the transaction in one trip: the database is held only
+                # while it runs. Leaving the stack completes the ids (committed, rolled back, or cut
+                # off by an outage).
                 steps, written = await self._make_group(reserved, plans, rng)
-                async with self.db.transaction() as txn:
-                    await txn.execute_batch(steps)
+                await self.db.run_transaction(steps)
         except DatabaseUnavailable as err:
             # The transaction is gone with its connection; its ids completed as rolled back
             # (or committed, if the COMMIT got through): the position is not held back.
@@ -328,12 +328,11 @@ class Writer:
         """Reserve ids for ``plans`` (table, facts) in ``reserved``; the statements writing them, one savepoint
         each, and what they write once committed: (facts, rows, ids rolled back)."""
         inst = self.args.instance_name
+        engine = self.db.engine
         wanted: dict[str, int] = {}
         for t, n in plans:
             wanted[t.stream] = wanted.get(t.stream, 0) + n
-        ids: dict[str, list[int]] = {}
-        for stream, n in wanted.items():
-            ids[stream] = await reserved.enter_async_context(self.gens[stream].get_next_mult(n))
+        ids = await _reserve_all(reserved, {s: (self.gens[s], n) for s, n in wanted.items()})
         used = dict.fromkeys(wanted, 0)
         rollback_rate = self.args.rollback_rate
         now = time.time()
@@ -349,15 +348,16 @@ class Writer:
                 k = 1 if r < 0.80 else 2 if r < 0.92 else 0 if r < 0.96 else 4
                 params.extend(t.insert_params(tok, inst, synthetic_row(t.stream, tok, j, now)) for j in range(k))
                 k_facts += 1 if k else 0
+            k_rows = len(params)
             steps.append(("SAVEPOINT produce", None))
             if params:
-                steps.append((t.insert_sql(), params))
+                steps.append(t.insert_rows(engine, params))  # one statement for the transaction's rows
             if rng.random() < rollback_rate:
                 steps.append(("ROLLBACK TO SAVEPOINT produce", None))
                 rolled_back += n
             else:
                 facts += k_facts
-                rows += len(params)
+                rows += k_rows
             steps.append(("RELEASE SAVEPOINT produce", None))
         return steps, (facts, rows, rolled_back)
 
@@ -375,6 +375,21 @@ class Writer:
             await g.close()
         if self.db is not None:
             await self.db.close()
+
+
+async def _reserve_all(
+    stack: contextlib.AsyncExitStack, wanted: dict[str, tuple[Any, int]]
+) -> dict[str, list[int]]:
+    """Stream -> ``n`` ids reserved from its generator, all streams at once (on PostgreSQL one round trip
+    in parallel per stream); each reservation completes when ``stack`` closes, even if another failed."""
+    names = list(wanted)
+    got = await asyncio.gather(
+        *(stack.enter_async_context(gen.get_next_mult(n)) for gen, n in wanted.values()), return_exceptions=True
+    )
+    for result in got:
+        if isinstance(result, BaseException):
+            raise result
+    return dict(zip(names, got))  # type: ignore[arg-type]
 
 
 async def serve(args: argparse.Namespace) -> int:

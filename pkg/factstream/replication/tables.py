@@ -88,6 +88,46 @@ class StreamTable:
         marks = ", ".join("?" for _ in range(len(self.columns) + 2))
         return f"INSERT INTO {self.table} (stream_id, instance_name, {', '.join(self.columns)}) VALUES ({marks})"
 
+    def insert_rows(self, engine: str, rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[tuple[Any, ...]]]:
+        """One statement writing ``rows`` (each from :meth:`insert_params`), in order: ``(sql, [params])``.
+
+        For ``Transaction.execute_batch`` (or ``execute(sql, params[0])``). A
+        transaction's rows in one statement cost the database one parse and
+        one execution, not one per row: on PostgreSQL an ``INSERT ... SELECT
+        FROM json_array_elements(?)`` taking the rows as one JSON text (the
+        same statement whatever the number of rows, so psycopg's query cache
+        keeps it, and no per-value adaptation in Python), elsewhere a
+        multi-row ``VALUES`` (``n * (columns + 2)`` parameters: SQLite allows
+        32766). Values must be text (or None): the JSON-encoded columns are.
+        """
+        if not rows:
+            raise ValueError("no rows to insert")
+        cols = ", ".join(self.columns)
+        if engine == "postgres":
+            return self._insert_json_sql, [(json.dumps(rows, ensure_ascii=False),)]
+        n = len(rows)
+        cache = self._insert_values_sql
+        sql = cache.get(n)
+        if sql is None:
+            marks = "(" + ", ".join("?" for _ in range(len(self.columns) + 2)) + ")"
+            sql = cache[n] = f"INSERT INTO {self.table} (stream_id, instance_name, {cols}) VALUES " + ", ".join([marks] * n)
+        return sql, [tuple(v for r in rows for v in r)]
+
+    @cached_property
+    def _insert_values_sql(self) -> dict[int, str]:
+        return {}
+
+    @cached_property
+    def _insert_json_sql(self) -> str:
+        # The rows travel as one JSON array of arrays (encoded by the stdlib's C encoder; the
+        # server splits it); WITH ORDINALITY ... ORDER BY: they reach the table, and its
+        # row-order column, in the order given.
+        fields = ", ".join(f"r->>{i + 2}" for i in range(len(self.columns)))
+        return (
+            f"INSERT INTO {self.table} (stream_id, instance_name, {', '.join(self.columns)}) "
+            f"SELECT (r->>0)::bigint, r->>1, {fields} FROM json_array_elements(?::json) WITH ORDINALITY AS u(r, n) ORDER BY n"
+        )
+
     def insert_params(self, token: int, instance_name: str, row: Sequence[Any]) -> tuple[Any, ...]:
         """Parameters for :meth:`insert_sql` of one wire row."""
         return self._encode_row(token, instance_name, row)

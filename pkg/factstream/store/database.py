@@ -197,6 +197,25 @@ class Database:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
 
+    async def run_transaction(self, steps: Sequence[Step]) -> None:
+        """Run ``steps`` (see :meth:`Transaction.execute_batch`) as one transaction, in one trip to the database.
+
+        ``BEGIN``, the steps and ``COMMIT`` go together (one hand-over to the
+        SQLite thread, one pipelined round trip to PostgreSQL); any failure
+        rolls the whole transaction back and raises. For a writer whose
+        statements need no answer from the database and no hooks; inside an
+        open transaction of the task the steps join it.
+        """
+        outer = self._open_txn()
+        if outer is not None:
+            await outer.execute_batch(steps)
+            return
+        await self._run_transaction(steps)
+
+    async def _run_transaction(self, steps: Sequence[Step]) -> None:
+        async with self.transaction() as txn:
+            await txn.execute_batch(steps)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
         """Commit on normal exit, roll back on exception; hooks run afterwards."""
@@ -347,6 +366,21 @@ class SqliteDatabase(Database):
                 conn.execute(sql)
             else:
                 conn.executemany(sql, seq)
+
+    def _do_transaction(self, steps: Sequence[Step]) -> None:
+        conn = self._c()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._do_batch(steps)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def _run_transaction(self, steps: Sequence[Step]) -> None:
+        async with self._lock:
+            await self._run(self._do_transaction, steps)
 
     async def _auto_execute(self, sql: str, params: Params) -> int:
         async with self._lock:
@@ -540,13 +574,37 @@ class PostgresDatabase(Database):
             await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
 
     async def _txn_execute_batch(self, conn: Any, steps: Sequence[Step]) -> None:
+        await self._pipeline(conn, steps)
+
+    async def _pipeline(self, conn: Any, steps: Sequence[Step]) -> None:
         # Pipeline mode: every statement is sent before any result is awaited (one round trip).
-        async with self._guard(conn), conn.pipeline(), conn.cursor() as cur:
-            for sql, seq in steps:
-                if seq is None:
-                    await cur.execute(sql)
-                else:
-                    await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
+        # Without server-side prepared statements: psycopg prepares a statement run often
+        # enough, and inside one pipeline a later use can reach the server before the
+        # PREPARE does ("prepared statement _pg3_N does not exist").
+        threshold = conn.prepare_threshold
+        conn.prepare_threshold = None
+        try:
+            async with self._guard(conn), conn.pipeline(), conn.cursor() as cur:
+                for sql, seq in steps:
+                    if seq is None:
+                        await cur.execute(sql)
+                    else:
+                        await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
+        finally:
+            conn.prepare_threshold = threshold
+
+    async def _run_transaction(self, steps: Sequence[Step]) -> None:
+        async with self._conn() as conn:
+            try:
+                await self._pipeline(conn, [("BEGIN", None), *steps, ("COMMIT", None)])
+            except BaseException:
+                # a failed step leaves the transaction aborted (the pipeline skipped the rest, COMMIT too)
+                if not conn.closed and conn.info.transaction_status != 0:
+                    try:
+                        await self._rollback(conn)
+                    except Exception:  # noqa: BLE001 - the first error is the one to report
+                        pass
+                raise
 
     async def _txn_fetchall(self, conn: Any, sql: str, params: Params) -> list[Row]:
         async with self._guard(conn):
