@@ -6,7 +6,9 @@ publishes every completed fact to readers over TCP (127.0.0.1 unless told
 otherwise), or over Redis pub/sub with ``--redis URL`` (channel: the server
 name, Synapse's layout). With ``--produce`` it also writes synthetic facts as fast as it
 can (or at ``--rate``), rolling back a share of transactions to leave holes:
-the writer of ``factstream demo``.
+the writer of ``factstream demo``. As fast as it can means group commits
+(see :meth:`Writer.produce`), paced by the publisher so readers get what is
+written.
 
 A writer outlives its database going away (a restart, a failover, terminated
 connections): the listener keeps serving readers, producing pauses and is

@@ -160,7 +160,7 @@ _ENCODE = (
     c_make_encoder(None, JSONEncoder().default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
     if c_make_encoder is not None else None
 )
-_SCAN = JSONDecoder().scan_once
+_SCAN = JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__, not declared in typeshed
 _SCALARS = {type(None): "null", True: "true", False: "false"}
 
 
