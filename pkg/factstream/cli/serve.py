@@ -169,6 +169,11 @@ async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.
 GROUP = 64
 #: ``serve --produce``: positions written but not yet published past which producing waits.
 BACKLOG = 4000
+#: Seconds between the id generators' background writes of ``stream_positions`` (their default is
+#: 0.01). The record is a recovery hint, the tables (and ``stream_id_blocks``) are the truth; on
+#: PostgreSQL each write is a commit waiting for the WAL to reach the disk, 100 a second per
+#: stream at the default, and a writer producing flat out waited on them.
+POSITIONS_EVERY = 0.1
 
 
 def synthetic_row(stream: str, token: int, j: int, now: float | None = None) -> list[Any]:
@@ -204,6 +209,8 @@ class Writer:
         self.db = await connect(a.db)
         await create_tables(self.db, self.tables)
         self.gens = await open_id_generators(self.db, a.instance_name, self.tables)
+        for gen in self.gens.values():
+            gen.flush_interval = POSITIONS_EVERY
         self.publisher = pub = Publisher(
             a.instance_name, page_limit=1000, custom_streams=getattr(a, "custom_streams", False)
         )
