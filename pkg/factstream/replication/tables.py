@@ -53,26 +53,49 @@ class StreamTable:
     @cached_property
     def _encode_row(self) -> Callable[[int, str, Sequence[Any]], tuple[Any, ...]]:
         # insert_params without a loop over the columns: one expression per column, made once
-        # per table (the way collections.namedtuple makes its methods); the same values.
+        # per table (the way collections.namedtuple makes its methods); the same values. A
+        # string (most fields) goes straight to the C escaper, without a Python call of ours.
         n = len(self.columns)
-        cols = ", ".join(f"_to_json(row[{i}])" if j else f"row[{i}]" for i, j in enumerate(self._json_flags))
+        lines = [
+            f"    v{i} = row[{i}]\n    v{i} = _esc(v{i}) if type(v{i}) is str else _to_json(v{i})\n"
+            for i, j in enumerate(self._json_flags) if j
+        ]
+        cols = ", ".join(f"v{i}" if j else f"row[{i}]" for i, j in enumerate(self._json_flags))
         src = (f"def encode(token, instance_name, row):\n"
                f"    if len(row) != {n}:\n"
                f"        raise ValueError(f'row has {{len(row)}} fields, table {{_table}} has {n} columns')\n"
+               + "".join(lines) +
                f"    return (token, instance_name, {cols},)\n")
-        scope: dict[str, Any] = {"_to_json": _to_json, "_table": self.table}
+        scope: dict[str, Any] = {"_to_json": _to_json, "_esc": encode_basestring_ascii, "_table": self.table}
         exec(src, scope)  # noqa: S102 - the source is built from column positions only, never from data
         return scope["encode"]  # type: ignore[no-any-return]
 
     @cached_property
     def row_decoder(self) -> Callable[[tuple[Any, ...]], list[Any]]:
-        """:meth:`to_row` for tuples of exactly the table's columns, made once per table (the publisher's hot path)."""
-        cols = ", ".join(
-            f"(None if values[{i}] is None else _from_json(values[{i}]))" if j else f"values[{i}]"
-            for i, j in enumerate(self._json_flags)
-        )
-        scope: dict[str, Any] = {"_from_json": _from_json}
-        exec(f"def decode(values):\n    return [{cols}]\n", scope)  # noqa: S102 - positions only, as above
+        """:meth:`to_row` for tuples of exactly the table's columns, made once per table (the publisher's hot path).
+
+        Every JSON column goes through the C scanner inline; anything it does
+        not take whole (a NULL, trailing text, an error) sends the row the
+        column-by-column way, which gives :meth:`to_row`'s values and errors.
+        """
+        n = len(self.columns)
+        json_cols = [i for i, j in enumerate(self._json_flags) if j]
+        if not json_cols:
+            scope: dict[str, Any] = {}
+            exec(f"def decode(values):\n    return [{', '.join(f'values[{i}]' for i in range(n))}]\n", scope)  # noqa: S102
+            return scope["decode"]  # type: ignore[no-any-return]
+        scans = "".join(f"        r{i}, e{i} = _scan(values[{i}], 0)\n" for i in json_cols)
+        checks = " or ".join(f"e{i} != len(values[{i}])" for i in json_cols)
+        cols = ", ".join(f"r{i}" if j else f"values[{i}]" for i, j in enumerate(self._json_flags))
+        src = (f"def decode(values):\n"
+               f"    try:\n{scans}"
+               f"    except (TypeError, ValueError, StopIteration):\n"
+               f"        return _slow(values)\n"
+               f"    if {checks}:\n"
+               f"        return _slow(values)\n"
+               f"    return [{cols}]\n")
+        scope = {"_scan": _SCAN, "_slow": self.to_row}
+        exec(src, scope)  # noqa: S102 - positions only, as above
         return scope["decode"]  # type: ignore[no-any-return]
 
     def create_sql(self) -> list[str]:
