@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import signal
@@ -35,6 +36,7 @@ from ..redaction import redact_url
 from ..replication import Publisher, ReplicationHub
 from ..demo.tables import DEMO_TABLES
 from ..replication.tables import StreamTable, create_tables, open_id_generators
+from ..replication.written import WrittenRows
 from ..status_lines import emit
 
 log = logging.getLogger(__name__)
@@ -176,6 +178,18 @@ BACKLOG = 4000
 POSITIONS_EVERY = 0.1
 
 
+@dataclasses.dataclass
+class Group:
+    """One group commit of ``serve --produce``: its ids per stream, statements, and what it holds once committed."""
+
+    ids: dict[str, list[int]]
+    committed: dict[str, list[tuple[int, Any]]]  # stream -> (token, row) of the transactions not rolled back
+    steps: list[Any] = dataclasses.field(default_factory=list)
+    facts: int = 0
+    rows: int = 0
+    rolled_back: int = 0
+
+
 def synthetic_row(stream: str, token: int, j: int, now: float | None = None) -> list[Any]:
     """A row of ``stream`` in Synapse's shape, carrying its creation time (``now``) where the shape allows."""
     if now is None:
@@ -200,6 +214,7 @@ class Writer:
         self.server: Any = None
         self.hub: ReplicationHub | None = None
         self.publisher: Publisher | None = None
+        self.written: dict[str, WrittenRows] = {}
         self.stats = {"facts": 0, "rows": 0, "rolled_back": 0, "transactions": 0, "db_failures": 0, "db_outages": 0}
 
     async def start(self) -> None:
@@ -216,7 +231,9 @@ class Writer:
         )
         for t in self.tables:
             gen = self.gens[t.stream]
-            pub.add_stream(t.stream, t.source(self.db), gen.current_token_for_writer(a.instance_name))
+            # what this process commits is published from memory, anything else from the table
+            self.written[t.stream] = source = WrittenRows(t.source(self.db), a.instance_name)
+            pub.add_stream(t.stream, source, gen.current_token_for_writer(a.instance_name))
             gen.add_listener(pub.notify)
         self.hub = ReplicationHub(a.instance_name, publisher=pub)
         if getattr(a, "redis", None):
@@ -311,8 +328,11 @@ class Writer:
                 # Ids first, rows made, then the transaction in one trip: the database is held only
                 # while it runs. Leaving the stack completes the ids (committed, rolled back, or cut
                 # off by an outage).
-                steps, written = await self._make_group(reserved, plans, rng)
-                await self.db.run_transaction(steps)
+                group = await self._make_group(reserved, plans, rng)
+                await self.db.run_transaction(group.steps)
+                # Committed: the publisher gets these rows from memory once the ids complete.
+                for stream, ids in group.ids.items():
+                    self.written[stream].record(ids[0], ids[-1], group.committed[stream])
         except DatabaseUnavailable as err:
             # The transaction is gone with its connection; its ids completed as rolled back
             # (or committed, if the COMMIT got through): the position is not held back.
@@ -325,50 +345,53 @@ class Writer:
                 pass
             return
         outage.recovered()
-        facts, rows, rolled_back = written
-        stats["facts"] += facts
-        stats["rows"] += rows
-        stats["rolled_back"] += rolled_back
+        stats["facts"] += group.facts
+        stats["rows"] += group.rows
+        stats["rolled_back"] += group.rolled_back
         stats["transactions"] += len(plans)
 
     async def _make_group(
         self, reserved: contextlib.AsyncExitStack, plans: list[tuple[StreamTable, int]], rng: random.Random
-    ) -> tuple[list[Any], tuple[int, int, int]]:
+    ) -> Group:
         """Reserve ids for ``plans`` (table, facts) in ``reserved``; the statements writing them, one savepoint
-        each, and what they write once committed: (facts, rows, ids rolled back)."""
+        each, and what they hold once committed."""
         inst = self.args.instance_name
         engine = self.db.engine
         wanted: dict[str, int] = {}
         for t, n in plans:
             wanted[t.stream] = wanted.get(t.stream, 0) + n
         ids = await _reserve_all(reserved, {s: (self.gens[s], n) for s, n in wanted.items()})
+        group = Group(ids, {s: [] for s in wanted})
         used = dict.fromkeys(wanted, 0)
         rollback_rate = self.args.rollback_rate
         now = time.time()
-        steps: list[Any] = []
-        facts = rows = rolled_back = 0
+        steps = group.steps
         for t, n in plans:
             first = used[t.stream]
             used[t.stream] = first + n
             params: list[tuple[Any, ...]] = []
+            written: list[tuple[int, Any]] = []
             k_facts = 0
             for tok in ids[t.stream][first:first + n]:
                 r = rng.random()  # rows of a fact: 1 mostly; 0 (a hole) 4%, 2 12%, 4 4% (a batch)
                 k = 1 if r < 0.80 else 2 if r < 0.92 else 0 if r < 0.96 else 4
-                params.extend(t.insert_params(tok, inst, synthetic_row(t.stream, tok, j, now)) for j in range(k))
+                for j in range(k):
+                    row = synthetic_row(t.stream, tok, j, now)
+                    params.append(t.insert_params(tok, inst, row))
+                    written.append((tok, row))
                 k_facts += 1 if k else 0
-            k_rows = len(params)
             steps.append(("SAVEPOINT produce", None))
             if params:
                 steps.append(t.insert_rows(engine, params))  # one statement for the transaction's rows
             if rng.random() < rollback_rate:
                 steps.append(("ROLLBACK TO SAVEPOINT produce", None))
-                rolled_back += n
+                group.rolled_back += n
             else:
-                facts += k_facts
-                rows += k_rows
+                group.facts += k_facts
+                group.rows += len(params)
+                group.committed[t.stream].extend(written)
             steps.append(("RELEASE SAVEPOINT produce", None))
-        return steps, (facts, rows, rolled_back)
+        return group
 
     async def stop(self, flush_timeout: float = 5.0) -> None:
         """Publish what is complete (for up to ``flush_timeout`` s: the database may be down), then close."""
