@@ -11,7 +11,8 @@ is rewritten to ``%s`` (a literal ``%`` is escaped).
 
 * SQLite runs on the stdlib ``sqlite3`` in one dedicated thread (WAL mode).
   An :class:`asyncio.Lock` serialises transactions, so statements of two tasks
-  never interleave inside one transaction.
+  never interleave inside one transaction. ``SELECT``s outside a transaction
+  use a second, read-only connection in a thread of its own (a file database).
 * PostgreSQL uses psycopg 3 ``AsyncConnection`` objects from a small pool;
   each transaction holds one connection until it ends.
 
