@@ -108,13 +108,13 @@ async def test_insert_rows_writes_a_transactions_rows_in_order(engine_db: Any) -
     table = next(t for t in DEMO_TABLES if t.stream == "receipts")
     await create_tables(engine_db, [table])
     rows = [table.insert_params(2 + i // 3, "w1", [f"!r{i}:hs", "m.read", f"@u{i}:hs", f"$e{i}", None, {"i": i, "s": "é\"'%?"}])
-            for i in range(30)]
-    for chunk in (rows[:1], rows[1:30]):
-        await engine_db.run_transaction([table.insert_rows(engine_db.engine, chunk)])
-    updates, upto, limited = await table.source(engine_db).get_updates("w1", 1, 20, 100)
-    assert (upto, limited) == (20, False)
+            for i in range(400)]  # more than one multi-row VALUES on SQLite (999 parameters at most)
+    for chunk in (rows[:1], rows[1:30], rows[30:]):
+        await engine_db.run_transaction(table.insert_rows(engine_db.engine, chunk))
+    updates, upto, limited = await table.source(engine_db).get_updates("w1", 1, 200, 1000)
+    assert (upto, limited) == (200, False)
     assert [(token, row[0], row[5]) for token, row in updates] == [
-        (2 + i // 3, f"!r{i}:hs", {"i": i, "s": "é\"'%?"}) for i in range(30)
+        (2 + i // 3, f"!r{i}:hs", {"i": i, "s": "é\"'%?"}) for i in range(400) if 2 + i // 3 <= 200
     ]
     with pytest.raises(ValueError):
         table.insert_rows(engine_db.engine, [])
@@ -139,7 +139,7 @@ async def test_a_writer_can_wait_for_its_publisher_to_catch_up(tmp_path: Path) -
         assert pub.backlog() == 0
         await pub.wait_backlog(0)  # nothing to wait for
         async with gen.get_next_mult(50) as ids:
-            await db.run_transaction([table.insert_rows(db.engine, [table.insert_params(i, "master", [f"@u{i}:hs"]) for i in ids])])
+            await db.run_transaction(table.insert_rows(db.engine, [table.insert_params(i, "master", [f"@u{i}:hs"]) for i in ids]))
         assert pub.backlog() == 50  # notified, not yet read back and sent
         await asyncio.wait_for(pub.wait_backlog(25), 10)
         assert pub.backlog() <= 25 and len(sent) >= 25

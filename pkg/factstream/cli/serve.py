@@ -274,10 +274,11 @@ class Writer:
         """Write synthetic facts until ``stop`` (or --duration) with random rollbacks, riding out database outages.
 
         As fast as possible (``--rate 0``), up to :data:`GROUP` synthetic
-        transactions share one database transaction (a group commit), each in
-        a savepoint of its own, released or rolled back to, so each stays
-        atomic; their ids complete once the group's outcome is known, which
-        is when readers may see them. A group costs a few hand-overs to the
+        transactions share one database transaction (a group commit): those
+        that commit do so together, all or nothing (their rows in one INSERT
+        per table); those rolled back are written in a savepoint of their own
+        and rolled back to it. Their ids complete once the group's outcome is
+        known, which is when readers may see them. A group is one trip to the
         database, not a few per synthetic transaction. At a ``--rate`` each
         transaction is its own group, written one fact at a time.
         """
@@ -353,8 +354,8 @@ class Writer:
     async def _make_group(
         self, reserved: contextlib.AsyncExitStack, plans: list[tuple[StreamTable, int]], rng: random.Random
     ) -> Group:
-        """Reserve ids for ``plans`` (table, facts) in ``reserved``; the statements writing them, one savepoint
-        each, and what they hold once committed."""
+        """Reserve ids for ``plans`` (table, facts) in ``reserved``; the statements writing them and what they
+        hold once committed."""
         inst = self.args.instance_name
         engine = self.db.engine
         wanted: dict[str, int] = {}
@@ -365,7 +366,7 @@ class Writer:
         used = dict.fromkeys(wanted, 0)
         rollback_rate = self.args.rollback_rate
         now = time.time()
-        steps = group.steps
+        kept: dict[StreamTable, list[tuple[Any, ...]]] = {}
         for t, n in plans:
             first = used[t.stream]
             used[t.stream] = first + n
@@ -380,17 +381,22 @@ class Writer:
                     params.append(t.insert_params(tok, inst, row))
                     written.append((tok, row))
                 k_facts += 1 if k else 0
-            steps.append(("SAVEPOINT produce", None))
-            if params:
-                steps.append(t.insert_rows(engine, params))  # one statement for the transaction's rows
             if rng.random() < rollback_rate:
-                steps.append(("ROLLBACK TO SAVEPOINT produce", None))
+                # written, then undone: a savepoint of its own, rolled back to
                 group.rolled_back += n
+                if params:
+                    group.steps += [("SAVEPOINT produce", None), *t.insert_rows(engine, params),
+                                    ("ROLLBACK TO SAVEPOINT produce", None), ("RELEASE SAVEPOINT produce", None)]
             else:
+                # committed with the group, all or nothing: no savepoint of its own needed
                 group.facts += k_facts
                 group.rows += len(params)
                 group.committed[t.stream].extend(written)
-            steps.append(("RELEASE SAVEPOINT produce", None))
+                kept.setdefault(t, []).extend(params)
+        # the group's committed rows, one statement per table (PostgreSQL: one subtransaction per
+        # savepoint, and more than 64 in one transaction slow every snapshot down)
+        for t, params in kept.items():
+            group.steps += t.insert_rows(engine, params)
         return group
 
     async def stop(self, flush_timeout: float = 5.0) -> None:

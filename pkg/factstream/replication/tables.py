@@ -111,33 +111,39 @@ class StreamTable:
         marks = ", ".join("?" for _ in range(len(self.columns) + 2))
         return f"INSERT INTO {self.table} (stream_id, instance_name, {', '.join(self.columns)}) VALUES ({marks})"
 
-    def insert_rows(self, engine: str, rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[tuple[Any, ...]]]:
-        """One statement writing ``rows`` (each from :meth:`insert_params`), in order: ``(sql, [params])``.
+    def insert_rows(self, engine: str, rows: Sequence[tuple[Any, ...]]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+        """Steps writing ``rows`` (each from :meth:`insert_params`) in order: ``[(sql, [params]), ...]``.
 
-        For ``Transaction.execute_batch`` (or ``execute(sql, params[0])``). A
-        transaction's rows in one statement cost the database one parse and
-        one execution, not one per row: on PostgreSQL an ``INSERT ... SELECT
-        FROM json_array_elements(?)`` taking the rows as one JSON text (the
-        same statement whatever the number of rows, so psycopg's query cache
-        keeps it, and no per-value adaptation in Python), elsewhere a
-        multi-row ``VALUES`` (``n * (columns + 2)`` parameters: SQLite allows
-        32766). Values must be text (or None): the JSON-encoded columns are.
+        For ``Transaction.execute_batch`` / ``Database.run_transaction``. Few
+        statements for many rows: on PostgreSQL one, ``INSERT ... SELECT FROM
+        json_array_elements(?)``, taking the rows as one JSON text (one parse
+        and one execution for any number of rows, the same statement text, so
+        psycopg's query cache keeps it, and no per-value adaptation in
+        Python); elsewhere multi-row ``VALUES`` of at most 999 parameters each
+        (the limit of older SQLite builds). Values must be text (or None): the
+        JSON-encoded columns are.
         """
         if not rows:
             raise ValueError("no rows to insert")
-        cols = ", ".join(self.columns)
         if engine == "postgres":
-            return self._insert_json_sql, [(json.dumps(rows, ensure_ascii=False),)]
-        n = len(rows)
-        cache = self._insert_values_sql
+            return [(self._insert_json_sql, [(json.dumps(rows, ensure_ascii=False),)])]
+        per = max(1, 999 // (len(self.columns) + 2))
+        return [
+            (self._insert_values_sql(len(chunk)), [tuple(v for r in chunk for v in r)])
+            for chunk in (rows[i:i + per] for i in range(0, len(rows), per))
+        ]
+
+    def _insert_values_sql(self, n: int) -> str:
+        cache = self._values_sql
         sql = cache.get(n)
         if sql is None:
             marks = "(" + ", ".join("?" for _ in range(len(self.columns) + 2)) + ")"
-            sql = cache[n] = f"INSERT INTO {self.table} (stream_id, instance_name, {cols}) VALUES " + ", ".join([marks] * n)
-        return sql, [tuple(v for r in rows for v in r)]
+            sql = cache[n] = (f"INSERT INTO {self.table} (stream_id, instance_name, {', '.join(self.columns)}) VALUES "
+                              + ", ".join([marks] * n))
+        return sql
 
     @cached_property
-    def _insert_values_sql(self) -> dict[int, str]:
+    def _values_sql(self) -> dict[int, str]:
         return {}
 
     @cached_property
