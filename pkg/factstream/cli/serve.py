@@ -391,8 +391,9 @@ class Writer:
                 # committed with the group, all or nothing: no savepoint of its own needed
                 group.facts += k_facts
                 group.rows += len(params)
-                group.committed[t.stream].extend(written)
-                kept.setdefault(t, []).extend(params)
+                if params:
+                    group.committed[t.stream].extend(written)
+                    kept.setdefault(t, []).extend(params)
         # the group's committed rows, one statement per table (PostgreSQL: one subtransaction per
         # savepoint, and more than 64 in one transaction slow every snapshot down)
         for t, params in kept.items():
