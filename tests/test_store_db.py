@@ -217,27 +217,3 @@ async def test_run_transaction_commits_in_one_trip_or_rolls_back_whole(db: Datab
             await db.run_transaction([("INSERT INTO t VALUES (?)", [(6,)])])
             raise RuntimeError("the outer transaction rolls back, the joined steps with it")
     assert await db.fetchall("SELECT id FROM t ORDER BY id") == [(2,), (4,), (5,)]
-
-
-async def test_sqlite_reads_see_committed_rows_without_waiting_for_a_writer(tmp_path: Path) -> None:
-    """A SELECT outside a transaction goes through the read-only connection (WAL): never behind the lock."""
-    db = await connect(f"sqlite:///{tmp_path / 'r.db'}")
-    try:
-        await db.execute("CREATE TABLE t (id INTEGER)")
-        await db.execute("INSERT INTO t VALUES (1)")
-        inside, release = asyncio.Event(), asyncio.Event()
-
-        async def writer() -> None:
-            async with db.transaction() as txn:
-                await txn.execute("INSERT INTO t VALUES (2)")
-                inside.set()
-                await release.wait()
-
-        task = asyncio.create_task(writer())
-        await inside.wait()
-        assert await asyncio.wait_for(db.fetchall("SELECT id FROM t"), 5) == [(1,)]  # committed rows only
-        release.set()
-        await task
-        assert await db.fetchall("SELECT id FROM t ORDER BY id") == [(1,), (2,)]
-    finally:
-        await db.close()
