@@ -11,8 +11,7 @@ is rewritten to ``%s`` (a literal ``%`` is escaped).
 
 * SQLite runs on the stdlib ``sqlite3`` in one dedicated thread (WAL mode).
   An :class:`asyncio.Lock` serialises transactions, so statements of two tasks
-  never interleave inside one transaction. ``SELECT``s outside a transaction
-  use a second, read-only connection in a thread of its own (a file database).
+  never interleave inside one transaction.
 * PostgreSQL uses psycopg 3 ``AsyncConnection`` objects from a small pool;
   each transaction holds one connection until it ends.
 
@@ -321,20 +320,8 @@ def _driver_text(err: BaseException) -> str:
 # ----------------------------------------------------------------------------- SQLite
 
 
-def _is_select(sql: str) -> bool:
-    """Whether ``sql`` is a plain query (what the read-only connection may run)."""
-    return sql.lstrip()[:6].upper() == "SELECT"
-
-
 class SqliteDatabase(Database):
-    """SQLite through the stdlib driver: writes in one dedicated thread, reads in another.
-
-    A file database gets a second, read-only connection with its own thread
-    for ``SELECT`` outside a transaction: in WAL mode a reader sees every
-    committed transaction and is never blocked by the writer, so a publisher
-    reading back committed rows runs beside a writer's transaction instead of
-    waiting for its lock (``:memory:`` has one connection for everything).
-    """
+    """SQLite through the stdlib driver, in one dedicated thread."""
 
     engine = "sqlite"
 
@@ -344,8 +331,6 @@ class SqliteDatabase(Database):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="factstream-sqlite")
         self._lock = asyncio.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._reader: sqlite3.Connection | None = None
-        self._read_executor: ThreadPoolExecutor | None = None
         self._closed = False
 
     async def _open(self) -> None:
@@ -357,23 +342,10 @@ class SqliteDatabase(Database):
                 conn.execute("PRAGMA synchronous = NORMAL")
             return conn
 
-        def reader() -> sqlite3.Connection:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 30000")
-            conn.execute("PRAGMA query_only = 1")
-            return conn
-
         try:
             self._conn = await self._run(opener)
-            if self.path != ":memory:":
-                self._read_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="factstream-sqlite-read")
-                self._reader = await asyncio.get_running_loop().run_in_executor(self._read_executor, reader)
         except sqlite3.Error as err:
             self._executor.shutdown(wait=False)
-            if self._read_executor is not None:
-                self._read_executor.shutdown(wait=False)
-            if self._conn is not None:
-                self._conn.close()
             self._closed = True
             raise DatabaseError(
                 f"cannot open SQLite database {self.path!r} ({err}); check that its folder exists and is "
@@ -426,13 +398,6 @@ class SqliteDatabase(Database):
             return int(await self._run(self._do_execute, sql, params))
 
     async def _auto_fetchall(self, sql: str, params: Params) -> list[Row]:
-        if self._reader is not None and self._read_executor is not None and _is_select(sql):
-            if self._closed:
-                raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
-            reader = self._reader
-            return await asyncio.get_running_loop().run_in_executor(
-                self._read_executor, lambda: reader.execute(sql, tuple(params)).fetchall()
-            )
         async with self._lock:
             rows: list[Row] = await self._run(self._do_fetchall, sql, params)
             return rows
@@ -476,9 +441,6 @@ class SqliteDatabase(Database):
                 await self._run(self._conn.close)
             self._closed = True
         self._executor.shutdown(wait=False)
-        if self._read_executor is not None and self._reader is not None:
-            await asyncio.get_running_loop().run_in_executor(self._read_executor, self._reader.close)
-            self._read_executor.shutdown(wait=False)
 
 
 # ----------------------------------------------------------------------------- PostgreSQL
