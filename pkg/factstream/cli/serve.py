@@ -190,14 +190,18 @@ class Group:
     rolled_back: int = 0
 
 
+_USERS = tuple(f"@user{i}:demo.hs" for i in range(97))
+_ROOMS = tuple(f"!room{i}:demo.hs" for i in range(13))
+
+
 def synthetic_row(stream: str, token: int, j: int, now: float | None = None) -> list[Any]:
     """A row of ``stream`` in Synapse's shape, carrying its creation time (``now``) where the shape allows."""
     if now is None:
         now = time.time()
     if stream == "to_device":
-        return [f"@user{token % 97}:demo.hs"]
+        return [_USERS[token % 97]]
     if stream == "receipts":
-        return [f"!room{token % 13}:demo.hs", "m.read", f"@user{token % 31}:demo.hs", f"$ev{token}_{j}", None, {"ts": now}]
+        return [_ROOMS[token % 13], "m.read", _USERS[token % 31], f"$ev{token}_{j}", None, {"ts": now}]
     if stream == "caches":
         return ["get_user_by_id", [f"@user{token}_{j}:demo.hs"], int(now * 1000)]
     return [f"{stream}-{token}-{j}"]
