@@ -105,6 +105,9 @@ class _Key:
     rows: int = 0
     #: While draining after a check of queued rows: the head the database showed (rows above it are unbacked).
     checked_head: int | None = None
+    #: The highest queued row that check asked about: rows above it arrived while the database was being
+    #: read (committed after that read, maybe) and are asked about again, never judged by it.
+    checked_upto: int = 0
     #: RDATA above this token is checked against the database first (see Follower._suspect).
     bound: int = 0
 
@@ -413,6 +416,10 @@ class Follower:
             # Just asked: anything above the freshest head the database showed is not backed.
             head = max(checked, self._heads.get(key.stream, 0))
             if token > head:
+                if token > key.checked_upto:
+                    key.queue.appendleft(("rows", token, rows))
+                    self._check_rows(key)
+                    return
                 self._unbacked_rows(key, token, rows, head)
                 return
         elif token > key.bound and self._suspect(key, token):
@@ -640,6 +647,7 @@ class Follower:
         # No grace: a real RDATA's rows were committed before it was sent, so the database shows them now.
         head = await self._read_head(key, top, grace=0.0)
         key.checked_head = top if head is None else head
+        key.checked_upto = top
         key.fetching = False
         self._drain_queue(key)
 
