@@ -592,6 +592,8 @@ class PostgresDatabase(Database):
         # Without server-side prepared statements: psycopg prepares a statement run often
         # enough, and inside one pipeline a later use can reach the server before the
         # PREPARE does ("prepared statement _pg3_N does not exist").
+        import psycopg
+
         threshold = conn.prepare_threshold
         conn.prepare_threshold = None
         try:
@@ -601,8 +603,17 @@ class PostgresDatabase(Database):
                         await cur.execute(sql)
                     else:
                         await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
+        except psycopg.OperationalError as err:
+            # A connection cut under a pipeline is not always marked broken yet ("cannot exit
+            # pipeline mode while busy"): its state is unknown, so it is closed, not reused.
+            await conn.close()
+            lost = await self._lost(conn, err)
+            raise lost or DatabaseUnavailable(
+                f"lost the connection to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}"
+            ) from None
         finally:
-            conn.prepare_threshold = threshold
+            if not conn.closed:
+                conn.prepare_threshold = threshold
 
     async def _run_transaction(self, steps: Sequence[Step]) -> None:
         async with self._conn() as conn:
