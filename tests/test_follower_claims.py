@@ -274,3 +274,49 @@ async def test_a_restored_database_resets_the_reader_and_every_new_fact_arrives(
         await fol.close()
         s.publisher.close()
         await gen.close()
+
+
+
+async def test_rows_arriving_while_the_database_is_asked_are_asked_about_again(
+    engine_db: Any, relay_impl: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A check of queued rows reads the head; rows arriving during that read were committed after it (maybe),
+    so they are checked again, not dropped as unbacked (a fast writer made this happen in the demo)."""
+    await create_tables(engine_db, [CACHES])
+    gen = (await open_id_generators(engine_db, "master", [CACHES]))["caches"]
+    real = CACHES.source(engine_db)
+
+    class SlowHead:
+        """The table's source, whose first head read answers late with what the database showed before."""
+
+        def __init__(self) -> None:
+            self.asked = asyncio.Event()
+            self.release = asyncio.Event()
+            self.first = True
+
+        async def get_updates(self, *args: Any) -> Any:
+            return await real.get_updates(*args)
+
+        async def stream_head(self) -> int:
+            head = int(await real.stream_head())
+            if self.first:
+                self.first = False
+                self.asked.set()
+                await self.release.wait()
+            return head
+
+    source = SlowHead()
+    fol = Follower(sources={"caches": source}, start_position=1, typed=False, relay=relay_impl, trust_window=0)
+    s = Setup(engine_db, gen, fol)
+    try:
+        await s.write(1)  # past the trusted window: checked against the database, which answers late
+        await asyncio.wait_for(source.asked.wait(), 10)
+        await s.write(3)  # committed and sent while that answer is on its way
+        source.release.set()
+        await s.settle()
+        assert s.got == s.written and len(s.got) == 4
+        assert not [m for m in errors(caplog) if "dropped" in m or "backs only" in m]
+    finally:
+        await fol.close()
+        s.publisher.close()
+        await gen.close()

@@ -159,3 +159,61 @@ async def test_postgres_pool_is_bounded(postgres_dsn: str) -> None:
 async def test_sqlite_missing_folder_is_explained(tmp_path: Path) -> None:
     with pytest.raises(DatabaseError, match="check that its folder exists"):
         await connect(f"sqlite:///{tmp_path / 'no' / 'such' / 'dir.db'}")
+
+
+async def test_execute_batch_runs_every_step_in_order_inside_the_transaction(db: Database) -> None:
+    """Savepoints, inserts and rollbacks to a savepoint, sent together: each unit stays atomic."""
+    await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, name TEXT)")
+    seen: list[str] = []
+    async with db.transaction() as txn:
+        txn.call_after_commit(seen.append, "commit")
+        await txn.execute_batch([
+            ("SAVEPOINT unit", None),
+            ("INSERT INTO t VALUES (?, ?)", [(1, "a"), (2, "b%")]),
+            ("RELEASE SAVEPOINT unit", None),
+            ("SAVEPOINT unit", None),
+            ("INSERT INTO t VALUES (?, ?)", [(3, "gone")]),
+            ("ROLLBACK TO SAVEPOINT unit", None),
+            ("RELEASE SAVEPOINT unit", None),
+            ("INSERT INTO t VALUES (?, ?)", [(4, "d")]),
+        ])
+        assert await txn.fetchall("SELECT id FROM t ORDER BY id") == [(1,), (2,), (4,)]
+    assert seen == ["commit"]
+    assert await db.fetchall("SELECT id, name FROM t ORDER BY id") == [(1, "a"), (2, "b%"), (4, "d")]
+    # The same statement many times in one batch (psycopg would prepare it server-side mid-pipeline).
+    async with db.transaction() as txn:
+        await txn.execute_batch([("INSERT INTO t VALUES (?, ?)", [(i, "x")]) for i in range(10, 30)])
+    assert await db.fetchone("SELECT COUNT(*) FROM t WHERE name = 'x'") == (20,)
+
+
+async def test_execute_batch_failure_rolls_the_transaction_back(db: Database) -> None:
+    await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    await db.execute("INSERT INTO t VALUES (?)", (1,))
+    seen: list[str] = []
+    with pytest.raises(Exception) as caught:
+        async with db.transaction() as txn:
+            txn.call_after_rollback(seen.append, "rollback")
+            await txn.execute_batch([("INSERT INTO t VALUES (?)", [(2,)]), ("INSERT INTO t VALUES (?)", [(1,)])])
+    assert "unique" in str(caught.value).lower() or "duplicate" in str(caught.value).lower()
+    assert seen == ["rollback"]
+    assert await db.fetchall("SELECT id FROM t") == [(1,)]
+    await db.execute("INSERT INTO t VALUES (?)", (3,))  # the connection is usable again
+    assert await db.fetchall("SELECT id FROM t ORDER BY id") == [(1,), (3,)]
+
+
+async def test_run_transaction_commits_in_one_trip_or_rolls_back_whole(db: Database) -> None:
+    await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    await db.run_transaction([("INSERT INTO t VALUES (?)", [(1,), (2,)]), ("DELETE FROM t WHERE id = ?", [(1,)])])
+    assert await db.fetchall("SELECT id FROM t") == [(2,)]
+    with pytest.raises(Exception):
+        await db.run_transaction([("INSERT INTO t VALUES (?)", [(3,)]), ("INSERT INTO t VALUES (?)", [(2,)])])
+    assert await db.fetchall("SELECT id FROM t") == [(2,)]  # 3 was rolled back with the failing step
+    await db.run_transaction([("INSERT INTO t VALUES (?)", [(4,)])])  # and the database is usable again
+    async with db.transaction():
+        await db.run_transaction([("INSERT INTO t VALUES (?)", [(5,)])])  # joins the task's transaction
+    assert await db.fetchall("SELECT id FROM t ORDER BY id") == [(2,), (4,), (5,)]
+    with pytest.raises(RuntimeError):
+        async with db.transaction():
+            await db.run_transaction([("INSERT INTO t VALUES (?)", [(6,)])])
+            raise RuntimeError("the outer transaction rolls back, the joined steps with it")
+    assert await db.fetchall("SELECT id FROM t ORDER BY id") == [(2,), (4,), (5,)]

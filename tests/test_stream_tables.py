@@ -4,14 +4,16 @@ file; and what ``logs stream`` checks before it starts Spark."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cli_run import cli, no_traceback
 from factstream.demo.tables import DEMO_TABLES
-from factstream.replication.tables import StreamTable, tables_from_json, tables_to_json
+from factstream.replication.tables import StreamTable, _from_json, _to_json, tables_from_json, tables_to_json
 
 
 def test_the_demo_tables_round_trip() -> None:
@@ -69,3 +71,101 @@ def test_logs_stream_from_a_database_on_a_spark_without_python_data_sources_says
     assert proc.returncode == 2, proc
     assert "needs pyspark 4" in proc.stderr and "--files DIR" in proc.stderr
     assert no_traceback(proc.stderr + proc.stdout)
+
+
+# -- the column codec and the one-statement insert (serve --produce's hot path)
+
+ODD_VALUES: list[Any] = [
+    "plain", "é\u2028\"\\\n\x01", "", "\U0001f600", 0, -5, 10**30, 1.5, -0.0, 1e300, float("nan"), float("inf"),
+    None, True, False, [1, "a", None], {"ts": 1.25, "x": [True, {}]}, {"k": {"a": []}}, [], {}, (1, 2),
+    {1: 2, None: 3, 1.5: True},
+]
+
+
+@pytest.mark.parametrize("value", ODD_VALUES, ids=repr)
+def test_the_column_codec_writes_and_reads_what_json_does(value: Any) -> None:
+    text = json.dumps(value)
+    assert _to_json(value) == text
+    assert repr(_from_json(text)) == repr(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["", " 1", "1 ", "[1,", "nul", '"a', '"\\x"', "1.5.3", "{}x", "\x00", '"\x01"', "NaN"])
+def test_the_column_codec_accepts_and_refuses_what_json_loads_does(text: str) -> None:
+    try:
+        expected: Any = ("value", repr(json.loads(text)))
+    except json.JSONDecodeError as err:
+        expected = ("error", str(err))
+    try:
+        got: Any = ("value", repr(_from_json(text)))
+    except json.JSONDecodeError as err:
+        got = ("error", str(err))
+    assert got == expected
+
+
+def test_the_column_codec_refuses_what_json_dumps_refuses() -> None:
+    for bad in ({1, 2}, object(), {(1,): 2}):
+        with pytest.raises(TypeError) as ours:
+            _to_json(bad)
+        with pytest.raises(TypeError) as theirs:
+            json.dumps(bad)
+        assert str(ours.value) == str(theirs.value)
+
+
+def test_rows_encode_and_decode_per_table_as_before() -> None:
+    mixed = StreamTable("s", "t'x", ("a", "b", "c"), frozenset({"b"}))
+    row = [{"k": [1]}, "bare", None]
+    assert mixed.insert_params(7, "w", row) == (7, "w", '{"k": [1]}', "bare", "null")
+    assert mixed.to_row(('{"k": [1]}', "bare", "null")) == mixed.row_decoder(('{"k": [1]}', "bare", "null")) == row
+    assert mixed.row_decoder((None, None, None)) == [None, None, None]  # SQL NULL stays None
+    with pytest.raises(ValueError, match="row has 2 fields, table t'x has 3 columns"):
+        mixed.insert_params(7, "w", row[:2])
+
+
+async def test_insert_rows_writes_a_transactions_rows_in_order(engine_db: Any) -> None:
+    """One statement for many rows, on both engines; a token's rows read back in the order given."""
+    from factstream.replication.tables import create_tables
+
+    table = next(t for t in DEMO_TABLES if t.stream == "receipts")
+    await create_tables(engine_db, [table])
+    rows = [table.insert_params(2 + i // 3, "w1", [f"!r{i}:hs", "m.read", f"@u{i}:hs", f"$e{i}", None, {"i": i, "s": "é\"'%?"}])
+            for i in range(400)]  # more than one multi-row VALUES on SQLite (999 parameters at most)
+    for chunk in (rows[:1], rows[1:30], rows[30:]):
+        await engine_db.run_transaction(table.insert_rows(engine_db.engine, chunk))
+    updates, upto, limited = await table.source(engine_db).get_updates("w1", 1, 200, 1000)
+    assert (upto, limited) == (200, False)
+    assert [(token, row[0], row[5]) for token, row in updates] == [
+        (2 + i // 3, f"!r{i}:hs", {"i": i, "s": "é\"'%?"}) for i in range(400) if 2 + i // 3 <= 200
+    ]
+    with pytest.raises(ValueError):
+        table.insert_rows(engine_db.engine, [])
+
+
+async def test_a_writer_can_wait_for_its_publisher_to_catch_up(tmp_path: Path) -> None:
+    """Publisher.backlog / wait_backlog: what serve --produce paces itself by."""
+    from factstream.replication import Publisher
+    from factstream.replication.tables import create_tables, open_id_generators
+    from factstream.store.database import connect
+
+    table = next(t for t in DEMO_TABLES if t.stream == "to_device")
+    db = await connect(f"sqlite:///{tmp_path / 'w.db'}")
+    try:
+        await create_tables(db, [table])
+        gen = (await open_id_generators(db, "master", [table]))["to_device"]
+        pub = Publisher("master", page_limit=10)
+        sent: list[Any] = []
+        pub.add_sink(sent.extend)
+        pub.add_stream("to_device", table.source(db), gen.current_token())
+        gen.add_listener(pub.notify)
+        assert pub.backlog() == 0
+        await pub.wait_backlog(0)  # nothing to wait for
+        async with gen.get_next_mult(50) as ids:
+            await db.run_transaction(table.insert_rows(db.engine, [table.insert_params(i, "master", [f"@u{i}:hs"]) for i in ids]))
+        assert pub.backlog() == 50  # notified, not yet read back and sent
+        await asyncio.wait_for(pub.wait_backlog(25), 10)
+        assert pub.backlog() <= 25 and len(sent) >= 25
+        await asyncio.wait_for(pub.wait_backlog(0), 10)
+        assert pub.backlog() == 0 and [c.token for c in sent] == list(ids)
+        await gen.close()
+        pub.close()
+    finally:
+        await db.close()

@@ -7,6 +7,8 @@ over Redis pub/sub with ``--redis URL`` (channel: the server name, Synapse's
 layout), or into a NATS JetStream log with ``--nats URL``. With ``--produce``
 it also writes synthetic facts as fast as it can (or at ``--rate``), rolling
 back a share of transactions to leave holes: the writer of ``factstream demo``.
+As fast as it can means group commits (see :meth:`Writer.produce`), paced by
+the publisher so readers get what is written.
 
 A writer outlives its database going away (a restart, a failover, terminated
 connections): the listener keeps serving readers, producing pauses and is
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import random
 import signal
@@ -32,6 +36,7 @@ from ..redaction import redact_url
 from ..replication import Publisher, ReplicationHub
 from ..demo.tables import DEMO_TABLES
 from ..replication.tables import StreamTable, create_tables, open_id_generators
+from ..replication.written import WrittenRows
 from ..status_lines import emit
 
 log = logging.getLogger(__name__)
@@ -166,18 +171,43 @@ async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.
             pass
 
 
-class _Rollback(Exception):
-    pass
+#: ``serve --produce --rate 0``: synthetic transactions per database transaction (group commit).
+GROUP = 64
+#: ``serve --produce``: positions written but not yet published past which producing waits.
+BACKLOG = 4000
+#: Seconds between the id generators' background writes of ``stream_positions`` (their default is
+#: 0.01). The record is a recovery hint, the tables (and ``stream_id_blocks``) are the truth; on
+#: PostgreSQL each write is a commit waiting for the WAL to reach the disk, 100 a second per
+#: stream at the default, and a writer producing flat out waited on them.
+POSITIONS_EVERY = 0.1
 
 
-def synthetic_row(stream: str, token: int, j: int) -> list[Any]:
-    """A row of ``stream`` in Synapse's shape, carrying its creation time where the shape allows."""
+@dataclasses.dataclass
+class Group:
+    """One group commit of ``serve --produce``: its ids per stream, statements, and what it holds once committed."""
+
+    ids: dict[str, list[int]]
+    committed: dict[str, list[tuple[int, Any]]]  # stream -> (token, row) of the transactions not rolled back
+    steps: list[Any] = dataclasses.field(default_factory=list)
+    facts: int = 0
+    rows: int = 0
+    rolled_back: int = 0
+
+
+_USERS = tuple(f"@user{i}:demo.hs" for i in range(97))
+_ROOMS = tuple(f"!room{i}:demo.hs" for i in range(13))
+
+
+def synthetic_row(stream: str, token: int, j: int, now: float | None = None) -> list[Any]:
+    """A row of ``stream`` in Synapse's shape, carrying its creation time (``now``) where the shape allows."""
+    if now is None:
+        now = time.time()
     if stream == "to_device":
-        return [f"@user{token % 97}:demo.hs"]
+        return [_USERS[token % 97]]
     if stream == "receipts":
-        return [f"!room{token % 13}:demo.hs", "m.read", f"@user{token % 31}:demo.hs", f"$ev{token}_{j}", None, {"ts": time.time()}]
+        return [_ROOMS[token % 13], "m.read", _USERS[token % 31], f"$ev{token}_{j}", None, {"ts": now}]
     if stream == "caches":
-        return ["get_user_by_id", [f"@user{token}_{j}:demo.hs"], int(time.time() * 1000)]
+        return ["get_user_by_id", [f"@user{token}_{j}:demo.hs"], int(now * 1000)]
     return [f"{stream}-{token}-{j}"]
 
 
@@ -192,6 +222,7 @@ class Writer:
         self.server: Any = None
         self.hub: ReplicationHub | None = None
         self.publisher: Publisher | None = None
+        self.written: dict[str, WrittenRows] = {}
         self.stats = {"facts": 0, "rows": 0, "rolled_back": 0, "transactions": 0, "db_failures": 0, "db_outages": 0}
 
     async def start(self) -> None:
@@ -201,12 +232,16 @@ class Writer:
         self.db = await connect(a.db)
         await create_tables(self.db, self.tables)
         self.gens = await open_id_generators(self.db, a.instance_name, self.tables)
+        for gen in self.gens.values():
+            gen.flush_interval = POSITIONS_EVERY
         self.publisher = pub = Publisher(
             a.instance_name, page_limit=1000, custom_streams=getattr(a, "custom_streams", False)
         )
         for t in self.tables:
             gen = self.gens[t.stream]
-            pub.add_stream(t.stream, t.source(self.db), gen.current_token_for_writer(a.instance_name))
+            # what this process commits is published from memory, anything else from the table
+            self.written[t.stream] = source = WrittenRows(t.source(self.db), a.instance_name)
+            pub.add_stream(t.stream, source, gen.current_token_for_writer(a.instance_name))
             gen.add_listener(pub.notify)
         self.hub = ReplicationHub(a.instance_name, publisher=pub)
         if getattr(a, "redis", None):
@@ -244,52 +279,134 @@ class Writer:
         return {s: g.current_token_for_writer(self.args.instance_name) for s, g in self.gens.items()}
 
     async def produce(self, stop: asyncio.Event) -> None:
-        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks, riding out database outages."""
-        from ..store.database import DatabaseUnavailable
+        """Write synthetic facts until ``stop`` (or --duration) with random rollbacks, riding out database outages.
 
+        As fast as possible (``--rate 0``), up to :data:`GROUP` synthetic
+        transactions share one database transaction (a group commit): those
+        that commit do so together, all or nothing (their rows in one INSERT
+        per table); those rolled back are written in a savepoint of their own
+        and rolled back to it. Their ids complete once the group's outcome is
+        known, which is when readers may see them. A group is one trip to the
+        database, not a few per synthetic transaction. At a ``--rate`` each
+        transaction is its own group, written one fact at a time.
+        """
         a = self.args
         outage = Outage(log, f"database {redact_url(a.db)}", initial=0.1, maximum=5.0)
         rng = random.Random(a.seed)
         deadline = time.monotonic() + a.duration if a.duration else None
         interval = 1.0 / a.rate if a.rate else 0.0
-        inst = a.instance_name
-        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            t = rng.choice(self.tables)
-            gen = self.gens[t.stream]
-            n = 1 if interval else rng.randint(1, 24)
-            facts = rows = 0
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                await self._pace(stopping)
+                await self._produce_group(outage, rng, interval, stop)
+                await asyncio.sleep(interval)
+        finally:
+            stopping.cancel()
+
+    async def _pace(self, stopping: asyncio.Future[Any]) -> None:
+        """Wait while the publisher is more than :data:`BACKLOG` positions behind what was written.
+
+        Writing faster than rows are published only grows the distance
+        between them (the rows readers are yet to get) while taking the
+        process's time from the publisher. Down to half of it, so the next
+        group is written while the publisher still has rows to send.
+        """
+        pub = self.publisher
+        if pub is None or pub.backlog() <= BACKLOG:
+            return
+        caught_up = asyncio.ensure_future(pub.wait_backlog(BACKLOG // 2))
+        try:
+            await asyncio.wait({caught_up, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            caught_up.cancel()
+
+    async def _produce_group(
+        self, outage: Outage, rng: random.Random, interval: float, stop: asyncio.Event
+    ) -> None:
+        """Write one group of synthetic transactions; a database outage is waited out (with backoff)."""
+        from ..store.database import DatabaseUnavailable
+
+        stats = self.stats
+        if interval:
+            plans = [(rng.choice(self.tables), 1)]
+        else:
+            plans = [(rng.choice(self.tables), rng.randint(1, 24)) for _ in range(GROUP)]
+        try:
+            async with contextlib.AsyncExitStack() as reserved:
+                # Ids first, rows made, then the transaction in one trip: the database is held only
+                # while it runs. Leaving the stack completes the ids (committed, rolled back, or cut
+                # off by an outage).
+                group = await self._make_group(reserved, plans, rng)
+                await self.db.run_transaction(group.steps)
+                # Committed: the publisher gets these rows from memory once the ids complete.
+                for stream, ids in group.ids.items():
+                    self.written[stream].record(ids[0], ids[-1], group.committed[stream])
+        except DatabaseUnavailable as err:
+            # The transaction is gone with its connection; its ids completed as rolled back
+            # (or committed, if the COMMIT got through): the position is not held back.
+            stats["db_failures"] += 1
+            delay = outage.failed(err)
+            stats["db_outages"] = outage.count
             try:
-                async with self.db.transaction() as txn:
-                    ids = await gen.get_next_mult_txn(txn, n)
-                    params: list[tuple[Any, ...]] = []
-                    for tok in ids:
-                        k = rng.choices((0, 1, 2, 4), (4, 80, 12, 4))[0]  # 0 rows: a hole; several: a batch
-                        params.extend(t.insert_params(tok, inst, synthetic_row(t.stream, tok, j)) for j in range(k))
-                        facts += 1 if k else 0
-                        rows += k
-                    if params:
-                        await txn.executemany(t.insert_sql(), params)
-                    if rng.random() < a.rollback_rate:
-                        raise _Rollback
-            except _Rollback:
-                self.stats["rolled_back"] += n
-            except DatabaseUnavailable as err:
-                # The transaction is gone with its connection; its ids completed as rolled back
-                # (or committed, if the COMMIT got through): the position is not held back.
-                self.stats["db_failures"] += 1
-                delay = outage.failed(err)
-                self.stats["db_outages"] = outage.count
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
-                except TimeoutError:
-                    pass
-                continue
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+            return
+        outage.recovered()
+        stats["facts"] += group.facts
+        stats["rows"] += group.rows
+        stats["rolled_back"] += group.rolled_back
+        stats["transactions"] += len(plans)
+
+    async def _make_group(
+        self, reserved: contextlib.AsyncExitStack, plans: list[tuple[StreamTable, int]], rng: random.Random
+    ) -> Group:
+        """Reserve ids for ``plans`` (table, facts) in ``reserved``; the statements writing them and what they
+        hold once committed."""
+        inst = self.args.instance_name
+        engine = self.db.engine
+        wanted: dict[str, int] = {}
+        for t, n in plans:
+            wanted[t.stream] = wanted.get(t.stream, 0) + n
+        ids = await _reserve_all(reserved, {s: (self.gens[s], n) for s, n in wanted.items()})
+        group = Group(ids, {s: [] for s in wanted})
+        used = dict.fromkeys(wanted, 0)
+        rollback_rate = self.args.rollback_rate
+        now = time.time()
+        kept: dict[StreamTable, list[tuple[Any, ...]]] = {}
+        for t, n in plans:
+            first = used[t.stream]
+            used[t.stream] = first + n
+            params: list[tuple[Any, ...]] = []
+            written: list[tuple[int, Any]] = []
+            k_facts = 0
+            for tok in ids[t.stream][first:first + n]:
+                r = rng.random()  # rows of a fact: 1 mostly; 0 (a hole) 4%, 2 12%, 4 4% (a batch)
+                k = 1 if r < 0.80 else 2 if r < 0.92 else 0 if r < 0.96 else 4
+                for j in range(k):
+                    row = synthetic_row(t.stream, tok, j, now)
+                    params.append(t.insert_params(tok, inst, row))
+                    written.append((tok, row))
+                k_facts += 1 if k else 0
+            if rng.random() < rollback_rate:
+                # written, then undone: a savepoint of its own, rolled back to
+                group.rolled_back += n
+                if params:
+                    group.steps += [("SAVEPOINT produce", None), *t.insert_rows(engine, params),
+                                    ("ROLLBACK TO SAVEPOINT produce", None), ("RELEASE SAVEPOINT produce", None)]
             else:
-                outage.recovered()
-                self.stats["facts"] += facts
-                self.stats["rows"] += rows
-            self.stats["transactions"] += 1
-            await asyncio.sleep(interval)
+                # committed with the group, all or nothing: no savepoint of its own needed
+                group.facts += k_facts
+                group.rows += len(params)
+                if params:
+                    group.committed[t.stream].extend(written)
+                    kept.setdefault(t, []).extend(params)
+        # the group's committed rows, one statement per table (PostgreSQL: one subtransaction per
+        # savepoint, and more than 64 in one transaction slow every snapshot down)
+        for t, params in kept.items():
+            group.steps += t.insert_rows(engine, params)
+        return group
 
     async def stop(self, flush_timeout: float = 5.0) -> None:
         """Publish what is complete (for up to ``flush_timeout`` s: the database may be down), then close."""
@@ -305,6 +422,21 @@ class Writer:
             await g.close()
         if self.db is not None:
             await self.db.close()
+
+
+async def _reserve_all(
+    stack: contextlib.AsyncExitStack, wanted: dict[str, tuple[Any, int]]
+) -> dict[str, list[int]]:
+    """Stream -> ``n`` ids reserved from its generator, all streams at once (on PostgreSQL one round trip
+    in parallel per stream); each reservation completes when ``stack`` closes, even if another failed."""
+    names = list(wanted)
+    got = await asyncio.gather(
+        *(stack.enter_async_context(gen.get_next_mult(n)) for gen, n in wanted.values()), return_exceptions=True
+    )
+    for result in got:
+        if isinstance(result, BaseException):
+            raise result
+    return dict(zip(names, got))  # type: ignore[arg-type]
 
 
 async def serve(args: argparse.Namespace) -> int:

@@ -81,6 +81,7 @@ class Publisher:
         self._streams: dict[str, StreamEmitter] = {}
         self._sinks: list[Callable[[list[Command]], None]] = []
         self._dirty: set[str] = set()
+        self._progress: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
         #: Reading rows failing (the database gone): one log line when it starts, one when it ends.
         self._outage = Outage(log, f"publisher {instance_name}: the update source", initial=0.1, maximum=5.0)
@@ -136,6 +137,29 @@ class Publisher:
         """Stream -> the position up to which facts were published."""
         return {name: st.sent for name, st in self._streams.items()}
 
+    def backlog(self) -> int:
+        """Positions notified but not yet published, summed over streams (a writer may pace itself by it)."""
+        return sum(st.target - st.sent for st in self._streams.values())
+
+    async def wait_backlog(self, limit: int) -> None:
+        """Return once :meth:`backlog` is at most ``limit`` (each published page wakes the check)."""
+        while self.backlog() > limit:
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(self._drain(), name="factstream-publisher")
+            fut = asyncio.get_running_loop().create_future()
+            self._progress.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._progress:
+                    self._progress.remove(fut)
+
+    def _wake(self) -> None:
+        waiting, self._progress = self._progress, []
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+
     def position_commands(self) -> list[PositionCommand]:
         """What to answer to REPLICATE: ``POSITION s w p p`` per stream, at the published position."""
         return [PositionCommand(s.name, self.instance_name, s.sent, s.sent) for s in self._streams.values()]
@@ -162,6 +186,8 @@ class Publisher:
                     if cmds:
                         for sink in self._sinks:
                             sink(cmds)
+                    if self._progress:
+                        self._wake()
                 outage.recovered()
             except asyncio.CancelledError:
                 raise
@@ -172,6 +198,8 @@ class Publisher:
                 continue
             if st.sent >= st.target:
                 self._dirty.discard(name)
+        if self._progress:
+            self._wake()
 
     def metric_rows(self) -> list[tuple[str, str, int]]:
         """For Prometheus: rows published per stream."""

@@ -14,8 +14,11 @@ source's options, ``logs stream --tables FILE``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from json.decoder import JSONDecoder
+from json.encoder import JSONEncoder, c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from ..streams.sources import TableUpdateSource
@@ -37,10 +40,63 @@ class StreamTable:
     columns: tuple[str, ...]
     plain_columns: frozenset[str] = field(default_factory=frozenset)
 
-    @property
+    @cached_property
     def json_columns(self) -> frozenset[str]:
         """Columns stored as JSON text."""
         return frozenset(self.columns) - self.plain_columns
+
+    @cached_property
+    def _json_flags(self) -> tuple[bool, ...]:
+        # per column, in order: stored as JSON text (computed once: it is asked for every row)
+        return tuple(c not in self.plain_columns for c in self.columns)
+
+    @cached_property
+    def _encode_row(self) -> Callable[[int, str, Sequence[Any]], tuple[Any, ...]]:
+        # insert_params without a loop over the columns: one expression per column, made once
+        # per table (the way collections.namedtuple makes its methods); the same values. A
+        # string (most fields) goes straight to the C escaper, without a Python call of ours.
+        n = len(self.columns)
+        lines = [
+            f"    v{i} = row[{i}]\n    v{i} = _esc(v{i}) if type(v{i}) is str else _to_json(v{i})\n"
+            for i, j in enumerate(self._json_flags) if j
+        ]
+        cols = ", ".join(f"v{i}" if j else f"row[{i}]" for i, j in enumerate(self._json_flags))
+        src = (f"def encode(token, instance_name, row):\n"
+               f"    if len(row) != {n}:\n"
+               f"        raise ValueError(f'row has {{len(row)}} fields, table {{_table}} has {n} columns')\n"
+               + "".join(lines) +
+               f"    return (token, instance_name, {cols},)\n")
+        scope: dict[str, Any] = {"_to_json": _to_json, "_esc": encode_basestring_ascii, "_table": self.table}
+        exec(src, scope)  # noqa: S102 - the source is built from column positions only, never from data
+        return scope["encode"]  # type: ignore[no-any-return]
+
+    @cached_property
+    def row_decoder(self) -> Callable[[tuple[Any, ...]], list[Any]]:
+        """:meth:`to_row` for tuples of exactly the table's columns, made once per table (the publisher's hot path).
+
+        Every JSON column goes through the C scanner inline; anything it does
+        not take whole (a NULL, trailing text, an error) sends the row the
+        column-by-column way, which gives :meth:`to_row`'s values and errors.
+        """
+        n = len(self.columns)
+        json_cols = [i for i, j in enumerate(self._json_flags) if j]
+        if not json_cols:
+            scope: dict[str, Any] = {}
+            exec(f"def decode(values):\n    return [{', '.join(f'values[{i}]' for i in range(n))}]\n", scope)  # noqa: S102
+            return scope["decode"]  # type: ignore[no-any-return]
+        scans = "".join(f"        r{i}, e{i} = _scan(values[{i}], 0)\n" for i in json_cols)
+        checks = " or ".join(f"e{i} != len(values[{i}])" for i in json_cols)
+        cols = ", ".join(f"r{i}" if j else f"values[{i}]" for i, j in enumerate(self._json_flags))
+        src = (f"def decode(values):\n"
+               f"    try:\n{scans}"
+               f"    except (TypeError, ValueError, StopIteration):\n"
+               f"        return _slow(values)\n"
+               f"    if {checks}:\n"
+               f"        return _slow(values)\n"
+               f"    return [{cols}]\n")
+        scope = {"_scan": _SCAN, "_slow": self.to_row}
+        exec(src, scope)  # noqa: S102 - positions only, as above
+        return scope["decode"]  # type: ignore[no-any-return]
 
     def create_sql(self) -> list[str]:
         """Statements creating the table and its index (idempotent)."""
@@ -55,14 +111,59 @@ class StreamTable:
         marks = ", ".join("?" for _ in range(len(self.columns) + 2))
         return f"INSERT INTO {self.table} (stream_id, instance_name, {', '.join(self.columns)}) VALUES ({marks})"
 
+    def insert_rows(self, engine: str, rows: Sequence[tuple[Any, ...]]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+        """Steps writing ``rows`` (each from :meth:`insert_params`) in order: ``[(sql, [params]), ...]``.
+
+        For ``Transaction.execute_batch`` / ``Database.run_transaction``. Few
+        statements for many rows: on PostgreSQL one, ``INSERT ... SELECT FROM
+        json_array_elements(?)``, taking the rows as one JSON text (one parse
+        and one execution for any number of rows, the same statement text, so
+        psycopg's query cache keeps it, and no per-value adaptation in
+        Python); elsewhere multi-row ``VALUES`` of at most 999 parameters each
+        (the limit of older SQLite builds). Values must be text (or None): the
+        JSON-encoded columns are.
+        """
+        if not rows:
+            raise ValueError("no rows to insert")
+        if engine == "postgres":
+            return [(self._insert_json_sql, [(json.dumps(rows, ensure_ascii=False),)])]
+        per = max(1, 999 // (len(self.columns) + 2))
+        return [
+            (self._insert_values_sql(len(chunk)), [tuple(v for r in chunk for v in r)])
+            for chunk in (rows[i:i + per] for i in range(0, len(rows), per))
+        ]
+
+    def _insert_values_sql(self, n: int) -> str:
+        cache = self._values_sql
+        sql = cache.get(n)
+        if sql is None:
+            marks = "(" + ", ".join("?" for _ in range(len(self.columns) + 2)) + ")"
+            sql = cache[n] = (f"INSERT INTO {self.table} (stream_id, instance_name, {', '.join(self.columns)}) VALUES "
+                              + ", ".join([marks] * n))
+        return sql
+
+    @cached_property
+    def _values_sql(self) -> dict[int, str]:
+        return {}
+
+    @cached_property
+    def _insert_json_sql(self) -> str:
+        # The rows travel as one JSON array of arrays (encoded by the stdlib's C encoder; the
+        # server splits it); WITH ORDINALITY ... ORDER BY: they reach the table, and its
+        # row-order column, in the order given.
+        fields = ", ".join(f"r->>{i + 2}" for i in range(len(self.columns)))
+        return (
+            f"INSERT INTO {self.table} (stream_id, instance_name, {', '.join(self.columns)}) "
+            f"SELECT (r->>0)::bigint, r->>1, {fields} FROM json_array_elements(?::json) WITH ORDINALITY AS u(r, n) ORDER BY n"
+        )
+
     def insert_params(self, token: int, instance_name: str, row: Sequence[Any]) -> tuple[Any, ...]:
         """Parameters for :meth:`insert_sql` of one wire row."""
-        vals = [json.dumps(v) if c in self.json_columns else v for c, v in zip(self.columns, row, strict=True)]
-        return (token, instance_name, *vals)
+        return self._encode_row(token, instance_name, row)
 
     def to_row(self, values: tuple[Any, ...]) -> list[Any]:
         """The wire row of a selected tuple (columns only)."""
-        return [json.loads(v) if c in self.json_columns and v is not None else v for c, v in zip(self.columns, values)]
+        return [_from_json(v) if j and v is not None else v for j, v in zip(self._json_flags, values)]
 
     def source(self, db: Any) -> TableUpdateSource:
         """The update source reading this table (a token's rows in the order they were written)."""
@@ -70,13 +171,51 @@ class StreamTable:
 
         postgres = getattr(db, "engine", "") == "postgres"
         return TableUpdateSource(
-            db, self.table, self.columns, to_row=self.to_row, tiebreak=ROW_ORDER_COLUMN if postgres else "rowid",
+            db, self.table, self.columns, to_row=self.row_decoder, tiebreak=ROW_ORDER_COLUMN if postgres else "rowid",
             stream_name=self.stream, sequence_name=default_sequence_name(self.stream) if postgres else None,
         )
 
     def id_tables(self) -> tuple[tuple[str, str, str], ...]:
         """``tables=`` argument of ``factstream.ids.create_id_generator``."""
         return ((self.table, "instance_name", "stream_id"),)
+
+
+# The column codec runs for every row a writer writes and a publisher reads back, so it
+# skips json.dumps/json.loads' per-call set-up: the stdlib's C encoder and scanner, made
+# once, give the same text and values (json.dumps' defaults; json.loads' strictness, with
+# json.loads itself raising its own error for anything the quick path does not take).
+# (No circular-reference check: a row is a tree; a cycle raises RecursionError, not ValueError.)
+_ENCODE = (
+    c_make_encoder(None, JSONEncoder().default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    if c_make_encoder is not None else None
+)
+_SCAN = JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__, not declared in typeshed
+_SCALARS = {type(None): "null", True: "true", False: "false"}
+
+
+def _to_json(v: Any) -> str:
+    """``json.dumps(v)``, faster for the values rows are made of."""
+    t = type(v)
+    if t is str:
+        return encode_basestring_ascii(v)
+    if t is int:
+        return int.__repr__(v)
+    if v is None or t is bool:
+        return _SCALARS[v if t is bool else t]
+    if _ENCODE is None:
+        return json.dumps(v)
+    return "".join(_ENCODE(v, 0))
+
+
+def _from_json(text: str) -> Any:
+    """``json.loads(text)``, faster for the texts :func:`_to_json` writes."""
+    try:
+        value, end = _SCAN(text, 0)
+    except (StopIteration, ValueError):
+        return json.loads(text)  # raises json.loads' own error (or takes what the scanner alone does not)
+    if end != len(text):
+        return json.loads(text)
+    return value
 
 
 def tables_to_json(tables: Sequence[StreamTable]) -> str:
