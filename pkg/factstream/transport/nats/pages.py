@@ -93,15 +93,10 @@ def header_chain(raw: bytes | None) -> tuple[int | None, LineKey | None, LineKey
 
 def page_top(cmds: Sequence[Command], last: LineKey | None, prev: int | None) -> int:
     """The highest token a page reaches: its last fact or POSITION (a fact cut at its end: that fact)."""
-    for cmd in reversed(cmds):
-        if type(cmd) is PositionCommand:
-            return cmd.new_token
-        token = cmd.token  # type: ignore[attr-defined]
-        if token is not None:
-            return int(token)
-        if last is not None:
-            return last[0]
-    return prev or 0
+    tail = cmds[-1] if cmds else None
+    if last is not None and type(tail) is RdataCommand and tail.token is None:
+        return last[0]
+    return page_end(cmds, prev) or 0
 
 
 def page_end(cmds: Sequence[Command], prev: int | None) -> int | None:
