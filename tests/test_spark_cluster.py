@@ -162,12 +162,15 @@ def test_executors_run_the_compiled_core_of_the_shipped_env(cluster: Any, worker
         "    import factstream, factstream.spark._archive_c, sys\n"
         "    return (factstream.IMPL, sys.prefix, factstream.__file__)\n"
         "got = spark.sparkContext.parallelize(range(4), 4).map(probe).collect()\n"
-        "print(repr(got))\n"
+        "print('PROBE', repr(got), flush=True)\n"
         "spark.stop()\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    got = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr
+    # The JVM may print a line of its own to stdout while stopping: take ours by its marker.
+    probe = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    assert len(probe) == 1, done.stdout
+    got = eval(probe[0].removeprefix("PROBE "))  # noqa: S307 - our own repr
     venv = os.path.dirname(os.path.dirname(worker_python))
     assert {g[0] for g in got} == {"c"}
     assert {g[1] for g in got} == {venv}
