@@ -109,6 +109,94 @@ def test_status_shows_sequences_and_the_readers_pending_and_lag(tmp_path: Path, 
         stop(writer)
 
 
+async def _stall_a_reader(url: str, server_name: str, name: str) -> dict[tuple[str, int], int]:
+    """A reader's consumer that stopped reading half-way: (subject, seq) of every message, and its start.
+
+    The consumer is a push consumer whose delivery subject nobody listens to, so
+    JetStream keeps everything from its start sequence pending for it, the
+    state of a reader process that hung. What it should report is counted here
+    from the messages themselves.
+    """
+    import nats
+
+    from factstream.transport.nats import JetStreamLayout
+
+    layout = JetStreamLayout.for_server(server_name)
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(layout.stream)
+        first, last = info.state.first_seq, info.state.last_seq
+        seqs: dict[tuple[str, int], int] = {}
+        for seq in range(first, last + 1):
+            msg = await js.get_msg(layout.stream, seq)
+            seqs[(msg.subject, seq)] = seq
+        start_at = (first + last) // 2
+        await nc.request(f"$JS.API.CONSUMER.CREATE.{layout.stream}", json.dumps({
+            "stream_name": layout.stream,
+            "config": {"description": f"factstream reader {name}", "deliver_subject": f"nobody.listens.{name}",
+                       "deliver_policy": "by_start_sequence", "opt_start_seq": start_at, "ack_policy": "none",
+                       "inactive_threshold": 60 * 1_000_000_000},
+        }).encode(), timeout=5)
+        seqs[("", -1)] = start_at
+        return seqs
+    finally:
+        await nc.close()
+
+
+async def _probes_left(url: str, server_name: str) -> int:
+    import nats
+
+    from factstream.transport.nats import JetStreamLayout
+    from factstream.transport.nats.inspect import PROBE_DESCRIPTION
+
+    nc = await nats.connect(url)
+    try:
+        infos = await nc.jetstream().consumers_info(JetStreamLayout.for_server(server_name).stream)
+        return sum(1 for c in infos if c.config.description == PROBE_DESCRIPTION)
+    finally:
+        await nc.close()
+
+
+@pytest.mark.slow
+def test_status_shows_what_a_stalled_reader_misses_per_stream_and_writer(tmp_path: Path, nats_url: str,
+                                                                          deployment: str) -> None:
+    import asyncio
+
+    db = tmp_path / "w.db"
+    writer = produce(db, nats_url, deployment, "--rate", "400")
+    try:
+        wait_event(writer, "listening")
+        time.sleep(3)
+    finally:
+        stop(writer)  # the log stops growing: every count below is exact
+    seqs = asyncio.run(_stall_a_reader(nats_url, deployment, "stalled-b"))
+    start_at = seqs.pop(("", -1))
+    expected = Counter(subject for subject, seq in seqs if seq >= start_at)
+    assert len(expected) >= 2, expected  # several (stream, writer) subjects are behind
+    out = cli("status", "--nats", nats_url, "--server-name", deployment, "--json", "--interval", "0.2")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    stalled = {r["name"]: r for r in doc["readers"]}["stalled-b"]
+    assert stalled["sequence"] == start_at - 1
+    assert stalled["pending"] == sum(expected.values())
+    per = {s["subject"]: s for s in stalled["streams"]}
+    assert {k: v["pending"] for k, v in per.items() if v["pending"]} == dict(expected)
+    for subject, s in per.items():
+        assert s["writer"] == "master" and s["stream"] in {"caches", "receipts", "to_device"}, s
+        if s["pending"]:
+            assert s["lag_seconds"] is not None and 0 < s["lag_seconds"] < 120, s
+    assert stalled["lag_seconds"] == max(s["lag_seconds"] for s in per.values())
+    assert asyncio.run(_probes_left(nats_url, deployment)) == 0  # the counting consumers are gone
+    text = cli("status", "--nats", nats_url, "--server-name", deployment, "--interval", "0.2")
+    assert text.returncode == 0, text.stderr
+    assert "behind, per (stream, writer)" in text.stdout
+    for subject, n in expected.items():
+        stream = per[subject]["stream"]
+        assert any(stream in line and f" {n} " in f"{line} " for line in text.stdout.splitlines()
+                   if line.startswith("stalled-b")), (stream, n, text.stdout)
+
+
 @pytest.mark.parametrize(
     ("argv", "status", "needle"),
     [

@@ -291,6 +291,8 @@ async def test_stats_report_sequence_pending_and_lag(nats_url: str, deployment: 
         assert writer.nats.stats.rows_queued >= 30
         assert r.position == 30 and r.sequence == w.sequence and r.pending == 0
         assert r.lag_seconds is not None and 0 <= r.lag_seconds < 10
+        # Per (stream, writer), JetStream holds nothing more for this reader (the counts a scrape refreshes).
+        assert await reader.nats.refresh_pending() == {(STREAM, "w1"): 0}
         status = reader.nats.status()
         assert status["carrier"] == "nats" and status["stream"] == JetStreamLayout.for_server(deployment).stream
         assert REGISTRY.get_sample_value(

@@ -271,6 +271,13 @@ def print_nats(doc: dict[str, Any], where: str, interval: float) -> None:
         lag = "-" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}"
         print(f"{r['name']:<22} {r['role']:<8} {r['sequence']:>10} {r['pending']:>8} {lag:>8} "
               f"{r['last_active'] or '-':<32}")
+    behind = [(r, s) for r in readers for s in r.get("streams", ()) if s["pending"]]
+    if behind:
+        print("\nbehind, per (stream, writer)")
+        print(f"{'NAME':<22} {'STREAM':<24} {'WRITER':<14} {'PENDING':>8} {'LAG S':>8}")
+        for r, s in behind:
+            lag = "-" if s["lag_seconds"] is None else f"{s['lag_seconds']:.1f}"
+            print(f"{r['name']:<22} {s['stream']!s:<24} {s['writer']!s:<14} {s['pending']:>8} {lag:>8}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -141,8 +141,10 @@ class KeyStats:
     acknowledged message, ``position`` the token published (acknowledged) so
     far, ``pending`` the messages not acknowledged yet. Reader side:
     ``sequence`` is the last delivered message's sequence, ``position`` the
-    token delivered, ``pending`` the messages JetStream still holds for this
-    reader (its consumer's count at the last delivery) and ``lag_seconds`` the
+    token delivered, ``pending`` the messages of this (stream, writer)
+    JetStream still holds for this reader (as of the last
+    ``NatsReplication.refresh_pending``; 0 when the consumer has nothing
+    pending at all) and ``lag_seconds`` the
     age of the last delivered message when it arrived.
     """
 

@@ -38,6 +38,7 @@ from .client import (
     connect_nats,
 )
 from .consumer import _LogConsumer
+from .inspect import behind_by_subject
 from .layout import _NS, MSG_ID, JetStreamLayout, KeyStats, NatsStats, Retention, _RateLimitedLog
 from .pages import build_pages, decode_page, header_chain, page_end, page_top, parse_keys
 
@@ -227,6 +228,10 @@ class NatsReplication:
         self._rdata_received = getattr(hub, "rdata_received", None)  # the hub's call taking a run of RDATA
         self._filling: dict[tuple[str, str], _WriterKey] = {}  # keys with a page being filled
         self._queued_rows = 0  # lines in self._queue (what max_pending bounds)
+        self._behind: dict[tuple[str, str], int] = {}  # reader: pending per (stream, writer), last refresh
+        self._behind_at = 0.0  # monotonic time of that refresh (0: never)
+        self._refreshing: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         _REPLICATIONS.add(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -258,7 +263,8 @@ class NatsReplication:
             raise RuntimeError("NatsReplication already started")
         logger.info("replicating over NATS JetStream %s as %s (stream %s)", redact_url(self.url),
                     self.instance_name, self.layout.stream)
-        self._tasks.append(asyncio.get_running_loop().create_task(self._main(), name="factstream-nats"))
+        self._loop = asyncio.get_running_loop()
+        self._tasks.append(self._loop.create_task(self._main(), name="factstream-nats"))
         return self
 
     async def wait_connected(self, timeout: float | None = None) -> None:
@@ -1110,11 +1116,51 @@ class NatsReplication:
         out: list[KeyStats] = []
         for st in self._wkeys.values():
             out.append(KeyStats("writer", st.stream, st.writer, st.last_seq, st.acked, len(st.outstanding)))
-        pending = self._consumer.pending if self._consumer is not None else 0
+        total = self._consumer.pending if self._consumer is not None else 0
         for rt in self._rkeys.values():
+            pending = self._behind.get((rt.stream, rt.writer), 0) if total else 0
             out.append(KeyStats("reader", rt.stream, rt.writer, rt.last_seq, rt.last_token, pending, rt.lag,
                                 rt.fallbacks))
         return out
+
+    async def refresh_pending(self) -> dict[tuple[str, str], int]:
+        """Ask JetStream how many messages it holds for this reader, per (stream, writer) it follows.
+
+        The consumer only knows the total; JetStream counts each subject's
+        messages after the last delivered sequence (one small request per
+        subject, none when nothing is pending). :meth:`key_stats` reports the
+        last answer; a metrics scrape asks again at most every 5 seconds.
+        """
+        consumer, api = self._consumer, self._api
+        if consumer is None or api is None:
+            return {}
+        subjects = {self.layout.log_subject(rt.stream, rt.writer): (rt.stream, rt.writer)
+                    for rt in list(self._rkeys.values())}
+        rows = await behind_by_subject(api, consumer.last_seq, subjects, consumer.pending)
+        self._behind = {(r["stream"], r["writer"]): r["pending"] for r in rows}
+        self._behind_at = time.monotonic()
+        return dict(self._behind)
+
+    def _refresh_soon(self, every: float = 5.0) -> None:
+        """From any thread (a metrics scrape): refresh the per-key pending counts if they are older than ``every``."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or time.monotonic() - self._behind_at < every:
+            return
+        if self._consumer is None or not self._consumer.pending:
+            return
+
+        def spawn() -> None:
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = loop.create_task(self._refresh_quietly(), name="factstream-nats-pending")
+
+        loop.call_soon_threadsafe(spawn)
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh_pending()
+        except Exception as err:  # noqa: BLE001 - a metric refresh must never hurt the reader
+            self._behind_at = time.monotonic()
+            self._error_log.warning("cannot count pending messages per (stream, writer): %s", err)
 
     def status(self) -> dict[str, Any]:
         """A JSON-ready summary: stream, connection, counters and :meth:`key_stats`."""
@@ -1163,8 +1209,9 @@ class _NatsCollector:
     def collect(self) -> Iterator[Any]:
         seq = GaugeMetricFamily("factstream_nats_sequence", "JetStream sequence per (stream, writer): last "
                                 "acknowledged (writer) or delivered (reader)", labels=["side", "stream", "writer"])
-        pending = GaugeMetricFamily("factstream_nats_pending", "Messages JetStream still holds for this reader "
-                                    "(reader) or not yet acknowledged (writer)", labels=["side", "stream", "writer"])
+        pending = GaugeMetricFamily("factstream_nats_pending", "Messages of this (stream, writer) JetStream still "
+                                    "holds for this reader (reader; counted at most every 5 s) or not yet "
+                                    "acknowledged (writer)", labels=["side", "stream", "writer"])
         lag = GaugeMetricFamily("factstream_nats_lag_seconds", "Age of the last message delivered to this reader",
                                 labels=["stream", "writer"])
         fallbacks = CounterMetricFamily("factstream_nats_fallbacks", "Catch-ups from the table because the log "
@@ -1176,6 +1223,7 @@ class _NatsCollector:
         lags: dict[tuple[str, str], float] = {}
         falls: dict[tuple[str, str], int] = {}
         for repl in list(_REPLICATIONS):  # several instances in one process: one sample per label set
+            repl._refresh_soon()
             for k in repl.key_stats():
                 key = (k.side, k.stream, k.writer)
                 seqs[key] = max(k.sequence, seqs.get(key, 0))
