@@ -266,11 +266,11 @@ def print_nats(doc: dict[str, Any], where: str, interval: float) -> None:
               f"{r.get('sequence', '-')!s:>10}")
     readers = doc["readers"]
     print(f"\n{len(readers)} reader(s) of the log")
-    print(f"{'NAME':<22} {'ROLE':<8} {'SEQUENCE':>10} {'PENDING':>8} {'LAG S':>8} {'LAST ACTIVE':<32}")
+    print(f"{'NAME':<22} {'ROLE':<8} {'SEQUENCE':>10} {'PENDING':>8} {'LAG S':>8} {'LAST ACTIVE'}")
     for r in readers:
         lag = "-" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}"
         print(f"{r['name']:<22} {r['role']:<8} {r['sequence']:>10} {r['pending']:>8} {lag:>8} "
-              f"{r['last_active'] or '-':<32}")
+              f"{r['last_active'] or '-'}")
     behind = [(r, s) for r in readers for s in r.get("streams", ()) if s["pending"]]
     if behind:
         print("\nbehind, per (stream, writer)")
