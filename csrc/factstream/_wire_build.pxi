@@ -13,6 +13,9 @@
 
 cdef extern from *:
     r"""
+    #if defined(__SSE2__) && defined(__GNUC__)
+    #include <emmintrin.h>
+    #endif
     typedef struct {
         const unsigned char *end;
         Py_UCS4 *buf;      /* scratch for strings with escapes */
@@ -129,7 +132,25 @@ cdef extern from *:
         Py_UCS4 *out;
         Py_ssize_t n = 0;
         int i;
+    #if defined(__SSE2__) && defined(__GNUC__)
+        unsigned int highbits = 0;  /* movemask of the blocks skipped: their bytes' top bits */
+    #endif
         for (;;) {
+    #if defined(__SSE2__) && defined(__GNUC__)
+            while (p + 16 <= end) {
+                __m128i v = _mm_loadu_si128((const __m128i *)p);
+                unsigned int m = (unsigned int)_mm_movemask_epi8(
+                    _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x22)), _mm_cmpeq_epi8(v, _mm_set1_epi8(0x5C))));
+                if (m) {
+                    i = __builtin_ctz(m);
+                    highbits |= (unsigned int)_mm_movemask_epi8(v) & ((1u << i) - 1);
+                    p += i;
+                    goto found;
+                }
+                highbits |= (unsigned int)_mm_movemask_epi8(v);
+                p += 16;
+            }
+    #endif
             while (p + 8 <= end) {
                 w = fs_b_load8(p);
                 mask = fs_b_quote_or_backslash(w);
@@ -143,6 +164,9 @@ cdef extern from *:
                 high |= w;
                 p += 8;
             }
+    #if defined(__SSE2__) && defined(__GNUC__)
+        found:
+    #endif
             if (*p == '"')
                 break;
             if (*p == '\\') {
@@ -154,6 +178,10 @@ cdef extern from *:
             }
         }
         *pp = p + 1;
+    #if defined(__SSE2__) && defined(__GNUC__)
+        if (highbits)
+            high |= FS_B_HIGH;
+    #endif
         if (simple) {
             if (high & FS_B_HIGH)
                 return PyUnicode_DecodeUTF8((const char *)start, p - start, NULL);

@@ -212,6 +212,52 @@ include "_wire_build.pxi"
 
 # -------------------------------------------------------------- line parsing
 
+cdef extern from *:
+    """
+    /* Strict UTF-8 as CPython's decoder takes it (no overlong forms, no
+       surrogates, nothing past U+10FFFF), without building the str: 1 when
+       valid. Only a yes is trusted; a no is confirmed by the decoder, which
+       also words the error. */
+    static int fs_utf8_valid(const unsigned char *p, Py_ssize_t n) {
+        const unsigned char *end = p + n;
+        while (p < end) {
+            unsigned char c = *p;
+            if (c < 0x80) {
+                uint64_t w;
+                if (end - p >= 8) {
+                    memcpy(&w, p, 8);
+                    if (!(w & 0x8080808080808080ULL)) {
+                        p += 8;
+                        continue;
+                    }
+                }
+                p++;
+                continue;
+            }
+            if (c >= 0xC2 && c <= 0xDF) {
+                if (end - p < 2 || (p[1] & 0xC0) != 0x80)
+                    return 0;
+                p += 2;
+            } else if (c >= 0xE0 && c <= 0xEF) {
+                unsigned char lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+                if (end - p < 3 || p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80)
+                    return 0;
+                p += 3;
+            } else if (c >= 0xF0 && c <= 0xF4) {
+                unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+                if (end - p < 4 || p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
+                    return 0;
+                p += 4;
+            } else {
+                return 0;
+            }
+        }
+        return 1;
+    }
+    """
+    bint _utf8_valid "fs_utf8_valid"(const unsigned char* p, Py_ssize_t n) noexcept nogil
+
+
 cdef inline str _text(const unsigned char* p, Py_ssize_t n):
     return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
 
@@ -224,8 +270,19 @@ cdef inline object _word(const unsigned char* p, Py_ssize_t n, str what, object 
 
 cdef object _int_field(const unsigned char* p, Py_ssize_t n, str what, object line):
     """ASCII digits with an optional leading '-', fitting a signed 64-bit int."""
-    cdef long long v
-    cdef int status = _parse_i64(p, n, &v)
+    cdef long long v = 0
+    cdef Py_ssize_t i
+    cdef unsigned int d
+    cdef int status
+    if 0 < n <= 18:  # the usual token: up to 18 digits cannot overflow
+        for i in range(n):
+            d = p[i] - 48
+            if d > 9:
+                break
+            v = v * 10 + d
+        else:
+            return PyLong_FromLongLong(v)
+    status = _parse_i64(p, n, &v)
     if status == INT_OK:
         return PyLong_FromLongLong(v)
     if status == INT_OVERFLOW:
@@ -259,7 +316,7 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
                 _put(cmd, R_STREAM, stream)
                 _put(cmd, R_INSTANCE, instance)
                 _put(cmd, R_TOKEN, token)
-                _put(cmd, R_ROW, _UNSET)
+                _put(cmd, R_ROW, _UNSET_ROW)
                 _put(cmd, R_RAW, PyBytes_FromStringAndSize(<const char*>s3 + 1, end - s3 - 1))
                 _put(cmd, R_CANONICAL, True if canonical else False)
                 _put(cmd, R_LOADS, _loads_row)
@@ -358,7 +415,7 @@ cdef object _parse(const unsigned char* p, Py_ssize_t n, object line):
     cdef Py_ssize_t nlen
     if memchr(p, 10, n) != NULL:
         raise ProtocolError("line contains a newline", line)
-    if not _all_ascii(p, n):
+    if not _all_ascii(p, n) and not _utf8_valid(p, n):
         try:
             PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
         except UnicodeDecodeError as err:
