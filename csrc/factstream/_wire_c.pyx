@@ -597,13 +597,44 @@ cdef class LineDecoder:
         self.len = n
         return 0
 
+    cdef int _lines(self, const char* p, Py_ssize_t n, Py_ssize_t* at, list out) except -1:
+        """Parse the complete lines of ``p[at:n]`` into ``out``, moving ``at`` past each.
+
+        Returns 0 when no complete line is left and 1 when the line at ``at``
+        is too long; a bad line raises with ``at`` still at its start. One
+        call for all the lines of a chunk: no exception frame per line.
+        """
+        cdef const char* nl
+        cdef Py_ssize_t ln
+        cdef Py_ssize_t start = at[0]
+        cdef Py_ssize_t limit = self.max_line_length
+        while True:
+            nl = <const char*>memchr(p + start, 10, n - start)
+            if nl == NULL:
+                at[0] = start
+                return 0
+            ln = (nl - p) - start
+            if self.discarding:  # the tail of a line already reported as too long
+                self.discarding = False
+                start += ln + 1
+                continue
+            if ln > limit:
+                at[0] = start
+                return 1
+            if not _blank(<const unsigned char*>p + start, ln):
+                at[0] = start
+                out.append(_parse(<const unsigned char*>p + start, ln, None))
+            start += ln + 1
+
     def feed(self, data) -> list:
         cdef bytes joined
         cdef const char* p
-        cdef Py_ssize_t n, start, ln
+        cdef Py_ssize_t n, ln
+        cdef Py_ssize_t start = 0
         cdef const char* nl
         cdef list out = []
         cdef Py_ssize_t limit = self.max_line_length
+        cdef int too_long
         if type(data) is not bytes:
             data = bytes(data)
         if self.len:
@@ -613,36 +644,26 @@ cdef class LineDecoder:
             joined = <bytes>data
         p = PyBytes_AS_STRING(joined)
         n = PyBytes_GET_SIZE(joined)
-        start = 0
-        while True:
-            nl = <const char*>memchr(p + start, 10, n - start)
-            if nl == NULL:
-                break
+        try:
+            too_long = self._lines(p, n, &start, out)
+        except ProtocolError as err:
+            nl = <const char*>memchr(p + start, 10, n - start)  # the bad line is complete
             ln = (nl - p) - start
-            if self.discarding:  # the tail of a line already reported as too long
-                self.discarding = False
-                start += ln + 1
-                continue
-            if ln > limit:
-                line = PyBytes_FromStringAndSize(p + start, ln)
-                start += ln + 1
-                self._keep(p + start, n - start)
-                err = ProtocolError(f"line longer than {limit} bytes", line)
-                err.commands = out
-                raise err
-            if _blank(<const unsigned char*>p + start, ln):
-                start += ln + 1
-                continue
-            try:
-                out.append(_parse(<const unsigned char*>p + start, ln, None))
-            except ProtocolError as err:
-                line = PyBytes_FromStringAndSize(p + start, ln)
-                start += ln + 1
-                self._keep(p + start, n - start)
-                err2 = ProtocolError(err.reason, line)
-                err2.commands = out
-                raise err2 from None
+            line = PyBytes_FromStringAndSize(p + start, ln)
             start += ln + 1
+            self._keep(p + start, n - start)
+            err2 = ProtocolError(err.reason, line)
+            err2.commands = out
+            raise err2 from None
+        if too_long:
+            nl = <const char*>memchr(p + start, 10, n - start)
+            ln = (nl - p) - start
+            line = PyBytes_FromStringAndSize(p + start, ln)
+            start += ln + 1
+            self._keep(p + start, n - start)
+            err = ProtocolError(f"line longer than {limit} bytes", line)
+            err.commands = out
+            raise err
         if self.discarding:
             self.len = 0
         elif n - start > limit:
