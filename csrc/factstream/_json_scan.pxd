@@ -122,6 +122,8 @@ cdef inline const unsigned char* _fail(Scan* s, const unsigned char* p, int err)
 
 cdef inline const unsigned char* _skip_ws(Scan* s, const unsigned char* p) noexcept nogil:
     cdef const unsigned char* q = p
+    if q < s.end and q[0] > C_SPACE:  # the compact form: nothing to skip (all four are <= ' ')
+        return q
     while q < s.end and _is_ws(q[0]):
         q += 1
     if q != p:

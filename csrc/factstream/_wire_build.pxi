@@ -45,6 +45,8 @@ cdef extern from *:
     static PyObject *fs_b_value(fs_builder *b, const unsigned char **pp);
 
     static inline const unsigned char *fs_b_ws(const fs_builder *b, const unsigned char *p) {
+        if (p < b->end && *p > ' ')  /* the compact form: nothing to skip */
+            return p;
         while (p < b->end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
             p++;
         return p;
