@@ -9,7 +9,7 @@ is only built into Python objects when ``RdataCommand.row`` is first read.
 Invariants:
 - every line handed to ``_parse`` has no newline and is valid UTF-8;
 - ``_scan_*`` never read past ``end`` and never allocate;
-- ``_build_*`` only run on bytes ``_scan_*`` accepted.
+- the row builder (``fs_build``, C in ``_wire_build.pxi``) only runs on bytes ``_scan_*`` accepted.
 
 The JSON scanner is cimported from ``_json_scan.pxd`` (inline functions,
 shared with the archive builder). The JSON builder (``_wire_build.pxi``) and
