@@ -122,6 +122,8 @@ cdef inline const unsigned char* _fail(Scan* s, const unsigned char* p, int err)
 
 cdef inline const unsigned char* _skip_ws(Scan* s, const unsigned char* p) noexcept nogil:
     cdef const unsigned char* q = p
+    if q < s.end and q[0] > C_SPACE:  # the compact form: nothing to skip (all four are <= ' ')
+        return q
     while q < s.end and _is_ws(q[0]):
         q += 1
     if q != p:
@@ -152,6 +154,35 @@ cdef extern from *:
     int _first_flagged "fs_first_flagged"(uint64_t mask) noexcept nogil
 
 
+# Sixteen bytes at a time where SSE2 is there (every x86-64): one compare per
+# byte class and a movemask, where the SWAR test above takes a dozen
+# operations per eight bytes. Strings are most of a row's bytes.
+cdef extern from *:
+    """
+    #if defined(__SSE2__) && defined(__GNUC__)
+    #include <emmintrin.h>
+    #define FS_HAVE_SSE2 1
+    /* Bit i set when byte i is '"', '\\', a control (< 0x20), DEL or
+       non-ASCII (a signed compare: bytes from 0x80 are negative). */
+    static inline unsigned int fs_string_special16(const unsigned char *p) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m128i m = _mm_or_si128(
+            _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x22)), _mm_cmpeq_epi8(v, _mm_set1_epi8(0x5C))),
+            _mm_or_si128(_mm_cmplt_epi8(v, _mm_set1_epi8(0x20)), _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F))));
+        return (unsigned int)_mm_movemask_epi8(m);
+    }
+    static inline int fs_first_flagged16(unsigned int mask) { return __builtin_ctz(mask); }
+    #else
+    #define FS_HAVE_SSE2 0
+    static inline unsigned int fs_string_special16(const unsigned char *p) { (void)p; return 0; }
+    static inline int fs_first_flagged16(unsigned int mask) { (void)mask; return 0; }
+    #endif
+    """
+    const bint _HAVE_SSE2 "FS_HAVE_SSE2"
+    unsigned int _string_special16 "fs_string_special16"(const unsigned char* p) noexcept nogil
+    int _first_flagged16 "fs_first_flagged16"(unsigned int mask) noexcept nogil
+
+
 cdef inline uint64_t _load8(const unsigned char* p) noexcept nogil:
     cdef uint64_t w
     memcpy(&w, p, 8)
@@ -173,22 +204,40 @@ cdef inline uint64_t _string_special8(uint64_t w) noexcept nogil:
             | ((w - _SWAR_ONES * 0x20) & ~w & _SWAR_HIGH) | (w & _SWAR_HIGH))
 
 
+cdef inline const unsigned char* _skip_plain8(const unsigned char* p, const unsigned char* end) noexcept nogil:
+    # Past the printable ASCII bytes other than '"' and '\\', eight at a time
+    # (stops at most seven bytes short of ``end``: the byte loop finishes).
+    cdef uint64_t mask
+    while p + 8 <= end:
+        mask = _string_special8(_load8(p))
+        if mask:
+            return p + _first_flagged(mask)
+        p += 8
+    return p
+
+
 cdef inline const unsigned char* _scan_string(Scan* s, const unsigned char* p) noexcept nogil:
     # p points just after the opening quote; returns the pointer after the closing quote.
     cdef const unsigned char* end = s.end
     cdef unsigned char c
     cdef int i, h
     cdef unsigned int cp
-    cdef uint64_t mask
+    cdef unsigned int mask16
     while p < end:
         # Skip plain printable ASCII (nothing to check, canonical as it is)
-        # eight bytes at a time, then straight to the first byte that needs a look.
-        while p + 8 <= end:
-            mask = _string_special8(_load8(p))
-            if mask:
-                p += _first_flagged(mask)
-                break
-            p += 8
+        # sixteen or eight bytes at a time, then straight to the first byte
+        # that needs a look.
+        if _HAVE_SSE2:
+            while p + 16 <= end:
+                mask16 = _string_special16(p)
+                if mask16:
+                    p += _first_flagged16(mask16)
+                    break
+                p += 16
+            else:
+                p = _skip_plain8(p, end)
+        else:
+            p = _skip_plain8(p, end)
         if p >= end:
             break
         c = p[0]

@@ -33,7 +33,7 @@ cdef inline object _alloc(object cls):
     return obj
 
 
-cdef inline void _put(object obj, Py_ssize_t offset, object value):
+cdef inline void _put(object obj, Py_ssize_t offset, object value) noexcept:
     # The slot is empty (fresh allocation); it takes its own reference.
     Py_INCREF(value)
     (<PyObject**>((<char*><PyObject*>obj) + offset))[0] = <PyObject*>value

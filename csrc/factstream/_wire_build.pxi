@@ -4,218 +4,458 @@
 # It uses the scanner of _json_scan.pxd and the names _wire_c.pyx cimports.
 
 # ----------------------------------------------------------------- JSON build
+#
+# Written in C (below) rather than as Cython methods: the builder is mostly
+# object allocation, and hand-placed reference counting lets a list collect
+# its items on the stack and take them at its exact size, and a string
+# come from the short-string cache, without the bookkeeping Cython adds
+# around every object-valued call and try block.
+
+cdef extern from *:
+    r"""
+    #if defined(__SSE2__) && defined(__GNUC__)
+    #include <emmintrin.h>
+    #endif
+    typedef struct {
+        const unsigned char *end;
+        Py_UCS4 *buf;      /* scratch for strings with escapes */
+        Py_ssize_t cap;
+    } fs_builder;
+
+    #define FS_B_ONES 0x0101010101010101ULL
+    #define FS_B_HIGH 0x8080808080808080ULL
+    #define FS_B_LIST_STACK 16   /* items a list holds on the stack before it spills into a growing list */
+    #define FS_B_STR_MAX 16      /* bytes: two 64-bit words */
+    #define FS_B_STR_BITS 9
+    #define FS_B_STR_SLOTS (1 << FS_B_STR_BITS)
+
+    /* Short strings repeat heavily in rows (event types, memberships, cache
+       names, receipt types, presence states, dict keys): the last ASCII
+       string without escapes seen in its slot, keyed by its bytes, is shared
+       instead of allocated again (str is immutable: sharing is invisible but
+       to `is`). Longer strings (user, room and event ids) rarely repeat within
+       a few hundred rows, so they are not looked up. */
+    typedef struct {
+        uint64_t w0, w1;
+        Py_ssize_t n;
+        PyObject *s;
+    } fs_strslot;
+    static fs_strslot fs_strs[FS_B_STR_SLOTS];
+
+    static PyObject *fs_b_value(fs_builder *b, const unsigned char **pp);
+
+    static inline const unsigned char *fs_b_ws(const fs_builder *b, const unsigned char *p) {
+        if (p < b->end && *p > ' ')  /* the compact form: nothing to skip */
+            return p;
+        while (p < b->end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+            p++;
+        return p;
+    }
+
+    static inline uint64_t fs_b_load8(const unsigned char *p) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        return w;
+    }
+
+    static inline uint64_t fs_b_zero(uint64_t x) { return (x - FS_B_ONES) & ~x & FS_B_HIGH; }
+
+    static inline uint64_t fs_b_quote_or_backslash(uint64_t w) {
+        return fs_b_zero(w ^ (FS_B_ONES * 0x22)) | fs_b_zero(w ^ (FS_B_ONES * 0x5C));
+    }
+
+    static inline int fs_b_first(uint64_t mask) {
+    #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        return __builtin_ctzll(mask) >> 3;
+    #else
+        (void)mask;
+        return 0;  /* the byte loop steps on from here */
+    #endif
+    }
+
+    static PyObject *fs_b_short_ascii(const fs_builder *b, const unsigned char *p, Py_ssize_t n) {
+        /* 0 < n <= FS_B_STR_MAX, ASCII. */
+        uint64_t w0, w1;
+        fs_strslot *slot;
+        PyObject *text;
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (b->end - p >= 16) {  /* two whole words readable: load and keep the string's bytes */
+            w0 = fs_b_load8(p);
+            w1 = fs_b_load8(p + 8);
+            if (n < 8) {
+                w0 &= (((uint64_t)1) << (8 * n)) - 1;
+                w1 = 0;
+            } else if (n < 16) {
+                w1 &= (((uint64_t)1) << (8 * (n - 8))) - 1;
+            }
+        } else
+    #endif
+        {
+            unsigned char tmp[16] = {0};
+            memcpy(tmp, p, (size_t)n);
+            memcpy(&w0, tmp, 8);
+            memcpy(&w1, tmp + 8, 8);
+        }
+        slot = &fs_strs[((w0 * 0x9E3779B97F4A7C15ULL) ^ (w1 * 0xC2B2AE3D27D4EB4FULL) ^ (uint64_t)n) >> (64 - FS_B_STR_BITS)];
+        if (slot->s != NULL && slot->n == n && slot->w0 == w0 && slot->w1 == w1) {
+            Py_INCREF(slot->s);
+            return slot->s;
+        }
+        text = PyUnicode_New(n, 127);
+        if (text == NULL)
+            return NULL;
+        memcpy(PyUnicode_DATA(text), p, (size_t)n);
+        Py_INCREF(text);
+        Py_XSETREF(slot->s, text);
+        slot->w0 = w0;
+        slot->w1 = w1;
+        slot->n = n;
+        return text;
+    }
+
+    static inline unsigned int fs_b_hex4(const unsigned char *p) {
+        unsigned int cp = 0;
+        int i;
+        for (i = 0; i < 4; i++) {
+            unsigned char c = p[i];
+            cp = (cp << 4) | (unsigned int)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+        }
+        return cp;
+    }
+
+    static PyObject *fs_b_string(fs_builder *b, const unsigned char **pp) {
+        /* *pp is at the opening quote; the scanner accepted the string, so
+           its closing quote is before end and every escape is complete. */
+        const unsigned char *p = *pp + 1;
+        const unsigned char *start = p;
+        const unsigned char *end = b->end;
+        int simple = 1;
+        uint64_t high = 0, w, mask;
+        Py_UCS4 *out;
+        Py_ssize_t n = 0;
+        int i;
+    #if defined(__SSE2__) && defined(__GNUC__)
+        unsigned int highbits = 0;  /* movemask of the blocks skipped: their bytes' top bits */
+    #endif
+        for (;;) {
+    #if defined(__SSE2__) && defined(__GNUC__)
+            while (p + 16 <= end) {
+                __m128i v = _mm_loadu_si128((const __m128i *)p);
+                unsigned int m = (unsigned int)_mm_movemask_epi8(
+                    _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x22)), _mm_cmpeq_epi8(v, _mm_set1_epi8(0x5C))));
+                if (m) {
+                    i = __builtin_ctz(m);
+                    highbits |= (unsigned int)_mm_movemask_epi8(v) & ((1u << i) - 1);
+                    p += i;
+                    goto found;
+                }
+                highbits |= (unsigned int)_mm_movemask_epi8(v);
+                p += 16;
+            }
+    #endif
+            while (p + 8 <= end) {
+                w = fs_b_load8(p);
+                mask = fs_b_quote_or_backslash(w);
+                if (mask) {
+                    i = fs_b_first(mask);
+                    if (i)
+                        high |= w & ((((uint64_t)1) << (8 * i)) - 1);  /* the bytes before it */
+                    p += i;
+                    break;
+                }
+                high |= w;
+                p += 8;
+            }
+    #if defined(__SSE2__) && defined(__GNUC__)
+        found:
+    #endif
+            if (*p == '"')
+                break;
+            if (*p == '\\') {
+                simple = 0;
+                p += 2;
+            } else {
+                high |= *p;
+                p++;
+            }
+        }
+        *pp = p + 1;
+    #if defined(__SSE2__) && defined(__GNUC__)
+        if (highbits)
+            high |= FS_B_HIGH;
+    #endif
+        if (simple) {
+            if (high & FS_B_HIGH)
+                return PyUnicode_DecodeUTF8((const char *)start, p - start, NULL);
+            if (p - start > 0 && p - start <= FS_B_STR_MAX)
+                return fs_b_short_ascii(b, start, p - start);
+            {
+                PyObject *text = PyUnicode_New(p - start, 127);  /* ASCII: a copy, no decoding */
+                if (text != NULL)
+                    memcpy(PyUnicode_DATA(text), start, (size_t)(p - start));
+                return text;
+            }
+        }
+        /* Escapes: decode into code points (at most one per input byte). */
+        end = p;
+        if (end - start + 1 > b->cap) {
+            Py_UCS4 *nb = (Py_UCS4 *)PyMem_Realloc(b->buf, (size_t)(end - start + 1) * sizeof(Py_UCS4));
+            if (nb == NULL)
+                return PyErr_NoMemory();
+            b->buf = nb;
+            b->cap = end - start + 1;
+        }
+        out = b->buf;
+        p = start;
+        while (p < end) {
+            unsigned char c = *p;
+            if (c == '\\') {
+                c = p[1];
+                if (c == 'u') {
+                    unsigned int cp = fs_b_hex4(p + 2), cp2;
+                    p += 6;
+                    if (cp >= 0xD800 && cp <= 0xDBFF && end - p >= 6 && p[0] == '\\' && p[1] == 'u') {
+                        cp2 = fs_b_hex4(p + 2);
+                        if (cp2 >= 0xDC00 && cp2 <= 0xDFFF) {
+                            cp = 0x10000 + ((cp - 0xD800) << 10) + (cp2 - 0xDC00);
+                            p += 6;
+                        }
+                    }
+                    out[n] = cp;
+                } else {
+                    switch (c) {
+                    case 'b': out[n] = 8; break;
+                    case 'f': out[n] = 12; break;
+                    case 'n': out[n] = 10; break;
+                    case 'r': out[n] = 13; break;
+                    case 't': out[n] = 9; break;
+                    default: out[n] = c;  /* " \ / */
+                    }
+                    p += 2;
+                }
+            } else if (c < 0x80) {
+                out[n] = c;
+                p += 1;
+            } else if (c < 0xE0) {
+                out[n] = ((Py_UCS4)(c & 0x1F) << 6) | (p[1] & 0x3F);
+                p += 2;
+            } else if (c < 0xF0) {
+                out[n] = ((Py_UCS4)(c & 0x0F) << 12) | ((Py_UCS4)(p[1] & 0x3F) << 6) | (p[2] & 0x3F);
+                p += 3;
+            } else {
+                out[n] = ((Py_UCS4)(c & 0x07) << 18) | ((Py_UCS4)(p[1] & 0x3F) << 12)
+                         | ((Py_UCS4)(p[2] & 0x3F) << 6) | (p[3] & 0x3F);
+                p += 4;
+            }
+            n++;
+        }
+        return PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, out, n);
+    }
+
+    static PyObject *fs_b_number(fs_builder *b, const unsigned char **pp) {
+        const unsigned char *p = *pp;
+        const unsigned char *start = p;
+        const unsigned char *end = b->end;
+        const unsigned char *e_start;
+        int is_float = 0, neg = 0;
+        long long v = 0;
+        Py_ssize_t ndigits;
+        PyObject *text, *result;
+        if (*p == '-') {
+            neg = 1;
+            p++;
+        }
+        if (*p == '0')
+            p++;
+        else
+            while (p < end && *p >= '0' && *p <= '9')
+                p++;
+        ndigits = p - start - neg;
+        /* fraction, then exponent (backtracked when it has no digits), as the scanner */
+        if (p + 1 < end && p[0] == '.' && p[1] >= '0' && p[1] <= '9') {
+            is_float = 1;
+            p += 2;
+            while (p < end && *p >= '0' && *p <= '9')
+                p++;
+        }
+        if (p < end && (*p == 'e' || *p == 'E')) {
+            e_start = p++;
+            if (p < end && (*p == '+' || *p == '-'))
+                p++;
+            if (p < end && *p >= '0' && *p <= '9') {
+                is_float = 1;
+                while (p < end && *p >= '0' && *p <= '9')
+                    p++;
+            } else {
+                p = e_start;
+            }
+        }
+        *pp = p;
+        if (!is_float && ndigits <= 18) {
+            const unsigned char *q;
+            for (q = start + neg; q < start + neg + ndigits; q++)
+                v = v * 10 + (*q - '0');
+            return PyLong_FromLongLong(neg ? -v : v);
+        }
+        text = PyBytes_FromStringAndSize((const char *)start, p - start);  /* NUL-terminated copy */
+        if (text == NULL)
+            return NULL;
+        if (is_float) {
+            /* Correctly rounded as float(): past the double range +-inf (as
+               Synapse's json module), below it +-0.0. */
+            double d = PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, NULL);
+            result = (d == -1.0 && PyErr_Occurred()) ? NULL : PyFloat_FromDouble(d);
+        } else {
+            result = PyLong_FromString(PyBytes_AS_STRING(text), NULL, 10);
+        }
+        Py_DECREF(text);
+        return result;
+    }
+
+    static PyObject *fs_b_list(fs_builder *b, const unsigned char **pp) {
+        PyObject *items[FS_B_LIST_STACK];
+        Py_ssize_t k = 0, i;
+        PyObject *out = NULL, *v;
+        const unsigned char *p = fs_b_ws(b, *pp + 1);
+        if (*p == ']') {
+            *pp = p + 1;
+            return PyList_New(0);
+        }
+        for (;;) {
+            *pp = p;
+            v = fs_b_value(b, pp);
+            if (v == NULL)
+                goto fail;
+            if (out != NULL) {
+                if (PyList_Append(out, v) < 0) {
+                    Py_DECREF(v);
+                    goto fail;
+                }
+                Py_DECREF(v);
+            } else if (k == FS_B_LIST_STACK) {  /* spill */
+                out = PyList_New(k);
+                if (out == NULL) {
+                    Py_DECREF(v);
+                    goto fail;
+                }
+                for (i = 0; i < k; i++)
+                    PyList_SET_ITEM(out, i, items[i]);
+                k = 0;
+                if (PyList_Append(out, v) < 0) {
+                    Py_DECREF(v);
+                    goto fail;
+                }
+                Py_DECREF(v);
+            } else {
+                items[k++] = v;
+            }
+            p = fs_b_ws(b, *pp);
+            if (*p == ',') {
+                p = fs_b_ws(b, p + 1);
+                continue;
+            }
+            *pp = p + 1;  /* ] */
+            break;
+        }
+        if (out == NULL) {
+            out = PyList_New(k);
+            if (out == NULL)
+                goto fail;
+            for (i = 0; i < k; i++)
+                PyList_SET_ITEM(out, i, items[i]);  /* steals */
+        }
+        return out;
+    fail:
+        for (i = 0; i < k; i++)
+            Py_DECREF(items[i]);
+        Py_XDECREF(out);
+        return NULL;
+    }
+
+    static PyObject *fs_b_dict(fs_builder *b, const unsigned char **pp) {
+        PyObject *out = PyDict_New(), *key, *v;
+        const unsigned char *p;
+        int rc;
+        if (out == NULL)
+            return NULL;
+        p = fs_b_ws(b, *pp + 1);
+        if (*p == '}') {
+            *pp = p + 1;
+            return out;
+        }
+        for (;;) {
+            *pp = p;
+            key = fs_b_string(b, pp);
+            if (key == NULL)
+                goto fail;
+            p = fs_b_ws(b, *pp);
+            *pp = fs_b_ws(b, p + 1);  /* past ':' */
+            v = fs_b_value(b, pp);
+            if (v == NULL) {
+                Py_DECREF(key);
+                goto fail;
+            }
+            rc = PyDict_SetItem(out, key, v);
+            Py_DECREF(key);
+            Py_DECREF(v);
+            if (rc < 0)
+                goto fail;
+            p = fs_b_ws(b, *pp);
+            if (*p == ',') {
+                p = fs_b_ws(b, p + 1);
+                continue;
+            }
+            *pp = p + 1;  /* } */
+            return out;
+        }
+    fail:
+        Py_DECREF(out);
+        return NULL;
+    }
+
+    static PyObject *fs_b_value(fs_builder *b, const unsigned char **pp) {
+        const unsigned char *p = *pp;
+        switch (*p) {
+        case '"': return fs_b_string(b, pp);
+        case '[': return fs_b_list(b, pp);
+        case '{': return fs_b_dict(b, pp);
+        case 'n': *pp = p + 4; Py_RETURN_NONE;
+        case 't': *pp = p + 4; Py_RETURN_TRUE;
+        case 'f': *pp = p + 5; Py_RETURN_FALSE;
+        default: return fs_b_number(b, pp);
+        }
+    }
+
+    /* One document p[:n] the scanner accepted (whitespace around it allowed). */
+    static PyObject *fs_build(fs_builder *b, const unsigned char *p, Py_ssize_t n) {
+        b->end = p + n;
+        p = fs_b_ws(b, p);
+        return fs_b_value(b, &p);
+    }
+    """
+    ctypedef struct fs_builder:
+        const unsigned char* end
+        Py_UCS4* buf
+        Py_ssize_t cap
+    object fs_build(fs_builder* b, const unsigned char* p, Py_ssize_t n)
+
 
 cdef class _Builder:
-    """Builds Python objects from JSON bytes the scanner accepted."""
+    """Builds Python objects from JSON bytes the scanner accepted (see the C code above)."""
 
-    cdef const unsigned char* end
-    cdef Py_UCS4* buf
-    cdef Py_ssize_t cap
+    cdef fs_builder b
+
+    def __cinit__(self):
+        self.b.end = NULL
+        self.b.buf = NULL
+        self.b.cap = 0
 
     def __dealloc__(self):
-        if self.buf != NULL:
-            PyMem_Free(self.buf)
+        if self.b.buf != NULL:
+            PyMem_Free(self.b.buf)
 
-    cdef Py_UCS4* _ensure(self, Py_ssize_t n) except NULL:
-        cdef Py_UCS4* nb
-        if n > self.cap:
-            nb = <Py_UCS4*>PyMem_Realloc(self.buf, n * sizeof(Py_UCS4))
-            if nb == NULL:
-                raise MemoryError()
-            self.buf = nb
-            self.cap = n
-        return self.buf
-
-    cdef inline const unsigned char* _ws(self, const unsigned char* p):
-        while p < self.end and _is_ws(p[0]):
-            p += 1
-        return p
-
-    cdef object build(self, const unsigned char* p, Py_ssize_t n):
-        cdef object out
-        self.end = p + n
-        p = self._ws(p)
-        out = self._value(&p)
-        return out
-
-    cdef object _value(self, const unsigned char** pp):
-        cdef const unsigned char* p = pp[0]
-        cdef unsigned char c = p[0]
-        cdef object container, key, value
-        if c == C_QUOTE:
-            return self._string(pp)
-        if c == C_LBRACKET:
-            container = []
-            p = self._ws(p + 1)
-            if p[0] == C_RBRACKET:
-                pp[0] = p + 1
-                return container
-            while True:
-                pp[0] = p
-                PyList_Append(container, self._value(pp))
-                p = self._ws(pp[0])
-                if p[0] == C_COMMA:
-                    p = self._ws(p + 1)
-                    continue
-                pp[0] = p + 1  # ]
-                return container
-        if c == C_LBRACE:
-            container = {}
-            p = self._ws(p + 1)
-            if p[0] == C_RBRACE:
-                pp[0] = p + 1
-                return container
-            while True:
-                pp[0] = p
-                key = self._string(pp)
-                p = self._ws(pp[0])
-                pp[0] = self._ws(p + 1)  # past ':'
-                value = self._value(pp)
-                PyDict_SetItem(container, key, value)
-                p = self._ws(pp[0])
-                if p[0] == C_COMMA:
-                    p = self._ws(p + 1)
-                    continue
-                pp[0] = p + 1  # }
-                return container
-        if c == C_LOWER_N:
-            pp[0] = p + 4
-            return None
-        if c == C_LOWER_T:
-            pp[0] = p + 4
-            return True
-        if c == C_LOWER_F:
-            pp[0] = p + 5
-            return False
-        return self._number(pp)
-
-    cdef object _number(self, const unsigned char** pp):
-        cdef const unsigned char* p = pp[0]
-        cdef const unsigned char* start = p
-        cdef const unsigned char* end = self.end
-        cdef bint is_float = False
-        cdef long long v = 0
-        cdef bint neg = False
-        cdef Py_ssize_t ndigits
-        cdef bytes text
-        if p[0] == C_MINUS:
-            neg = True
-            p += 1
-        if p[0] == C_0:
-            p += 1
-        else:
-            while p < end and C_0 <= p[0] <= C_9:
-                p += 1
-        ndigits = p - start - neg
-        p = _number_tail(p, end, &is_float)
-        pp[0] = p
-        if not is_float and ndigits <= 18:
-            p = start + neg
-            while p < start + neg + ndigits:
-                v = v * 10 + (p[0] - 48)
-                p += 1
-            return PyLong_FromLongLong(-v if neg else v)
-        text = PyBytes_FromStringAndSize(<const char*>start, pp[0] - start)  # NUL-terminated copy
-        if is_float:
-            # Same correctly rounded conversion as float(): an exponent past
-            # the double range gives +-inf (Synapse's json module does the
-            # same), one below it gives +-0.0. NULL, not None, asks for that:
-            # None would be raised as an "exception" (a SystemError).
-            return PyFloat_FromDouble(PyOS_string_to_double(PyBytes_AS_STRING(text), NULL, NULL))
-        return PyLong_FromString(PyBytes_AS_STRING(text), NULL, 10)
-
-    cdef object _string(self, const unsigned char** pp):
-        cdef const unsigned char* p = pp[0] + 1
-        cdef const unsigned char* start = p
-        cdef const unsigned char* end = self.end
-        cdef bint simple = True
-        cdef Py_UCS4* out
-        cdef Py_ssize_t n = 0
-        cdef unsigned char c
-        cdef unsigned int cp, cp2
-        cdef int i
-        cdef uint64_t w, mask
-        cdef uint64_t high = 0
-        cdef object text
-        # The scanner accepted this string, so its closing quote is before end.
-        while True:
-            while p + 8 <= end:
-                w = _load8(p)
-                mask = _quote_or_backslash8(w)
-                if mask:
-                    i = _first_flagged(mask)
-                    high |= w & ((<uint64_t>1 << (8 * i)) - 1)  # the bytes before it (none if i == 0)
-                    p += i
-                    break
-                high |= w
-                p += 8
-            c = p[0]
-            if c == C_QUOTE:
-                break
-            if c == C_BACKSLASH:
-                simple = False
-                p += 2
-            else:
-                high |= c
-                p += 1
-        if simple:
-            pp[0] = p + 1
-            if high & _SWAR_HIGH:
-                return PyUnicode_DecodeUTF8(<const char*>start, p - start, NULL)
-            text = PyUnicode_New(p - start, 127)  # ASCII: a copy, no decoding
-            memcpy(PyUnicode_DATA(text), start, p - start)
-            return text
-        # Escapes present: decode into a code point buffer (at most one code
-        # point per input byte).
-        end = p
-        out = self._ensure(end - start + 1)
-        p = start
-        while p < end:
-            c = p[0]
-            if c == C_BACKSLASH:
-                c = p[1]
-                if c == C_LOWER_U:
-                    cp = 0
-                    for i in range(2, 6):
-                        cp = (cp << 4) | _hexval(p[i])
-                    p += 6
-                    if 0xD800 <= cp <= 0xDBFF and end - p >= 6 and p[0] == C_BACKSLASH and p[1] == C_LOWER_U:
-                        cp2 = 0
-                        for i in range(2, 6):
-                            cp2 = (cp2 << 4) | _hexval(p[i])
-                        if 0xDC00 <= cp2 <= 0xDFFF:
-                            cp = 0x10000 + ((cp - 0xD800) << 10) + (cp2 - 0xDC00)
-                            p += 6
-                    out[n] = cp
-                else:
-                    if c == C_LOWER_B:
-                        out[n] = 8
-                    elif c == C_LOWER_F:
-                        out[n] = 12
-                    elif c == C_LOWER_N:
-                        out[n] = 10
-                    elif c == C_LOWER_R:
-                        out[n] = 13
-                    elif c == C_LOWER_T:
-                        out[n] = 9
-                    else:  # " \ /
-                        out[n] = c
-                    p += 2
-            elif c < 0x80:
-                out[n] = c
-                p += 1
-            elif c < 0xE0:
-                out[n] = ((c & 0x1F) << 6) | (p[1] & 0x3F)
-                p += 2
-            elif c < 0xF0:
-                out[n] = ((c & 0x0F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F)
-                p += 3
-            else:
-                out[n] = ((c & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F)
-                p += 4
-            n += 1
-        pp[0] = end + 1
-        return PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, out, n)
+    cdef inline object build(self, const unsigned char* p, Py_ssize_t n):
+        return fs_build(&self.b, p, n)
 
 
 cdef _Builder _BUILDER = _Builder()

@@ -9,7 +9,7 @@ is only built into Python objects when ``RdataCommand.row`` is first read.
 Invariants:
 - every line handed to ``_parse`` has no newline and is valid UTF-8;
 - ``_scan_*`` never read past ``end`` and never allocate;
-- ``_build_*`` only run on bytes ``_scan_*`` accepted.
+- the row builder (``fs_build``, C in ``_wire_build.pxi``) only runs on bytes ``_scan_*`` accepted.
 
 The JSON scanner is cimported from ``_json_scan.pxd`` (inline functions,
 shared with the archive builder). The JSON builder (``_wire_build.pxi``) and
@@ -130,7 +130,12 @@ cdef class _RowDescriptor:
             loads = _slot_get(obj, R_LOADS)
             if raw == NULL or loads == NULL or raw == <PyObject*>None or loads == <PyObject*>None:
                 raise AttributeError("RdataCommand has neither a row nor row bytes to decode")
-            value = (<object>loads)(<object>raw)
+            if loads == <PyObject*>_loads_row and type(<object>raw) is bytes:
+                # Our own builder: called in C, not through a Python call.
+                value = _BUILDER.build(<const unsigned char*>PyBytes_AS_STRING(<object>raw),
+                                       PyBytes_GET_SIZE(<object>raw))
+            else:
+                value = (<object>loads)(<object>raw)
             _slot_set(obj, R_ROW, value)
             row = <PyObject*>value
         # Once handed out the row may be mutated, so stop trusting the bytes.
@@ -207,6 +212,87 @@ include "_wire_build.pxi"
 
 # -------------------------------------------------------------- line parsing
 
+cdef extern from *:
+    """
+    /* Strict UTF-8 as CPython's decoder takes it (no overlong forms, no
+       surrogates, nothing past U+10FFFF), without building the str: 1 when
+       valid. Only a yes is trusted; a no is confirmed by the decoder, which
+       also words the error. */
+    static int fs_utf8_valid(const unsigned char *p, Py_ssize_t n) {
+        const unsigned char *end = p + n;
+        while (p < end) {
+            unsigned char c = *p;
+            if (c < 0x80) {
+                uint64_t w;
+                if (end - p >= 8) {
+                    memcpy(&w, p, 8);
+                    if (!(w & 0x8080808080808080ULL)) {
+                        p += 8;
+                        continue;
+                    }
+                }
+                p++;
+                continue;
+            }
+            if (c >= 0xC2 && c <= 0xDF) {
+                if (end - p < 2 || (p[1] & 0xC0) != 0x80)
+                    return 0;
+                p += 2;
+            } else if (c >= 0xE0 && c <= 0xEF) {
+                unsigned char lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+                if (end - p < 3 || p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80)
+                    return 0;
+                p += 3;
+            } else if (c >= 0xF0 && c <= 0xF4) {
+                unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+                if (end - p < 4 || p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
+                    return 0;
+                p += 4;
+            } else {
+                return 0;
+            }
+        }
+        return 1;
+    }
+    """
+    bint _utf8_valid "fs_utf8_valid"(const unsigned char* p, Py_ssize_t n) noexcept nogil
+
+
+cdef extern from *:
+    """
+    #if defined(__SSE2__) && defined(__GNUC__)
+    #include <emmintrin.h>
+    #endif
+    /* One pass over a line: bit 1 when it holds a newline, bit 2 when a
+       byte is not ASCII (the two things every line is checked for). */
+    static inline int fs_line_flags(const unsigned char *p, Py_ssize_t n) {
+        const unsigned char *end = p + n;
+        unsigned int nl = 0, hi = 0;
+        uint64_t acc = 0;
+    #if defined(__SSE2__) && defined(__GNUC__)
+        const __m128i lf = _mm_set1_epi8(10);
+        while (end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            nl |= (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
+            hi |= (unsigned int)_mm_movemask_epi8(v);
+            p += 16;
+        }
+    #endif
+        while (p < end) {
+            nl |= *p == 10;
+            acc |= *p;
+            p++;
+        }
+        return (nl ? 1 : 0) | ((hi || (acc & 0x80)) ? 2 : 0);
+    }
+    """
+    int _line_flags "fs_line_flags"(const unsigned char* p, Py_ssize_t n) noexcept nogil
+
+cdef enum:
+    LINE_NEWLINE = 1
+    LINE_NON_ASCII = 2
+
+
 cdef inline str _text(const unsigned char* p, Py_ssize_t n):
     return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
 
@@ -219,8 +305,19 @@ cdef inline object _word(const unsigned char* p, Py_ssize_t n, str what, object 
 
 cdef object _int_field(const unsigned char* p, Py_ssize_t n, str what, object line):
     """ASCII digits with an optional leading '-', fitting a signed 64-bit int."""
-    cdef long long v
-    cdef int status = _parse_i64(p, n, &v)
+    cdef long long v = 0
+    cdef Py_ssize_t i
+    cdef unsigned int d
+    cdef int status
+    if 0 < n <= 18:  # the usual token: up to 18 digits cannot overflow
+        for i in range(n):
+            d = p[i] - 48
+            if d > 9:
+                break
+            v = v * 10 + d
+        else:
+            return PyLong_FromLongLong(v)
+    status = _parse_i64(p, n, &v)
     if status == INT_OK:
         return PyLong_FromLongLong(v)
     if status == INT_OVERFLOW:
@@ -228,8 +325,13 @@ cdef object _int_field(const unsigned char* p, Py_ssize_t n, str what, object li
     raise ProtocolError(f"{what} {_text(p, n)!r} is not an integer", line)
 
 
-cdef inline const unsigned char* _space(const unsigned char* p, const unsigned char* end):
-    return <const unsigned char*>memchr(p, 32, end - p)
+cdef inline const unsigned char* _space(const unsigned char* p, const unsigned char* end) noexcept:
+    # The fields before a row are short: a byte loop beats a call to memchr.
+    while p < end:
+        if p[0] == 32:
+            return p
+        p += 1
+    return NULL
 
 
 cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, object line):
@@ -254,7 +356,7 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
                 _put(cmd, R_STREAM, stream)
                 _put(cmd, R_INSTANCE, instance)
                 _put(cmd, R_TOKEN, token)
-                _put(cmd, R_ROW, _UNSET)
+                _put(cmd, R_ROW, _UNSET_ROW)
                 _put(cmd, R_RAW, PyBytes_FromStringAndSize(<const char*>s3 + 1, end - s3 - 1))
                 _put(cmd, R_CANONICAL, True if canonical else False)
                 _put(cmd, R_LOADS, _loads_row)
@@ -351,9 +453,10 @@ cdef object _parse(const unsigned char* p, Py_ssize_t n, object line):
     cdef const unsigned char* sp
     cdef const unsigned char* body
     cdef Py_ssize_t nlen
-    if memchr(p, 10, n) != NULL:
+    cdef int flags = _line_flags(p, n)  # newline, non-ASCII
+    if flags & LINE_NEWLINE:
         raise ProtocolError("line contains a newline", line)
-    if not _all_ascii(p, n):
+    if flags & LINE_NON_ASCII and not _utf8_valid(p, n):
         try:
             PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
         except UnicodeDecodeError as err:
@@ -494,13 +597,44 @@ cdef class LineDecoder:
         self.len = n
         return 0
 
+    cdef int _lines(self, const char* p, Py_ssize_t n, Py_ssize_t* at, list out) except -1:
+        """Parse the complete lines of ``p[at:n]`` into ``out``, moving ``at`` past each.
+
+        Returns 0 when no complete line is left and 1 when the line at ``at``
+        is too long; a bad line raises with ``at`` still at its start. One
+        call for all the lines of a chunk: no exception frame per line.
+        """
+        cdef const char* nl
+        cdef Py_ssize_t ln
+        cdef Py_ssize_t start = at[0]
+        cdef Py_ssize_t limit = self.max_line_length
+        while True:
+            nl = <const char*>memchr(p + start, 10, n - start)
+            if nl == NULL:
+                at[0] = start
+                return 0
+            ln = (nl - p) - start
+            if self.discarding:  # the tail of a line already reported as too long
+                self.discarding = False
+                start += ln + 1
+                continue
+            if ln > limit:
+                at[0] = start
+                return 1
+            if not _blank(<const unsigned char*>p + start, ln):
+                at[0] = start
+                out.append(_parse(<const unsigned char*>p + start, ln, None))
+            start += ln + 1
+
     def feed(self, data) -> list:
         cdef bytes joined
         cdef const char* p
-        cdef Py_ssize_t n, start, ln
+        cdef Py_ssize_t n, ln
+        cdef Py_ssize_t start = 0
         cdef const char* nl
         cdef list out = []
         cdef Py_ssize_t limit = self.max_line_length
+        cdef int too_long
         if type(data) is not bytes:
             data = bytes(data)
         if self.len:
@@ -510,36 +644,26 @@ cdef class LineDecoder:
             joined = <bytes>data
         p = PyBytes_AS_STRING(joined)
         n = PyBytes_GET_SIZE(joined)
-        start = 0
-        while True:
-            nl = <const char*>memchr(p + start, 10, n - start)
-            if nl == NULL:
-                break
+        try:
+            too_long = self._lines(p, n, &start, out)
+        except ProtocolError as err:
+            nl = <const char*>memchr(p + start, 10, n - start)  # the bad line is complete
             ln = (nl - p) - start
-            if self.discarding:  # the tail of a line already reported as too long
-                self.discarding = False
-                start += ln + 1
-                continue
-            if ln > limit:
-                line = PyBytes_FromStringAndSize(p + start, ln)
-                start += ln + 1
-                self._keep(p + start, n - start)
-                err = ProtocolError(f"line longer than {limit} bytes", line)
-                err.commands = out
-                raise err
-            if _blank(<const unsigned char*>p + start, ln):
-                start += ln + 1
-                continue
-            try:
-                out.append(_parse(<const unsigned char*>p + start, ln, None))
-            except ProtocolError as err:
-                line = PyBytes_FromStringAndSize(p + start, ln)
-                start += ln + 1
-                self._keep(p + start, n - start)
-                err2 = ProtocolError(err.reason, line)
-                err2.commands = out
-                raise err2 from None
+            line = PyBytes_FromStringAndSize(p + start, ln)
             start += ln + 1
+            self._keep(p + start, n - start)
+            err2 = ProtocolError(err.reason, line)
+            err2.commands = out
+            raise err2 from None
+        if too_long:
+            nl = <const char*>memchr(p + start, 10, n - start)
+            ln = (nl - p) - start
+            line = PyBytes_FromStringAndSize(p + start, ln)
+            start += ln + 1
+            self._keep(p + start, n - start)
+            err = ProtocolError(f"line longer than {limit} bytes", line)
+            err.commands = out
+            raise err
         if self.discarding:
             self.len = 0
         elif n - start > limit:

@@ -422,6 +422,8 @@ def encode(cmd) -> bytes:
 def encode_lines(cmds) -> bytes:
     """Newline-terminated lines for a TCP stream."""
     cdef _Out out = _Out()
+    if type(cmds) is list or type(cmds) is tuple:
+        out.reserve(len(cmds) * 160)  # a typical line: most batches never grow the buffer
     for cmd in cmds:
         _encode_into(out, cmd)
         out.byte(10)
