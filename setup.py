@@ -14,6 +14,9 @@ Build switches (environment variables, as asyncpg has them):
 - ``FACTSTREAM_CYTHON_ANNOTATE=1``: write Cython's HTML annotation next to the
   generated C (``build/cython/...html``): yellow lines call into CPython.
 - ``FACTSTREAM_DEBUG=1``: ``-O0 -g`` and C asserts kept, for gdb and sanitizers.
+- ``FACTSTREAM_NO_SIMD=1``: the codec's portable byte loops instead of its SSE2
+  scanning (what a machine without SSE2 builds anyway); tests use it to check
+  that path on x86-64.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ NO_EXTENSIONS = _switch("FACTSTREAM_NO_EXTENSIONS")
 CYTHON_TRACE = _switch("FACTSTREAM_CYTHON_TRACE")
 CYTHON_ANNOTATE = _switch("FACTSTREAM_CYTHON_ANNOTATE")
 DEBUG = _switch("FACTSTREAM_DEBUG")
+NO_SIMD = _switch("FACTSTREAM_NO_SIMD")
 
 HINT = (
     "factstream: building the Cython extensions failed ({err}).\n"
@@ -71,6 +75,8 @@ def extensions() -> list[Extension]:
     # csrc/ mirrors the package: csrc/factstream/ids/_heap_c.pyx -> factstream.ids._heap_c
     sources = sorted(glob.glob(os.path.join("csrc", "factstream", "**", "*.pyx"), recursive=True))
     macros = [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")] if CYTHON_TRACE else []
+    if NO_SIMD:
+        macros.append(("FACTSTREAM_NO_SIMD", "1"))
     compile_args = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3"]
     exts = [
         Extension(

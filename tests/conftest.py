@@ -35,6 +35,15 @@ def twin(module: str, impl: str) -> ModuleType:
     if impl == "c" and _compat.REQUESTED_IMPL == "python":
         # A deliberate choice (a pure-Python run), not a missing prerequisite: CI sets neither switch.
         pytest.skip("FACTSTREAM_IMPL=python or FACTSTREAM_NO_EXTENSIONS is set: the compiled core is switched off")
+    portable = os.environ.get("FACTSTREAM_TEST_WIRE_C")
+    if impl == "c" and module == "_wire" and portable:
+        # tests/test_wire_portable.py: the codec's tests against a build made with FACTSTREAM_NO_SIMD=1.
+        spec = importlib.util.spec_from_file_location("factstream._wire_c", portable)
+        assert spec is not None and spec.loader is not None, portable
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        assert mod._SIMD is False, f"{portable} was built with SIMD scanning"
+        return mod
     try:
         return _compat.load(module, impl)
     except ImportError as err:

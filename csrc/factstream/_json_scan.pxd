@@ -159,7 +159,7 @@ cdef extern from *:
 # operations per eight bytes. Strings are most of a row's bytes.
 cdef extern from *:
     """
-    #if defined(__SSE2__) && defined(__GNUC__)
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
     #include <emmintrin.h>
     #define FS_HAVE_SSE2 1
     /* Bit i set when byte i is '"', '\\', a control (< 0x20), DEL or

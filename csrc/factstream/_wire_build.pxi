@@ -13,7 +13,7 @@
 
 cdef extern from *:
     r"""
-    #if defined(__SSE2__) && defined(__GNUC__)
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
     #include <emmintrin.h>
     #endif
     typedef struct {
@@ -134,11 +134,11 @@ cdef extern from *:
         Py_UCS4 *out;
         Py_ssize_t n = 0;
         int i;
-    #if defined(__SSE2__) && defined(__GNUC__)
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
         unsigned int highbits = 0;  /* movemask of the blocks skipped: their bytes' top bits */
     #endif
         for (;;) {
-    #if defined(__SSE2__) && defined(__GNUC__)
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
             while (p + 16 <= end) {
                 __m128i v = _mm_loadu_si128((const __m128i *)p);
                 unsigned int m = (unsigned int)_mm_movemask_epi8(
@@ -166,7 +166,7 @@ cdef extern from *:
                 high |= w;
                 p += 8;
             }
-    #if defined(__SSE2__) && defined(__GNUC__)
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
         found:
     #endif
             if (*p == '"')
@@ -180,7 +180,7 @@ cdef extern from *:
             }
         }
         *pp = p + 1;
-    #if defined(__SSE2__) && defined(__GNUC__)
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
         if (highbits)
             high |= FS_B_HIGH;
     #endif

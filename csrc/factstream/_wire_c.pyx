@@ -81,8 +81,12 @@ cdef Py_ssize_t S_DATA = _slot(S_DATA_CLASS, "data")
 from factstream._json_scan cimport (
     ERR_DEPTH, INT_OK, INT_OVERFLOW, JSON_MAX_DEPTH, Scan, _SWAR_HIGH, _all_ascii, _error_text,
     _first_flagged, _hexval, _int_limit, _is_ws, _load8, _number_tail, _parse_i64, _quote_or_backslash8,
-    _scan_document, _string_special8,
+    _HAVE_SSE2, _scan_document, _string_special8,
 )
+
+#: Whether this build scans sixteen bytes at a time (SSE2); the build switch FACTSTREAM_NO_SIMD=1 turns it
+#: off, which is how tests/test_wire_portable.py runs the codec's tests on the portable path.
+_SIMD = bool(_HAVE_SSE2)
 
 if MAX_DEPTH != JSON_MAX_DEPTH:
     raise ImportError(f"factstream._json.MAX_DEPTH {MAX_DEPTH} differs from the compiled scanner's {JSON_MAX_DEPTH}: rebuild")
@@ -260,7 +264,7 @@ cdef extern from *:
 
 cdef extern from *:
     """
-    #if defined(__SSE2__) && defined(__GNUC__)
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
     #include <emmintrin.h>
     #endif
     /* One pass over a line: bit 1 when it holds a newline, bit 2 when a
@@ -269,7 +273,7 @@ cdef extern from *:
         const unsigned char *end = p + n;
         unsigned int nl = 0, hi = 0;
         uint64_t acc = 0;
-    #if defined(__SSE2__) && defined(__GNUC__)
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
         const __m128i lf = _mm_set1_epi8(10);
         while (end - p >= 16) {
             __m128i v = _mm_loadu_si128((const __m128i *)p);
