@@ -11,15 +11,19 @@ cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
+from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
+from cpython.dict cimport PyDict_GetItem
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from factstream._cpython cimport PyObject_GC_UnTrack
 
 from bisect import bisect_right
 
 from factstream.commands import PositionCommand, RdataCommand
 from factstream.commands import _UNSET as _UNSET_PY
-from factstream.streams.rows import Row
+from factstream.streams.rows import Row, wire_fields, wire_kinds
 from factstream.streams.sources import UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally"]
+__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "RowParser", "gather", "tally"]
 
 cdef object _RDATA = RdataCommand
 cdef object _ROW = Row
@@ -329,6 +333,147 @@ cdef class Fanout:
             key.position = token
 
 
+# ---------------------------------------------------------------- typed rows
+
+
+cdef class _Plain:
+    # How to build one plain row class: allocate it and fill its field slots in order.
+    cdef object cls
+    cdef Py_ssize_t n
+    cdef Py_ssize_t* offsets
+
+    def __dealloc__(self):
+        PyMem_Free(self.offsets)
+
+
+cdef Py_ssize_t _member_offset(object cls, str name) except -1:
+    # The slot's offset, from the member descriptor the class (or a base) holds for it.
+    for klass in cls.__mro__:
+        descr = klass.__dict__.get(name)
+        if descr is not None:
+            if type(descr).__name__ != "member_descriptor":
+                raise TypeError(f"{cls.__name__}.{name} is not a slot")
+            return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
+    raise TypeError(f"{cls.__name__} has no slot {name}")
+
+
+cdef _Plain _plain(object cls):
+    # None when the class is built by its own from_wire (see rows.wire_fields).
+    names = wire_fields(cls)
+    if names is None:
+        return None
+    cdef _Plain plain = _Plain.__new__(_Plain)
+    cdef Py_ssize_t i, n = len(names)
+    plain.cls = cls
+    plain.n = n
+    plain.offsets = <Py_ssize_t*>PyMem_Malloc((n if n else 1) * sizeof(Py_ssize_t))
+    if plain.offsets == NULL:
+        raise MemoryError()
+    for i in range(n):
+        plain.offsets[i] = _member_offset(cls, names[i])
+    return plain
+
+
+cdef inline bint _may_hold_cycles(PyObject* value) noexcept:
+    # A value a cycle could run through; str, int, float, bool, None, bytes cannot (CPython's tuple rule).
+    return PyObject_IS_GC(value) and (type(<object>value) is not tuple or PyObject_GC_IsTracked(<object>value))
+
+
+cdef object _fill(_Plain plain, PyObject** items, Py_ssize_t built=-1):
+    # cls(*items) for a plain class: its generated __init__ does no more than store each value.
+    # ``built``: the index of a value that is a row filled here and left untracked (it holds no container).
+    cdef object obj = _alloc(plain.cls)
+    cdef Py_ssize_t i
+    cdef bint atomic = True
+    for i in range(plain.n):
+        _put(obj, plain.offsets[i], <object>items[i])
+        if atomic and i != built and _may_hold_cycles(items[i]):
+            atomic = False
+    if atomic and PyObject_GC_IsTracked(obj):
+        # Frozen and holding no container: it cannot be part of a cycle, so the collector need not track it.
+        PyObject_GC_UnTrack(<PyObject*>obj)
+    return obj
+
+
+cdef inline PyObject** _items(object seq, Py_ssize_t* n) noexcept:
+    # The items of an exact list or tuple (borrowed) and their count; NULL for anything else.
+    if type(seq) is list or type(seq) is tuple:
+        n[0] = PySequence_Fast_GET_SIZE(seq)
+        return PySequence_Fast_ITEMS(seq)
+    return NULL
+
+
+cdef class RowParser:
+    """``parser(row)``: ``row_type.from_wire(row)`` with plain rows built here (see ``_relay_py.RowParser``)."""
+
+    cdef readonly object row_type
+    cdef readonly object fallback
+    cdef _Plain _plain
+    cdef object _kinds
+    cdef dict _subs
+    cdef object _pair  # the (type, data) builder of an events-style class
+
+    def __init__(self, row_type, fallback=None):
+        self.row_type = row_type
+        self.fallback = fallback if fallback is not None else row_type.from_wire
+        self._kinds = wire_kinds(row_type)
+        self._subs = {}
+        self._plain = None
+        self._pair = None
+        if self._kinds is None:
+            self._plain = _plain(row_type)
+        elif type(self._kinds) is dict:
+            # wire_kinds vouched for cls(kind, data) storing its two fields: build it as a plain pair.
+            self._pair = _pair_of(row_type)
+        else:
+            self._kinds = None  # not a dict: leave every row to from_wire
+
+    def __call__(self, row):
+        return self.parse(row)
+
+    cdef object parse(self, object row):
+        cdef Py_ssize_t n, m
+        cdef PyObject** items = _items(row, &n)
+        cdef PyObject** data
+        cdef PyObject* kind_cls
+        cdef PyObject* pair[2]
+        cdef _Plain sub
+        if items != NULL:
+            if self._plain is not None:
+                if n == self._plain.n:
+                    return _fill(self._plain, items)
+            elif self._pair is not None and n == 2 and type(<object>items[0]) is str:
+                data = _items(<object>items[1], &m)
+                if data != NULL:
+                    kind_cls = PyDict_GetItem(self._kinds, <object>items[0])
+                    if kind_cls != NULL:
+                        sub = self._sub(<object>kind_cls)
+                        if sub is not None and m == sub.n:
+                            inner = _fill(sub, data)
+                            pair[0] = items[0]
+                            pair[1] = <PyObject*>inner
+                            return _fill(<_Plain>self._pair, pair, -1 if PyObject_GC_IsTracked(inner) else 1)
+        return self.fallback(row)
+
+    cdef _Plain _sub(self, object kind_cls):
+        sub = self._subs.get(kind_cls, False)
+        if sub is False:
+            sub = self._subs[kind_cls] = _plain(kind_cls)
+        return <_Plain>sub
+
+
+cdef _Plain _pair_of(object cls):
+    cdef _Plain plain = _Plain.__new__(_Plain)
+    plain.cls = cls
+    plain.n = 2
+    plain.offsets = <Py_ssize_t*>PyMem_Malloc(2 * sizeof(Py_ssize_t))
+    if plain.offsets == NULL:
+        raise MemoryError()
+    plain.offsets[0] = _member_offset(cls, "type")
+    plain.offsets[1] = _member_offset(cls, "data")
+    return plain
+
+
 def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
     """Fold the run of RDATA for one (stream, writer) at ``cmds[start]`` into facts (see the pure twin)."""
     cdef list seq = cmds if type(cmds) is list else list(cmds)
@@ -338,6 +483,7 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
     cdef list rows
     cdef Py_ssize_t stale = 0
     cdef bint keep_all = position is None
+    cdef RowParser parser = parse if type(parse) is RowParser else None
     cdef PyObject* s
     cdef PyObject* w
     cdef PyObject* t
@@ -358,7 +504,9 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
         if w != <PyObject*>writer and <object>w != writer:
             break
         row = _row_of(cmd)
-        if parse is not None:
+        if parser is not None:
+            row = parser.parse(row)  # no Python call per row
+        elif parse is not None:
             row = parse(row)
         batch.append(row)
         t = _get(cmd, R_TOKEN)

@@ -23,6 +23,10 @@ Python call of its own.
   :class:`Fanout` holds the reader's handlers and queues and delivers facts
   to them in order.
 * :func:`tally` counts commands by name (one metric update per name).
+* :class:`RowParser` turns a decoded row into its typed row; ``gather``
+  given one builds the rows of plain row classes (see
+  :func:`~factstream.streams.rows.wire_fields`) with no Python call per row
+  in the compiled twin, and hands every other row to its ``fallback``.
 
 Nothing here does I/O; the only contact with the event loop is ``put_nowait``
 on the queues the follower hands to :class:`Fanout`.
@@ -35,10 +39,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..commands import Command, PositionCommand, RdataCommand
-from ..streams.rows import Row
+from ..streams.rows import Row, wire_fields, wire_kinds
 from ..streams.sources import Updates, UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally", "Fact", "Sink", "SyncGet"]
+__all__ = [
+    "RowWindow", "StreamEmitter", "Router", "Fanout", "RowParser", "gather", "tally", "Fact", "Sink", "SyncGet",
+]
 
 #: ``(token, rows)``: every row a writer wrote at one token.
 Fact = tuple[int, list[Any]]
@@ -273,6 +279,54 @@ class Fanout:
             key.position = token
 
 
+class RowParser:
+    """``parser(row)``: the typed ``row_type`` of a decoded row, as ``row_type.from_wire(row)`` gives it.
+
+    A row of the exact shape a plain class is built from (a ``list`` or
+    ``tuple`` of its field count; for an events-style class, ``[kind,
+    fields]`` with a known kind whose class is plain) is built here, with
+    the same values as ``from_wire`` would give; every other row goes to
+    ``fallback(row)`` (default ``row_type.from_wire``, so a malformed row
+    raises its ProtocolError there). A class that ``wire_fields`` and
+    ``wire_kinds`` do not describe always goes to ``fallback``.
+
+    The compiled twin allocates the row and fills its slots directly (and
+    leaves a row holding only strings, numbers and None untracked by the
+    cycle collector, as CPython does for such tuples).
+    """
+
+    __slots__ = ("row_type", "fallback", "_n", "_kinds", "_subs")
+
+    def __init__(self, row_type: type[Row], fallback: Callable[[Any], Any] | None = None) -> None:
+        self.row_type = row_type
+        self.fallback = fallback if fallback is not None else row_type.from_wire
+        self._kinds = wire_kinds(row_type)
+        fields = wire_fields(row_type) if self._kinds is None else None
+        self._n = len(fields) if fields is not None else -1
+        #: kind class -> its field count (-1: built by its own from_wire), found on first use.
+        self._subs: dict[type, int] = {}
+
+    def __call__(self, row: Any) -> Any:
+        if type(row) is list or type(row) is tuple:
+            if self._kinds is not None:
+                if len(row) == 2:
+                    kind, data = row
+                    if type(kind) is str and (type(data) is list or type(data) is tuple):
+                        kind_cls = self._kinds.get(kind)
+                        if kind_cls is not None and len(data) == self._sub(kind_cls):
+                            return self.row_type(kind, kind_cls(*data))  # type: ignore[call-arg]
+            elif len(row) == self._n:
+                return self.row_type(*row)
+        return self.fallback(row)
+
+    def _sub(self, kind_cls: type) -> int:
+        n = self._subs.get(kind_cls)
+        if n is None:
+            fields = wire_fields(kind_cls)
+            n = self._subs[kind_cls] = len(fields) if fields is not None else -1
+        return n
+
+
 def gather(
     cmds: Sequence[Command],
     start: int,
@@ -284,7 +338,8 @@ def gather(
 
     The run is every following command that is an RDATA of the same stream
     and writer as ``cmds[start]`` (which must be an RDATA). Each row is
-    decoded, passed through ``parse`` when given, and appended to ``batch``
+    decoded, passed through ``parse`` when given (a :class:`RowParser` is
+    called without a Python call per row in the compiled twin), and appended to ``batch``
     (the rows already waiting for their token); an RDATA with a numeric
     token closes the batch into the fact ``(token, rows)``. With a
     ``position``, facts at or below it, or at or below an earlier fact of the
