@@ -621,3 +621,19 @@ def test_row_parser_twins_agree(cls: Any, row: Any) -> None:
     for impl in ("c", "py"):
         got = _outcome(twin("replication._relay", impl).RowParser(cls), row)
         assert got == want and type(got) is type(want)
+
+
+def test_gather_with_a_parser_leaves_the_command_as_received(relay_impl: ModuleType, wire_impl: ModuleType) -> None:
+    # The typed row is what is handed out: the command keeps what it had (with the compiled codec, its
+    # bytes: it stays re-encodable as received and out of the cycle collector's lists).
+    import gc
+
+    data = b'RDATA caches m 5 ["get_user",["@u:hs"],7]\n'
+    cmds = wire_impl.LineDecoder().feed(data)
+    tracked = gc.is_tracked(cmds[0])
+    _, facts, _, _ = relay_impl.gather(cmds, 0, None, [], relay_impl.RowParser(R_.CachesRow))
+    row = facts[0][1][0]
+    assert row == R_.CachesRow("get_user", ["@u:hs"], 7)
+    assert gc.is_tracked(cmds[0]) == tracked
+    assert wire_impl.encode_lines(cmds) == data
+    assert cmds[0].row == ["get_user", ["@u:hs"], 7]

@@ -8,7 +8,7 @@ slot offsets, as the compiled codec does.
 """
 
 cimport cython
-from cpython.object cimport PyObject, PyTypeObject
+from cpython.object cimport PyObject, PyTypeObject, PyObject_GenericSetAttr
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
@@ -86,6 +86,20 @@ cdef inline object _row_of(object cmd):
     if _get(cmd, R_RAW) != <PyObject*>None:
         _set(cmd, R_RAW, None)
     return <object>row
+
+
+cdef inline object _peek_row(object cmd):
+    # The row to be typed: decoded from the held bytes without the command keeping it (the typed row is
+    # what is handed out; the command stays as received, out of the cycle collector's lists).
+    cdef PyObject* row = _get(cmd, R_ROW)
+    cdef PyObject* raw
+    cdef PyObject* loads
+    if row == <PyObject*>_UNSET:
+        raw = _get(cmd, R_RAW)
+        loads = _get(cmd, R_LOADS)
+        if raw != NULL and loads != NULL and raw != <PyObject*>None and loads != <PyObject*>None:
+            return (<object>loads)(<object>raw)
+    return _row_of(cmd)
 
 
 cdef class _Log:
@@ -195,6 +209,8 @@ cdef class StreamEmitter:
     cdef public object sync_get
     cdef public list sinks
     cdef public object page_limit
+    # The RowWindow whose get_updates_now sync_get is, if any: read directly, without a Python call.
+    cdef RowWindow _window
 
     def __init__(self, name, instance, source, sent, sync_get, list sinks not None, page_limit):
         self.name = name
@@ -206,6 +222,13 @@ cdef class StreamEmitter:
         self.sync_get = sync_get
         self.sinks = sinks
         self.page_limit = page_limit
+        self._window = _window_of(sync_get)
+
+    def __setattr__(self, name, value):
+        # A replaced sync_get must not leave the old window read behind its back.
+        PyObject_GenericSetAttr(self, name, value)
+        if name == "sync_get":
+            self._window = _window_of(value)
 
     @cython.boundscheck(False)  # the hot path: every index is below n by the loop conditions
     @cython.wraparound(False)
@@ -251,11 +274,43 @@ cdef class StreamEmitter:
         if sync_get is None:
             raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
         while self.sent < self.target:
-            updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
-            cmds = self.commands(updates, upto)
+            cmds = self._just_added()
+            if cmds is None:
+                updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
+                cmds = self.commands(updates, upto)
             if cmds:
                 for sink in self.sinks:
                     sink(cmds)
+
+    cdef list _just_added(self):
+        # The writer's hot path, read from the window itself: the one row just added completes ``target``.
+        # The same command as get_updates_now + commands give (their hot paths); None for anything else.
+        cdef _Log log
+        cdef Py_ssize_t n
+        if self._window is None:
+            return None
+        log = self._window._find(self.instance, False)
+        if log is None or (log.floor is not None and self.sent < log.floor):
+            return None
+        n = PyList_GET_SIZE(log.tokens)
+        if n == 0:
+            return None
+        last = <object>PyList_GET_ITEM(log.tokens, n - 1)
+        if not (last == self.target and last > self.sent):
+            return None
+        if n > 1 and not (<object>PyList_GET_ITEM(log.tokens, n - 2) <= self.sent):
+            return None
+        self.sent = self.target
+        self.rows = self.rows + 1
+        return [_rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))]
+
+
+cdef RowWindow _window_of(object sync_get):
+    # The compiled RowWindow whose bound get_updates_now ``sync_get`` is, else None.
+    window = getattr(sync_get, "__self__", None)
+    if type(window) is RowWindow and sync_get == (<RowWindow>window).get_updates_now:
+        return <RowWindow>window
+    return None
 
 
 cdef class Router:
@@ -503,11 +558,12 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
             break
         if w != <PyObject*>writer and <object>w != writer:
             break
-        row = _row_of(cmd)
         if parser is not None:
-            row = parser.parse(row)  # no Python call per row
+            row = parser.parse(_peek_row(cmd))  # no Python call per row
         elif parse is not None:
-            row = parse(row)
+            row = parse(_peek_row(cmd))
+        else:
+            row = _row_of(cmd)
         batch.append(row)
         t = _get(cmd, R_TOKEN)
         token = <object>t if t != NULL else cmd.token

@@ -38,7 +38,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..commands import Command, PositionCommand, RdataCommand
+from ..commands import _UNSET, Command, PositionCommand, RdataCommand
 from ..streams.rows import Row, wire_fields, wire_kinds
 from ..streams.sources import Updates, UpdatesUnavailable, page
 
@@ -56,6 +56,18 @@ SyncGet = Callable[[str, int, int, int], tuple[list[tuple[int, Any]], int, bool]
 
 def _wire(row: Any) -> Any:
     return row.to_wire() if isinstance(row, Row) else row
+
+
+def _peek(cmd: RdataCommand) -> Any:
+    """The row of ``cmd``, for a parser: decoded from the bytes a codec left, without ``cmd`` keeping it.
+
+    What is handed out is the parsed row, not the decoded one, so the command
+    stays as received (re-encodable from its bytes, and in the compiled
+    twin out of the cycle collector's lists).
+    """
+    if cmd._row is _UNSET and cmd._raw is not None and cmd._loads is not None:
+        return cmd._loads(cmd._raw)
+    return cmd.row
 
 
 class RowWindow:
@@ -339,7 +351,8 @@ def gather(
     The run is every following command that is an RDATA of the same stream
     and writer as ``cmds[start]`` (which must be an RDATA). Each row is
     decoded, passed through ``parse`` when given (a :class:`RowParser` is
-    called without a Python call per row in the compiled twin), and appended to ``batch``
+    called without a Python call per row in the compiled twin; the command
+    then does not keep the decoded row, see ``_peek``), and appended to ``batch``
     (the rows already waiting for their token); an RDATA with a numeric
     token closes the batch into the fact ``(token, rows)``. With a
     ``position``, facts at or below it, or at or below an earlier fact of the
@@ -361,9 +374,7 @@ def gather(
         cmd = cmds[i]
         if type(cmd) is not RdataCommand or cmd.stream_name != stream or cmd.instance_name != writer:
             break
-        row = cmd.row
-        if parse is not None:
-            row = parse(row)
+        row = cmd.row if parse is None else parse(_peek(cmd))
         batch.append(row)
         token = cmd.token
         i += 1

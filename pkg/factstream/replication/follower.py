@@ -92,7 +92,7 @@ class Update(NamedTuple):
     rows: list[Any]
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the relay reads and moves position and rows once per fact
 class _Key:
     stream: str
     writer: str
