@@ -637,3 +637,68 @@ def test_gather_with_a_parser_leaves_the_command_as_received(relay_impl: ModuleT
     assert gc.is_tracked(cmds[0]) == tracked
     assert wire_impl.encode_lines(cmds) == data
     assert cmds[0].row == ["get_user", ["@u:hs"], 7]
+
+
+# ---------------------------------------------------------------- publishing the row just added
+
+
+def _published(impl: str, steps: list[tuple[int, int]], capacity: int) -> Any:
+    """Each step adds ``rows`` rows at the next token (or, with rows 0, a hole) and publishes to ``target``."""
+    relay = twin("replication._relay", impl)
+    win = relay.RowWindow(capacity)
+    out: list[Any] = []
+    em = relay.StreamEmitter("s", "m", win, 0, win.get_updates_now, [lambda cmds: out.append(_lines(cmds))], 4)
+    token = 0
+    for rows, ahead in steps:
+        token += 1
+        for k in range(rows):
+            win.add("m", token, [token, k])
+        em.target = token + ahead  # ahead: the position runs past the rows (a hole or rows still to come)
+        try:
+            em.publish_now()
+        except UpdatesUnavailable as err:
+            out.append(str(err))
+            em.sent = em.target  # as a reader would after catch-up: go on from here
+        out.append((em.sent, em.rows))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=1)), max_size=25),
+    capacity=st.integers(min_value=1, max_value=6),
+)
+def test_publish_now_twins_agree(steps: list[tuple[int, int]], capacity: int) -> None:
+    assert _published("c", steps, capacity) == _published("py", steps, capacity)
+
+
+def test_publish_now_follows_a_replaced_sync_source(relay_impl: ModuleType) -> None:
+    first, second = relay_impl.RowWindow(10), relay_impl.RowWindow(10)
+    first.add("m", 1, ["first"])
+    second.add("m", 1, ["second"])
+    got: list[Command] = []
+    em = relay_impl.StreamEmitter("s", "m", first, 0, first.get_updates_now, [got.extend], 10)
+    em.sync_get = second.get_updates_now
+    em.target = 1
+    em.publish_now()
+    assert _lines(got) == ['RDATA s m 1 ["second"]']
+
+
+def test_broadcast_sends_to_every_target_seen_at_the_time(relay_impl: ModuleType) -> None:
+    class Conn:
+        def __init__(self) -> None:
+            self.got: list[Command] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.got.extend(cmds)
+
+    a, b = Conn(), Conn()
+    targets = [a]
+    broadcast = relay_impl.Broadcast(targets)
+    broadcast([R(1, "x")])
+    targets.append(b)  # the hub's list is shared: a connection added later is sent to
+    broadcast([R(2, "y")])
+    targets.remove(a)
+    broadcast([R(3, "z")])
+    assert [c.token for c in a.got] == [1, 2] and [c.token for c in b.got] == [2, 3]  # type: ignore[attr-defined]
+    assert broadcast.targets is targets

@@ -23,7 +23,7 @@ from factstream.commands import _UNSET as _UNSET_PY
 from factstream.streams.rows import Row, wire_fields, wire_kinds
 from factstream.streams.sources import UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "RowParser", "gather", "tally"]
+__all__ = ["RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "tally"]
 
 cdef object _RDATA = RdataCommand
 cdef object _ROW = Row
@@ -349,6 +349,19 @@ cdef class Router:
             st.publish_now()
         else:
             self.on_async(stream_name)
+
+
+cdef class Broadcast:
+    """A publisher's sink handing each batch to every replicating connection (see ``_relay_py.Broadcast``)."""
+
+    cdef public list targets
+
+    def __init__(self, list targets not None):
+        self.targets = targets
+
+    def __call__(self, cmds):
+        for conn in self.targets:
+            conn.send_many(cmds)
 
 
 cdef class Fanout:

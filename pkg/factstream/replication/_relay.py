@@ -7,12 +7,15 @@ from typing import TYPE_CHECKING
 from .._compat import load
 
 if TYPE_CHECKING:
-    from ._relay_py import Fact, Fanout, Router, RowParser, RowWindow, Sink, StreamEmitter, SyncGet, gather, tally
+    from ._relay_py import (
+        Broadcast, Fact, Fanout, Router, RowParser, RowWindow, Sink, StreamEmitter, SyncGet, gather, tally,
+    )
 else:
     _impl = load("replication._relay")
     RowWindow = _impl.RowWindow
     StreamEmitter = _impl.StreamEmitter
     Router = _impl.Router
+    Broadcast = _impl.Broadcast
     Fanout = _impl.Fanout
     RowParser = _impl.RowParser
     gather = _impl.gather
@@ -20,5 +23,6 @@ else:
     from ._relay_py import Fact, Sink, SyncGet
 
 __all__ = [
-    "RowWindow", "StreamEmitter", "Router", "Fanout", "RowParser", "gather", "tally", "Fact", "Sink", "SyncGet",
+    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "tally", "Fact", "Sink",
+    "SyncGet",
 ]

@@ -18,7 +18,8 @@ Python call of its own.
   commands and :meth:`StreamEmitter.publish_now` drains a synchronous source
   into the sinks.
 * :class:`Router` is a writer's published streams by name; its ``notify``
-  is the id generator's listener.
+  is the id generator's listener; :class:`Broadcast` is the sink handing
+  the commands to every replicating connection.
 * :func:`gather` folds consecutive RDATA of one (stream, writer) into facts;
   :class:`Fanout` holds the reader's handlers and queues and delivers facts
   to them in order.
@@ -43,7 +44,8 @@ from ..streams.rows import Row, wire_fields, wire_kinds
 from ..streams.sources import Updates, UpdatesUnavailable, page
 
 __all__ = [
-    "RowWindow", "StreamEmitter", "Router", "Fanout", "RowParser", "gather", "tally", "Fact", "Sink", "SyncGet",
+    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "tally", "Fact", "Sink",
+    "SyncGet",
 ]
 
 #: ``(token, rows)``: every row a writer wrote at one token.
@@ -243,6 +245,24 @@ class Router:
             st.publish_now()
         else:
             self.on_async(stream_name)
+
+
+class Broadcast:
+    """``broadcast(cmds)``: a publisher's sink handing each batch to every connection in ``targets``.
+
+    ``targets`` is the hub's list of replicating connections (shared, so
+    connections added or removed later are seen); each gets
+    ``send_many(cmds)``, in list order.
+    """
+
+    __slots__ = ("targets",)
+
+    def __init__(self, targets: list[Any]) -> None:
+        self.targets = targets
+
+    def __call__(self, cmds: list[Command]) -> None:
+        for conn in self.targets:
+            conn.send_many(cmds)
 
 
 class Fanout:
