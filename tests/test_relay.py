@@ -222,6 +222,15 @@ def test_gather_without_position_keeps_everything_and_parses(relay_impl: ModuleT
     assert relay_impl.gather(cmds, 0, 4, []) == (3, [(5, [1])], [], 2)
 
 
+def test_gather_takes_at_most_limit_commands(relay_impl: ModuleType) -> None:
+    cmds: list[Command] = [R(None, 1), R(2, 2), R(3, 3), R(None, 4), R(5, 5)]
+    assert relay_impl.gather(cmds, 0, 0, [], None, 2) == (2, [(2, [1, 2])], [], 0)
+    assert relay_impl.gather(cmds, 2, 2, [], None, 2) == (4, [(3, [3])], [4], 0)  # the batch row waits on
+    assert relay_impl.gather(cmds, 4, 3, [4], None, 9) == (5, [(5, [4, 5])], [], 0)
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        relay_impl.gather(cmds, 0, 0, [], None, 0)
+
+
 def test_gather_decodes_rows_received_by_either_codec(relay_impl: ModuleType, wire_impl: ModuleType) -> None:
     data = b'RDATA events m batch ["a",{"b":[1,2.5,null]}]\nRDATA events m 7 ["c"]\nRDATA events m 8 "d"\n'
     cmds = wire_impl.LineDecoder().feed(data)
@@ -272,9 +281,12 @@ def test_emitter_twins_agree(ups: list[tuple[int, int]], sent: int, extra: int) 
     assert out[0] == out[1]
 
 
-def _deliveries(impl: str, cmds: list[Command], runs: bool, position: int | None, start: int | None) -> Any:
+def _deliveries(
+    impl: str, cmds: list[Command], runs: bool, position: int | None, start: int | None, run_limit: int = 256
+) -> Any:
     positions = {("s", "w"): position} if position is not None else None
     fol = Follower(typed=False, positions=positions, start_position=start, relay=twin("replication._relay", impl))
+    fol.run_limit = run_limit
     got: list[Any] = []
     fol.add_handler(lambda s, w, t, rows: got.append((s, w, t, list(rows), fol.position(s, w))))
     if runs:
@@ -296,6 +308,7 @@ def test_follower_runs_deliver_like_single_commands(cmds: list[Command], positio
     expected = _deliveries("py", cmds, False, position, start)
     for impl in ("c", "py"):
         assert _deliveries(impl, cmds, True, position, start) == expected
+        assert _deliveries(impl, cmds, True, position, start, run_limit=2) == expected  # runs handed on in pieces
 
 
 def test_follower_runs_count_tokens_and_rows_per_stream() -> None:
@@ -702,3 +715,57 @@ def test_broadcast_sends_to_every_target_seen_at_the_time(relay_impl: ModuleType
     broadcast([R(3, "z")])
     assert [c.token for c in a.got] == [1, 2] and [c.token for c in b.got] == [2, 3]  # type: ignore[attr-defined]
     assert broadcast.targets is targets
+
+
+@dataclasses.dataclass(slots=True)
+class _SlotKey:
+    stream: str
+    writer: str
+    position: int | None
+    rows: int = 0
+
+
+class _WatchedKey:
+    """A key whose writes go through its own __setattr__: it must see every move."""
+
+    def __init__(self) -> None:
+        self.stream, self.writer, self.position, self.rows = "s", "w", 0, 0
+        self.moves: list[tuple[str, Any]] = []
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("position", "rows") and hasattr(self, "moves"):
+            self.moves.append((name, value))
+        object.__setattr__(self, name, value)
+
+
+class _PropertyKey:
+    """A key whose position is a property."""
+
+    def __init__(self) -> None:
+        self.stream, self.writer, self.rows, self.set_to = "s", "w", 0, []
+
+    @property
+    def position(self) -> int:
+        return self.set_to[-1] if self.set_to else 0
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.set_to.append(value)
+
+
+def test_fanout_moves_keys_of_every_kind(relay_impl: ModuleType) -> None:
+    fan = relay_impl.Fanout(lambda *a: a, lambda *a: None)
+    positions: list[Any] = []
+    fan.handlers = [(None, lambda s, w, t, rows: positions.append(t))]
+    slot_key = _SlotKey("s", "w", 0)
+    fan.deliver(slot_key, [(1, ["a"]), (2, ["b", "c"])])
+    assert (slot_key.position, slot_key.rows) == (2, 3)
+    watched = _WatchedKey()
+    fan.deliver(watched, [(4, ["a", "b"])])
+    assert watched.moves == [("rows", 2), ("position", 4)]
+    prop = _PropertyKey()
+    fan.deliver(prop, [(6, ["a"]), (7, ["b"])])
+    assert prop.set_to == [6, 7] and prop.rows == 2
+    fan.deliver(slot_key, [(3, ["d"])])  # back to the first kind of key
+    assert (slot_key.position, slot_key.rows) == (3, 4)
+    assert positions == [1, 2, 4, 6, 7, 3]

@@ -14,7 +14,7 @@ from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
 from cpython.dict cimport PyDict_GetItem
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from factstream._cpython cimport PyObject_GC_UnTrack
+from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
 
 from bisect import bisect_right
 
@@ -371,17 +371,39 @@ cdef class Fanout:
     cdef public list queues
     cdef public object make_update
     cdef public object on_error
+    # The key class seen last and the slot offsets of its rows and position (-1: set them by name).
+    cdef object _key_type
+    cdef Py_ssize_t _rows_at
+    cdef Py_ssize_t _position_at
 
     def __init__(self, make_update, on_error):
         self.handlers = []
         self.queues = []
         self.make_update = make_update
         self.on_error = on_error
+        self._key_type = None
+        self._rows_at = self._position_at = -1
+
+    cdef int _learn(self, object kind) except -1:
+        # A key class with plain attribute access and rows/position in slots (the follower's) is moved
+        # through the slots; any other through its attributes.
+        self._key_type = kind
+        self._rows_at = self._position_at = -1
+        if kind.__setattr__ is not object.__setattr__ or kind.__getattribute__ is not object.__getattribute__:
+            return 0
+        rows_at = _member_offset_or(kind, "rows")
+        position_at = _member_offset_or(kind, "position")
+        if rows_at >= 0 and position_at >= 0:
+            self._rows_at, self._position_at = rows_at, position_at
+        return 0
 
     def deliver(self, key, facts):
         """Hand each fact of ``key`` to the handlers and queues, in order, moving ``key.position``."""
         cdef list source = self.handlers
         cdef list handlers
+        cdef PyObject* count
+        if type(key) is not self._key_type:
+            self._learn(type(key))
         stream, writer = key.stream, key.writer
         handlers = [h for only, h in source if only is None or only == stream]
         for token, rows in facts:
@@ -397,8 +419,24 @@ cdef class Fanout:
                 update = self.make_update(stream, writer, token, rows)
                 for q in self.queues:
                     q.put_nowait(update)
-            key.rows += len(rows)
-            key.position = token
+            count = _get(key, self._rows_at) if self._rows_at >= 0 else NULL
+            if count != NULL:
+                _set(key, self._rows_at, <object>count + len(rows))
+                _set(key, self._position_at, token)
+            else:
+                key.rows += len(rows)
+                key.position = token
+
+
+cdef Py_ssize_t _member_offset_or(object cls, str name) except -2:
+    # The slot offset of ``name`` when the class's attribute of that name is a slot, else -1.
+    for klass in cls.__mro__:
+        descr = klass.__dict__.get(name)
+        if descr is not None:
+            if not _object_slot(descr):
+                return -1
+            return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
+    return -1
 
 
 # ---------------------------------------------------------------- typed rows
@@ -419,10 +457,19 @@ cdef Py_ssize_t _member_offset(object cls, str name) except -1:
     for klass in cls.__mro__:
         descr = klass.__dict__.get(name)
         if descr is not None:
-            if type(descr).__name__ != "member_descriptor":
-                raise TypeError(f"{cls.__name__}.{name} is not a slot")
+            if not _object_slot(descr):
+                raise TypeError(f"{cls.__name__}.{name} is not a writable object slot")
             return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
     raise TypeError(f"{cls.__name__} has no slot {name}")
+
+
+cdef bint _object_slot(object descr):
+    # A member descriptor of a writable object slot (what __slots__ makes), safe to fill at its offset.
+    cdef PyMemberDef* member
+    if type(descr).__name__ != "member_descriptor":
+        return False
+    member = (<PyMemberDescrObject*><PyObject*>descr).d_member
+    return member.type == T_OBJECT_EX and not (member.flags & READONLY)
 
 
 cdef _Plain _plain(object cls):
@@ -542,10 +589,17 @@ cdef _Plain _pair_of(object cls):
     return plain
 
 
-def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
+def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, limit=None):
     """Fold the run of RDATA for one (stream, writer) at ``cmds[start]`` into facts (see the pure twin)."""
     cdef list seq = cmds if type(cmds) is list else list(cmds)
     cdef Py_ssize_t n = PyList_GET_SIZE(seq)
+    cdef Py_ssize_t most
+    if limit is not None:
+        most = limit
+        if most < 1:
+            raise ValueError("gather: limit must be at least 1")
+        if start + most < n:
+            n = start + most
     cdef Py_ssize_t i = start
     cdef list facts = []
     cdef list rows

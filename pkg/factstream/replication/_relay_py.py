@@ -365,6 +365,7 @@ def gather(
     position: int | None,
     batch: list[Any],
     parse: Callable[[Any], Any] | None = None,
+    limit: int | None = None,
 ) -> tuple[int, list[Fact], list[Any], int]:
     """Fold the run of RDATA for one (stream, writer) that begins at ``cmds[start]`` into facts.
 
@@ -379,6 +380,11 @@ def gather(
     run, are dropped and their rows counted as stale; with None every fact is
     kept (the caller decides).
 
+    With a ``limit``, at most that many commands are taken (the caller goes
+    on from ``end``; a reader hands facts on in such bounded runs, so fewer
+    of them live long enough for the cycle collector to move them to its
+    older generations).
+
     Returns ``(end, facts, batch, stale)``: ``end`` is the index after the
     run, ``facts`` the kept facts in order, ``batch`` the rows still waiting
     for their token (a new list whenever a fact was closed) and ``stale`` the
@@ -389,6 +395,10 @@ def gather(
     facts: list[Fact] = []
     stale = 0
     n = len(cmds)
+    if limit is not None:
+        if limit < 1:
+            raise ValueError("gather: limit must be at least 1")
+        n = min(n, start + limit)
     i = start
     while i < n:
         cmd = cmds[i]

@@ -115,6 +115,11 @@ class _Key:
 class Follower:
     """Follows the streams of every writer it hears about (see module doc)."""
 
+    #: RDATA folded and delivered at a time by :meth:`on_rdata_many`: a long run (a page of a thousand rows)
+    #: is handed on in pieces, so its facts are gone before the cycle collector's young passes promote them
+    #: (promoted objects are what sets off its full passes).
+    run_limit = 256
+
     def __init__(
         self,
         registry: StreamRegistry | None = None,
@@ -269,6 +274,7 @@ class Follower:
         """Consume consecutive RDATA commands: the same as :meth:`on_rdata` for each, in order."""
         gather = self.relay.gather
         streams = self.streams
+        limit = self.run_limit
         i, n = 0, len(cmds)
         while i < n:
             first = cmds[i]
@@ -280,12 +286,12 @@ class Follower:
             parse = self._parser(stream) if self.typed else None
             start = i
             if key.fetching or key.position is None:
-                i, facts, key.batch, _ = gather(cmds, i, None, key.batch, parse)
+                i, facts, key.batch, _ = gather(cmds, i, None, key.batch, parse, limit)
                 for token, rows in facts:
                     self._consume(key, token, rows)
             else:
                 pos = key.position
-                i, facts, key.batch, stale = gather(cmds, i, pos, key.batch, parse)
+                i, facts, key.batch, stale = gather(cmds, i, pos, key.batch, parse, limit)
                 if stale:
                     self._stale(key, stale, pos)
                 if facts:
@@ -295,6 +301,7 @@ class Follower:
                         self._check_rows(key)
                     else:
                         self._deliver(key, facts)
+            facts = rows = None  # this run's facts go now, not when the next run replaces them
             if i == start:
                 raise TypeError(f"on_rdata_many takes RDATA commands only, not {type(first).__name__}")
             if key.batch:

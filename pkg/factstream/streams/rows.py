@@ -318,6 +318,9 @@ class EventsRow(Row):
 
 # ----------------------------------------------------------------- building rows without from_wire
 
+_BASE_FROM_WIRE: Any = Row.__dict__["from_wire"].__func__
+_EVENTS_FROM_WIRE: Any = EventsRow.__dict__["from_wire"].__func__
+
 
 def _init_fields(cls: Any) -> tuple[str, ...] | None:
     """The fields ``cls(*values)`` does nothing but store, in order, each in its slot; else None.
@@ -326,7 +329,7 @@ def _init_fields(cls: Any) -> tuple[str, ...] | None:
     exactly its fields, no ``__post_init__``, no ``__new__`` of its own and
     no metaclass: building one is allocating it and filling those slots.
     """
-    if not isinstance(cls, type) or type(cls) is not type or cls.__new__ is not object.__new__:
+    if not isinstance(cls, type) or type(cls) is not type or getattr(cls, "__new__") is not object.__new__:
         return None
     params = cls.__dict__.get("__dataclass_params__")
     if params is None or not params.init or not params.frozen or hasattr(cls, "__post_init__"):
@@ -367,7 +370,7 @@ def wire_fields(cls: Any) -> tuple[str, ...] | None:
     with anything of its own (``from_wire``, ``__init__``,
     ``__post_init__``) gets None and is built by its ``from_wire``.
     """
-    if getattr(getattr(cls, "from_wire", None), "__func__", None) is not Row.from_wire.__func__:
+    if getattr(getattr(cls, "from_wire", None), "__func__", None) is not _BASE_FROM_WIRE:
         return None
     return _init_fields(cls)
 
@@ -379,7 +382,7 @@ def wire_kinds(cls: Any) -> Mapping[str, type[Row]] | None:
     ``data``); the mapping is the live :data:`EVENT_ROW_KINDS`, so a kind
     added later is seen. Else None.
     """
-    if getattr(getattr(cls, "from_wire", None), "__func__", None) is not EventsRow.from_wire.__func__:
+    if getattr(getattr(cls, "from_wire", None), "__func__", None) is not _EVENTS_FROM_WIRE:
         return None
     if _init_fields(cls) != ("type", "data"):
         return None
