@@ -769,3 +769,38 @@ def test_fanout_moves_keys_of_every_kind(relay_impl: ModuleType) -> None:
     fan.deliver(slot_key, [(3, ["d"])])  # back to the first kind of key
     assert (slot_key.position, slot_key.rows) == (3, 4)
     assert positions == [1, 2, 4, 6, 7, 3]
+
+
+# ---------------------------------------------------------------- same_source
+
+
+def test_same_source_finds_the_first_foreign_command(relay_impl: ModuleType) -> None:
+    P = PositionCommand
+    assert relay_impl.same_source([R(1, "a"), R(None, "b"), R(2, "c")]) == (3, False)
+    assert relay_impl.same_source([P("s", "w", 0, 1), R(2, "a"), P("s", "w", 2, 4)]) == (3, True)
+    assert relay_impl.same_source([R(1, "a"), R(2, "b", writer="x"), P("s", "w", 2, 3)]) == (1, False)
+    assert relay_impl.same_source([R(1, "a"), R(2, "b", stream="t")]) == (1, False)
+    assert relay_impl.same_source([R(1, "a"), P("s", "x", 1, 2)]) == (1, False)  # a foreign POSITION: not counted
+    assert relay_impl.same_source([R(1, "a"), PingCommand("p"), R(2, "b")]) == (1, False)
+    assert relay_impl.same_source([P("s", "w", 0, 1), ReplicateCommand()]) == (1, True)
+    with pytest.raises(IndexError):
+        relay_impl.same_source([])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cmds=st.lists(
+        st.one_of(
+            rdata,
+            st.builds(PositionCommand, st.sampled_from(["s", "t"]), st.sampled_from(["w", "x"]), st.just(0), st.just(1)),
+            st.just(PingCommand("p")),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_same_source_twins_agree(cmds: list[Command]) -> None:
+    if type(cmds[0]) is PingCommand:
+        return  # the caller checks the first command is a fact first
+    results = [twin("replication._relay", impl).same_source(cmds) for impl in ("c", "py")]
+    assert results[0] == results[1]

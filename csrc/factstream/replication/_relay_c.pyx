@@ -23,9 +23,10 @@ from factstream.commands import _UNSET as _UNSET_PY
 from factstream.streams.rows import Row, wire_fields, wire_kinds
 from factstream.streams.sources import UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "tally"]
+__all__ = ["RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally"]
 
 cdef object _RDATA = RdataCommand
+cdef object _POSITION = PositionCommand
 cdef object _ROW = Row
 cdef object _UNSET = _UNSET_PY
 
@@ -647,6 +648,38 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, li
         else:
             stale += PyList_GET_SIZE(rows)
     return i, facts, batch, stale
+
+
+def same_source(cmds):
+    """How many of ``cmds``, from the first, are RDATA or POSITION of ``cmds[0]``'s stream and writer (see the pure twin)."""
+    cdef list seq = cmds if type(cmds) is list else list(cmds)
+    cdef Py_ssize_t n = PyList_GET_SIZE(seq)
+    cdef Py_ssize_t i
+    cdef bint has_position = False
+    cdef PyObject* s
+    cdef PyObject* w
+    if n == 0:
+        raise IndexError("same_source: cmds is empty")
+    first = <object>PyList_GET_ITEM(seq, 0)
+    stream, writer = first.stream_name, first.instance_name
+    for i in range(n):
+        cmd = <object>PyList_GET_ITEM(seq, i)
+        if type(cmd) is _RDATA:
+            s = _get(cmd, R_STREAM)
+            w = _get(cmd, R_INSTANCE)
+            if s == NULL or w == NULL:
+                if cmd.stream_name != stream or cmd.instance_name != writer:
+                    return i, has_position
+                continue
+            if (s != <PyObject*>stream and <object>s != stream) or (w != <PyObject*>writer and <object>w != writer):
+                return i, has_position
+        elif type(cmd) is _POSITION:
+            if cmd.stream_name != stream or cmd.instance_name != writer:
+                return i, has_position
+            has_position = True
+        else:
+            return i, has_position
+    return n, has_position
 
 
 def tally(cmds):

@@ -8,7 +8,8 @@ from .._compat import load
 
 if TYPE_CHECKING:
     from ._relay_py import (
-        Broadcast, Fact, Fanout, Router, RowParser, RowWindow, Sink, StreamEmitter, SyncGet, gather, tally,
+        Broadcast, Fact, Fanout, Router, RowParser, RowWindow, Sink, StreamEmitter, SyncGet, gather, same_source,
+        tally,
     )
 else:
     _impl = load("replication._relay")
@@ -19,10 +20,11 @@ else:
     Fanout = _impl.Fanout
     RowParser = _impl.RowParser
     gather = _impl.gather
+    same_source = _impl.same_source
     tally = _impl.tally
     from ._relay_py import Fact, Sink, SyncGet
 
 __all__ = [
-    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "tally", "Fact", "Sink",
-    "SyncGet",
+    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally",
+    "Fact", "Sink", "SyncGet",
 ]

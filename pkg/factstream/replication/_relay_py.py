@@ -23,7 +23,8 @@ Python call of its own.
 * :func:`gather` folds consecutive RDATA of one (stream, writer) into facts;
   :class:`Fanout` holds the reader's handlers and queues and delivers facts
   to them in order.
-* :func:`tally` counts commands by name (one metric update per name).
+* :func:`tally` counts commands by name (one metric update per name);
+  :func:`same_source` checks that a carrier's page is of one (stream, writer).
 * :class:`RowParser` turns a decoded row into its typed row; ``gather``
   given one builds the rows of plain row classes (see
   :func:`~factstream.streams.rows.wire_fields`) with no Python call per row
@@ -44,8 +45,8 @@ from ..streams.rows import Row, wire_fields, wire_kinds
 from ..streams.sources import Updates, UpdatesUnavailable, page
 
 __all__ = [
-    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "tally", "Fact", "Sink",
-    "SyncGet",
+    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally",
+    "Fact", "Sink", "SyncGet",
 ]
 
 #: ``(token, rows)``: every row a writer wrote at one token.
@@ -419,6 +420,28 @@ def gather(
         else:
             stale += len(rows)
     return i, facts, batch, stale
+
+
+def same_source(cmds: Sequence[Command]) -> tuple[int, bool]:
+    """How many of ``cmds``, from the first, are RDATA or POSITION of ``cmds[0]``'s stream and writer.
+
+    Returns ``(n, has_position)``: ``cmds[n]`` is the first command that is
+    not (``n == len(cmds)`` when all are), and whether a POSITION is among
+    the first ``n``. A carrier checks a received page of one (stream,
+    writer) with it before handing the page on. ``cmds`` must not be empty.
+    """
+    first = cmds[0]
+    stream, writer = first.stream_name, first.instance_name  # type: ignore[attr-defined]
+    has_position = False
+    for i, cmd in enumerate(cmds):
+        kind = type(cmd)
+        if kind is not RdataCommand and kind is not PositionCommand:
+            return i, has_position
+        if cmd.stream_name != stream or cmd.instance_name != writer:  # type: ignore[attr-defined]
+            return i, has_position
+        if kind is PositionCommand:
+            has_position = True
+    return len(cmds), has_position
 
 
 def tally(cmds: Sequence[Command]) -> dict[str, int]:
