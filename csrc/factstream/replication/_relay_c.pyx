@@ -99,7 +99,9 @@ cdef inline object _peek_row(object cmd):
         raw = _get(cmd, R_RAW)
         loads = _get(cmd, R_LOADS)
         if raw != NULL and loads != NULL and raw != <PyObject*>None and loads != <PyObject*>None:
-            return (<object>loads)(<object>raw)
+            decode = <object>loads  # held: the call may run any code
+            data = <object>raw
+            return decode(data)
     return _row_of(cmd)
 
 
@@ -420,13 +422,16 @@ cdef class Fanout:
                 update = self.make_update(stream, writer, token, rows)
                 for q in self.queues:
                     q.put_nowait(update)
-            count = _get(key, self._rows_at) if self._rows_at >= 0 else NULL
-            if count != NULL:
-                _set(key, self._rows_at, <object>count + len(rows))
-                _set(key, self._position_at, token)
-            else:
-                key.rows += len(rows)
-                key.position = token
+            if self._rows_at >= 0:
+                added = len(rows)
+                count = _get(key, self._rows_at)
+                if count != NULL:
+                    held = <object>count  # a reference of our own while adding
+                    _set(key, self._rows_at, held + added)
+                    _set(key, self._position_at, token)
+                    continue
+            key.rows += len(rows)
+            key.position = token
 
 
 cdef Py_ssize_t _member_offset_or(object cls, str name) except -2:
@@ -495,18 +500,32 @@ cdef inline bint _may_hold_cycles(PyObject* value) noexcept:
     return PyObject_IS_GC(value) and (type(<object>value) is not tuple or PyObject_GC_IsTracked(<object>value))
 
 
-cdef object _fill(_Plain plain, PyObject** items, Py_ssize_t built=-1):
-    # cls(*items) for a plain class: its generated __init__ does no more than store each value.
-    # ``built``: the index of a value that is a row filled here and left untracked (it holds no container).
+cdef object _fill(_Plain plain, object seq):
+    # cls(*seq) for a plain class: its generated __init__ does no more than store each value. None when
+    # ``seq`` (an exact list or tuple) no longer has the class's field count once the row is allocated
+    # (an allocation may run a collection, and a finalizer any code): the caller then falls back.
     cdef object obj = _alloc(plain.cls)
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, n
+    cdef PyObject** items = _items(seq, &n)  # read after the allocation, with nothing running in between
     cdef bint atomic = True
-    for i in range(plain.n):
+    if items == NULL or n != plain.n:
+        return None  # the empty row is simply freed
+    for i in range(n):
         _put(obj, plain.offsets[i], <object>items[i])
-        if atomic and i != built and _may_hold_cycles(items[i]):
+        if atomic and _may_hold_cycles(items[i]):
             atomic = False
     if atomic and PyObject_GC_IsTracked(obj):
         # Frozen and holding no container: it cannot be part of a cycle, so the collector need not track it.
+        PyObject_GC_UnTrack(<PyObject*>obj)
+    return obj
+
+
+cdef object _fill_pair(_Plain plain, object kind, object inner):
+    # cls(kind, inner) for an events-style class; untracked when ``inner`` is a row left untracked here.
+    cdef object obj = _alloc(plain.cls)
+    _put(obj, plain.offsets[0], kind)
+    _put(obj, plain.offsets[1], inner)
+    if not PyObject_GC_IsTracked(inner) and not _may_hold_cycles(<PyObject*>kind) and PyObject_GC_IsTracked(obj):
         PyObject_GC_UnTrack(<PyObject*>obj)
     return obj
 
@@ -550,25 +569,26 @@ cdef class RowParser:
     cdef object parse(self, object row):
         cdef Py_ssize_t n, m
         cdef PyObject** items = _items(row, &n)
-        cdef PyObject** data
-        cdef PyObject* kind_cls
-        cdef PyObject* pair[2]
+        cdef PyObject* found
         cdef _Plain sub
         if items != NULL:
             if self._plain is not None:
                 if n == self._plain.n:
-                    return _fill(self._plain, items)
+                    built = _fill(self._plain, row)
+                    if built is not None:
+                        return built
             elif self._pair is not None and n == 2 and type(<object>items[0]) is str:
-                data = _items(<object>items[1], &m)
-                if data != NULL:
-                    kind_cls = PyDict_GetItem(self._kinds, <object>items[0])
-                    if kind_cls != NULL:
-                        sub = self._sub(<object>kind_cls)
+                kind = <object>items[0]  # held: what follows may run code
+                data = <object>items[1]
+                if _items(data, &m) != NULL:
+                    found = PyDict_GetItem(self._kinds, kind)
+                    if found != NULL:
+                        kind_cls = <object>found
+                        sub = self._sub(kind_cls)
                         if sub is not None and m == sub.n:
                             inner = _fill(sub, data)
-                            pair[0] = items[0]
-                            pair[1] = <PyObject*>inner
-                            return _fill(<_Plain>self._pair, pair, -1 if PyObject_GC_IsTracked(inner) else 1)
+                            if inner is not None:
+                                return _fill_pair(<_Plain>self._pair, kind, inner)
         return self.fallback(row)
 
     cdef _Plain _sub(self, object kind_cls):

@@ -239,4 +239,3 @@ class ReplicationHub:
                 handler(cmd, conn)
             except Exception:
                 log.exception("handler %r failed on %r", handler, cmd)
-
