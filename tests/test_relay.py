@@ -9,9 +9,10 @@ per command delivers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -221,6 +222,15 @@ def test_gather_without_position_keeps_everything_and_parses(relay_impl: ModuleT
     assert relay_impl.gather(cmds, 0, 4, []) == (3, [(5, [1])], [], 2)
 
 
+def test_gather_takes_at_most_limit_commands(relay_impl: ModuleType) -> None:
+    cmds: list[Command] = [R(None, 1), R(2, 2), R(3, 3), R(None, 4), R(5, 5)]
+    assert relay_impl.gather(cmds, 0, 0, [], None, 2) == (2, [(2, [1, 2])], [], 0)
+    assert relay_impl.gather(cmds, 2, 2, [], None, 2) == (4, [(3, [3])], [4], 0)  # the batch row waits on
+    assert relay_impl.gather(cmds, 4, 3, [4], None, 9) == (5, [(5, [4, 5])], [], 0)
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        relay_impl.gather(cmds, 0, 0, [], None, 0)
+
+
 def test_gather_decodes_rows_received_by_either_codec(relay_impl: ModuleType, wire_impl: ModuleType) -> None:
     data = b'RDATA events m batch ["a",{"b":[1,2.5,null]}]\nRDATA events m 7 ["c"]\nRDATA events m 8 "d"\n'
     cmds = wire_impl.LineDecoder().feed(data)
@@ -271,9 +281,12 @@ def test_emitter_twins_agree(ups: list[tuple[int, int]], sent: int, extra: int) 
     assert out[0] == out[1]
 
 
-def _deliveries(impl: str, cmds: list[Command], runs: bool, position: int | None, start: int | None) -> Any:
+def _deliveries(
+    impl: str, cmds: list[Command], runs: bool, position: int | None, start: int | None, run_limit: int = 256
+) -> Any:
     positions = {("s", "w"): position} if position is not None else None
     fol = Follower(typed=False, positions=positions, start_position=start, relay=twin("replication._relay", impl))
+    fol.run_limit = run_limit
     got: list[Any] = []
     fol.add_handler(lambda s, w, t, rows: got.append((s, w, t, list(rows), fol.position(s, w))))
     if runs:
@@ -295,6 +308,7 @@ def test_follower_runs_deliver_like_single_commands(cmds: list[Command], positio
     expected = _deliveries("py", cmds, False, position, start)
     for impl in ("c", "py"):
         assert _deliveries(impl, cmds, True, position, start) == expected
+        assert _deliveries(impl, cmds, True, position, start, run_limit=2) == expected  # runs handed on in pieces
 
 
 def test_follower_runs_count_tokens_and_rows_per_stream() -> None:
@@ -335,3 +349,458 @@ def test_gather_keeps_a_cycle_through_a_decoded_row_collectable(relay_impl: Modu
     del cmd, probe, row, facts
     gc.collect()
     assert ref() is None, "a cycle through a row decoded by the relay was not collected"
+
+
+# ---------------------------------------------------------------- RowParser (typed rows without from_wire)
+
+from factstream.errors import ProtocolError  # noqa: E402
+from factstream.streams import rows as R_  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Pair(R_.Row):
+    STREAM: ClassVar[str] = "pair"
+    a: Any
+    b: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Checked(R_.Row):
+    """Its __post_init__ must run: never built around it."""
+
+    STREAM: ClassVar[str] = "checked"
+    n: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int):
+            raise ProtocolError("checked row must hold an int", repr(self.n))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Custom(R_.Row):
+    """A from_wire of its own (reverses the fields): always called."""
+
+    STREAM: ClassVar[str] = "custom"
+    a: Any
+    b: Any
+
+    @classmethod
+    def from_wire(cls, row: Any) -> _Custom:
+        return cls(row[1], row[0])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _OwnInit(R_.Row):
+    """An __init__ written by hand (it changes the value): always called."""
+
+    STREAM: ClassVar[str] = "own_init"
+    a: Any
+
+    def __init__(self, a: Any) -> None:
+        object.__setattr__(self, "a", ("seen", a))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _SubPair(_Pair):
+    """A subclass adding a field: a plain class of its own, three fields."""
+
+    c: Any
+
+
+class _Loose(_Pair):
+    """A subclass that is not a dataclass of its own (it has a __dict__): built by from_wire."""
+
+
+def _outcome(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - the failure is what is compared
+        return type(err), str(err)
+
+
+def _refusal(row: Any, name: str) -> tuple[type, str]:
+    try:
+        setattr(row, name, 1)
+    except Exception as err:  # noqa: BLE001 - the refusal is what is compared
+        return type(err), str(err)
+    raise AssertionError(f"{row!r} took a new attribute {name}")
+
+
+EVENT_SAMPLES = [
+    ["ev", ["$e:hs", "!r:hs", "m.room.message", None, None, None, None, False, False]],
+    ["ev", ("$e:hs", "!r:hs", "m.room.member", "@u:hs", None, None, "join", True, False)],
+    ["state", ["!r:hs", "m.room.name", "", None]],
+    ["state-all", ["!r:hs"]],
+]
+
+
+def test_row_shapes_say_which_classes_are_plain() -> None:
+    assert R_.wire_fields(R_.ToDeviceRow) == ("entity",)
+    assert R_.wire_fields(R_.CachesRow) == ("cache_func", "keys", "invalidation_ts")
+    assert R_.wire_fields(_Pair) == ("a", "b") and R_.wire_fields(_SubPair) == ("a", "b", "c")
+    for cls in (R_.Row, R_.EventsRow, _Checked, _Custom, _OwnInit, _Loose, int, "x"):
+        assert R_.wire_fields(cls) is None, cls
+    assert R_.wire_kinds(R_.EventsRow) is R_.EVENT_ROW_KINDS
+    assert R_.wire_kinds(R_.EventRow) is None and R_.wire_kinds(_Pair) is None
+
+
+@pytest.mark.parametrize(
+    "cls, row",
+    [
+        (R_.ToDeviceRow, ["@u:hs"]),
+        (R_.CachesRow, ["get_user", ["@u:hs", 1], 5]),
+        (R_.CachesRow, ("get_user", None, 5)),
+        (R_.TypingRow, ["!r:hs", ["@a:hs", "@b:hs"]]),
+        (R_.ReceiptsRow, ["!r:hs", "m.read", "@u:hs", "$e:hs", None, {"ts": 1}]),
+        (R_.PresenceRow, ["@u:hs", "online", 1, 2, 3, None, True]),
+        (_Pair, [1.5, (1, 2)]),
+        (_SubPair, ["x", "y", "z"]),
+        *((R_.EventsRow, row) for row in EVENT_SAMPLES),
+    ],
+)
+def test_row_parser_builds_what_from_wire_builds(relay_impl: ModuleType, cls: Any, row: Any) -> None:
+    parser = relay_impl.RowParser(cls)
+    got, want = parser(row), cls.from_wire(row)
+    assert type(got) is type(want) and got == want and repr(got) == repr(want)
+    assert _outcome(hash, got) == _outcome(hash, want)  # (a row holding a list is unhashable either way)
+    assert got.to_wire() == want.to_wire()
+    leaf_got, leaf_want = (got.data, want.data) if cls is R_.EventsRow else (got, want)
+    for name in (f.name for f in dataclasses.fields(leaf_got)):
+        assert getattr(leaf_got, name) is getattr(leaf_want, name)  # the decoded values themselves, not copies
+    first = dataclasses.fields(cls)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(got, first, 1)
+    assert _refusal(got, "x") == _refusal(want, "x")  # (Python 3.11 refuses a new name with a TypeError)
+    assert getattr(got, first) is getattr(want, first)
+    assert dataclasses.replace(got) == got
+    if cls is R_.EventsRow:
+        assert type(got.data) is R_.EVENT_ROW_KINDS[row[0]] and got.data == want.data
+
+
+@pytest.mark.parametrize(
+    "cls, row, message",
+    [
+        (R_.ToDeviceRow, [], "to_device row must have 1 fields, got 0"),
+        (R_.ToDeviceRow, ["a", "b"], "to_device row must have 1 fields, got 2"),
+        (R_.ToDeviceRow, "a", "to_device row must be a JSON array, not str"),
+        (R_.ToDeviceRow, {"entity": "a"}, "to_device row must be a JSON array, not dict"),
+        (R_.CachesRow, ["f", None], "caches row must have 3 fields, got 2"),
+        (R_.EventsRow, ["ev"], "events row must be a JSON array"),
+        (R_.EventsRow, ["nope", []], "events row kind 'nope' is unknown"),
+        (R_.EventsRow, [["ev"], []], "events row kind \\['ev'\\] is unknown"),
+        (R_.EventsRow, ["state-all", []], "events row must have 1 fields, got 0"),
+        (R_.EventsRow, ["state-all", "!r"], "events row must be a JSON array, not str"),
+        (R_.EventsRow, ["ev", ["$e", "!r"]], "events row must have 9 fields, got 2"),
+    ],
+)
+def test_row_parser_wrong_shapes_raise_from_wire_errors(relay_impl: ModuleType, cls: Any, row: Any, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        cls.from_wire(row)
+    with pytest.raises(ProtocolError, match=message):
+        relay_impl.RowParser(cls)(row)
+
+
+def test_row_parser_hands_odd_rows_to_its_fallback(relay_impl: ModuleType) -> None:
+    seen: list[Any] = []
+
+    def fallback(row: Any) -> Any:
+        seen.append(row)
+        return ("untyped", row)
+
+    parser = relay_impl.RowParser(R_.ToDeviceRow, fallback)
+    assert parser.row_type is R_.ToDeviceRow and parser.fallback is fallback
+    assert parser(["@u"]) == R_.ToDeviceRow("@u") and seen == []
+
+    class Listish(list):  # a list subclass may iterate differently: from_wire decides
+        pass
+
+    odd = Listish(["@v"])
+    assert parser(odd) == ("untyped", odd) and parser(["a", "b"]) == ("untyped", ["a", "b"])
+    assert seen == [odd, ["a", "b"]]
+    events = relay_impl.RowParser(R_.EventsRow, fallback)
+    assert events(["ev", ["$e"]]) == ("untyped", ["ev", ["$e"]])
+    assert events([1, ["!r"]]) == ("untyped", [1, ["!r"]])
+
+
+@pytest.mark.parametrize("cls", [_Checked, _Custom, _OwnInit, _Loose])
+def test_row_parser_leaves_classes_with_code_of_their_own_to_from_wire(relay_impl: ModuleType, cls: Any) -> None:
+    parser = relay_impl.RowParser(cls)
+    row = [7] if cls in (_Checked, _OwnInit) else [1, 2]
+    got = parser(row)
+    assert type(got) is cls and got == cls.from_wire(row)
+    if cls is _Custom:
+        assert (got.a, got.b) == (2, 1)
+    if cls is _OwnInit:
+        assert got.a == ("seen", 7)
+    if cls is _Checked:
+        with pytest.raises(ProtocolError, match="must hold an int"):
+            parser(["7"])
+
+
+def test_row_parser_events_kinds_added_later_and_custom_kinds(relay_impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = relay_impl.RowParser(R_.EventsRow)
+    assert parser(["state-all", ["!r"]]) == R_.EventsRow("state-all", R_.AllStateRow("!r"))
+    # The kinds are read live: one registered after the parser was made is built too, by its own from_wire
+    # when it has one.
+    monkeypatch.setitem(R_.EVENT_ROW_KINDS, "custom", _Custom)
+    monkeypatch.setitem(R_.EVENT_ROW_KINDS, "pair", _Pair)
+    assert parser(["custom", [1, 2]]) == R_.EventsRow("custom", _Custom(2, 1))
+    assert parser(["pair", [1, 2]]) == R_.EventsRow("pair", _Pair(1, 2))
+
+
+def test_row_parser_rows_holding_containers_stay_collectable(relay_impl: ModuleType) -> None:
+    # A row holding only strings, numbers and None may be left out of the cycle collector; one holding a
+    # list must not be, or a cycle through it would leak.
+    import gc
+    import weakref
+
+    class Probe:
+        pass
+
+    parser = relay_impl.RowParser(R_.CachesRow)
+    keys: list[Any] = ["@u"]
+    row = parser(["get_user", keys, 5])
+    assert gc.is_tracked(row)
+    probe = Probe()
+    keys.extend([row, probe])
+    ref = weakref.ref(probe)
+    del keys, row, probe
+    gc.collect()
+    assert ref() is None, "a cycle through a typed row was not collected"
+    events = relay_impl.RowParser(R_.EventsRow)
+    data = ["$e", "!r", "m.room.message", None, None, None, None, False, {"held": []}]
+    wrapped = events(["ev", data])
+    assert gc.is_tracked(wrapped.data) and gc.is_tracked(wrapped)
+
+
+def test_gather_builds_typed_rows_with_a_row_parser(relay_impl: ModuleType, wire_impl: ModuleType) -> None:
+    data = (
+        b'RDATA to_device m batch ["@a:hs"]\nRDATA to_device m 7 ["@b:hs"]\n'
+        b'RDATA to_device m 8 ["@c:hs","extra"]\nRDATA to_device m 9 {"entity":"@d:hs"}\n'
+    )
+    cmds = wire_impl.LineDecoder().feed(data)
+    parser = relay_impl.RowParser(R_.ToDeviceRow, lambda row: ("untyped", row))
+    end, facts, batch, stale = relay_impl.gather(cmds, 0, 7, [], parser)
+    assert (end, batch, stale) == (4, [], 2)  # token 7 is at the position: its two rows are stale
+    assert facts == [(8, [("untyped", ["@c:hs", "extra"])]), (9, [("untyped", {"entity": "@d:hs"})])]
+    cmds = wire_impl.LineDecoder().feed(data)
+    assert relay_impl.gather(cmds, 0, None, [], parser)[1][0] == (7, [R_.ToDeviceRow("@a:hs"), R_.ToDeviceRow("@b:hs")])
+
+
+def test_typed_follower_delivers_the_same_rows_on_both_twins(caplog: pytest.LogCaptureFixture) -> None:
+    cmds = [
+        RdataCommand("events", "m", None, EVENT_SAMPLES[0]),
+        RdataCommand("events", "m", 1, EVENT_SAMPLES[2]),
+        RdataCommand("events", "m", 2, ["ev", ["$short"]]),  # malformed: delivered untyped, with a warning
+        RdataCommand("to_device", "m", 3, ["@u:hs"]),
+        RdataCommand("mine", "m", 4, ["anything"]),  # unknown stream: untyped
+        RdataCommand("to_device", "m", 1, ["@stale:hs"]),
+    ]
+    got = {}
+    for impl in ("c", "py"):
+        fol = Follower(start_position=0, relay=twin("replication._relay", impl))
+        out: list[Any] = []
+        fol.add_handler(lambda s, w, t, rows, out=out: out.append((s, t, list(rows))))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="factstream.replication.follower"):
+            fol.on_rdata_many(cmds)
+        got[impl] = (out, fol.stats["stale_rows"], sorted(r.getMessage() for r in caplog.records))
+    assert got["c"] == got["py"]
+    out, stale, messages = got["py"]
+    assert out == [
+        ("events", 1, [R_.EventsRow.from_wire(EVENT_SAMPLES[0]), R_.EventsRow.from_wire(EVENT_SAMPLES[2])]),
+        ("events", 2, [["ev", ["$short"]]]),
+        ("to_device", 3, [R_.ToDeviceRow("@u:hs")]),
+        ("mine", 4, [["anything"]]),
+    ]
+    assert stale == 1
+    assert any("malformed events row delivered untyped" in m for m in messages)
+    assert any("unknown stream 'mine'" in m for m in messages)
+
+
+json_atoms = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3))
+json_values = st.recursive(json_atoms, lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+shaped_rows = st.one_of(
+    json_values,
+    st.lists(json_values, max_size=10),
+    st.tuples(st.sampled_from([*R_.EVENT_ROW_KINDS, "nope"]), st.lists(json_values, max_size=10)).map(list),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cls=st.sampled_from([R_.ToDeviceRow, R_.CachesRow, R_.EventsRow, _Pair, _Checked]), row=shaped_rows)
+def test_row_parser_twins_agree(cls: Any, row: Any) -> None:
+    want = _outcome(cls.from_wire, row)
+    for impl in ("c", "py"):
+        got = _outcome(twin("replication._relay", impl).RowParser(cls), row)
+        assert got == want and type(got) is type(want)
+
+
+def test_gather_with_a_parser_leaves_the_command_as_received(relay_impl: ModuleType, wire_impl: ModuleType) -> None:
+    # The typed row is what is handed out: the command keeps what it had (with the compiled codec, its
+    # bytes: it stays re-encodable as received and out of the cycle collector's lists).
+    import gc
+
+    data = b'RDATA caches m 5 ["get_user",["@u:hs"],7]\n'
+    cmds = wire_impl.LineDecoder().feed(data)
+    tracked = gc.is_tracked(cmds[0])
+    _, facts, _, _ = relay_impl.gather(cmds, 0, None, [], relay_impl.RowParser(R_.CachesRow))
+    row = facts[0][1][0]
+    assert row == R_.CachesRow("get_user", ["@u:hs"], 7)
+    assert gc.is_tracked(cmds[0]) == tracked
+    assert wire_impl.encode_lines(cmds) == data
+    assert cmds[0].row == ["get_user", ["@u:hs"], 7]
+
+
+# ---------------------------------------------------------------- publishing the row just added
+
+
+def _published(impl: str, steps: list[tuple[int, int]], capacity: int) -> Any:
+    """Each step adds ``rows`` rows at the next token (or, with rows 0, a hole) and publishes to ``target``."""
+    relay = twin("replication._relay", impl)
+    win = relay.RowWindow(capacity)
+    out: list[Any] = []
+    em = relay.StreamEmitter("s", "m", win, 0, win.get_updates_now, [lambda cmds: out.append(_lines(cmds))], 4)
+    token = 0
+    for rows, ahead in steps:
+        token += 1
+        for k in range(rows):
+            win.add("m", token, [token, k])
+        em.target = token + ahead  # ahead: the position runs past the rows (a hole or rows still to come)
+        try:
+            em.publish_now()
+        except UpdatesUnavailable as err:
+            out.append(str(err))
+            em.sent = em.target  # as a reader would after catch-up: go on from here
+        out.append((em.sent, em.rows))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=1)), max_size=25),
+    capacity=st.integers(min_value=1, max_value=6),
+)
+def test_publish_now_twins_agree(steps: list[tuple[int, int]], capacity: int) -> None:
+    assert _published("c", steps, capacity) == _published("py", steps, capacity)
+
+
+def test_publish_now_follows_a_replaced_sync_source(relay_impl: ModuleType) -> None:
+    first, second = relay_impl.RowWindow(10), relay_impl.RowWindow(10)
+    first.add("m", 1, ["first"])
+    second.add("m", 1, ["second"])
+    got: list[Command] = []
+    em = relay_impl.StreamEmitter("s", "m", first, 0, first.get_updates_now, [got.extend], 10)
+    em.sync_get = second.get_updates_now
+    em.target = 1
+    em.publish_now()
+    assert _lines(got) == ['RDATA s m 1 ["second"]']
+
+
+def test_broadcast_sends_to_every_target_seen_at_the_time(relay_impl: ModuleType) -> None:
+    class Conn:
+        def __init__(self) -> None:
+            self.got: list[Command] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.got.extend(cmds)
+
+    a, b = Conn(), Conn()
+    targets = [a]
+    broadcast = relay_impl.Broadcast(targets)
+    broadcast([R(1, "x")])
+    targets.append(b)  # the hub's list is shared: a connection added later is sent to
+    broadcast([R(2, "y")])
+    targets.remove(a)
+    broadcast([R(3, "z")])
+    assert [c.token for c in a.got] == [1, 2] and [c.token for c in b.got] == [2, 3]  # type: ignore[attr-defined]
+    assert broadcast.targets is targets
+
+
+@dataclasses.dataclass(slots=True)
+class _SlotKey:
+    stream: str
+    writer: str
+    position: int | None
+    rows: int = 0
+
+
+class _WatchedKey:
+    """A key whose writes go through its own __setattr__: it must see every move."""
+
+    def __init__(self) -> None:
+        self.stream, self.writer, self.position, self.rows = "s", "w", 0, 0
+        self.moves: list[tuple[str, Any]] = []
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("position", "rows") and hasattr(self, "moves"):
+            self.moves.append((name, value))
+        object.__setattr__(self, name, value)
+
+
+class _PropertyKey:
+    """A key whose position is a property."""
+
+    def __init__(self) -> None:
+        self.stream, self.writer, self.rows, self.set_to = "s", "w", 0, []
+
+    @property
+    def position(self) -> int:
+        return self.set_to[-1] if self.set_to else 0
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.set_to.append(value)
+
+
+def test_fanout_moves_keys_of_every_kind(relay_impl: ModuleType) -> None:
+    fan = relay_impl.Fanout(lambda *a: a, lambda *a: None)
+    positions: list[Any] = []
+    fan.handlers = [(None, lambda s, w, t, rows: positions.append(t))]
+    slot_key = _SlotKey("s", "w", 0)
+    fan.deliver(slot_key, [(1, ["a"]), (2, ["b", "c"])])
+    assert (slot_key.position, slot_key.rows) == (2, 3)
+    watched = _WatchedKey()
+    fan.deliver(watched, [(4, ["a", "b"])])
+    assert watched.moves == [("rows", 2), ("position", 4)]
+    prop = _PropertyKey()
+    fan.deliver(prop, [(6, ["a"]), (7, ["b"])])
+    assert prop.set_to == [6, 7] and prop.rows == 2
+    fan.deliver(slot_key, [(3, ["d"])])  # back to the first kind of key
+    assert (slot_key.position, slot_key.rows) == (3, 4)
+    assert positions == [1, 2, 4, 6, 7, 3]
+
+
+# ---------------------------------------------------------------- same_source
+
+
+def test_same_source_finds_the_first_foreign_command(relay_impl: ModuleType) -> None:
+    P = PositionCommand
+    assert relay_impl.same_source([R(1, "a"), R(None, "b"), R(2, "c")]) == (3, False)
+    assert relay_impl.same_source([P("s", "w", 0, 1), R(2, "a"), P("s", "w", 2, 4)]) == (3, True)
+    assert relay_impl.same_source([R(1, "a"), R(2, "b", writer="x"), P("s", "w", 2, 3)]) == (1, False)
+    assert relay_impl.same_source([R(1, "a"), R(2, "b", stream="t")]) == (1, False)
+    assert relay_impl.same_source([R(1, "a"), P("s", "x", 1, 2)]) == (1, False)  # a foreign POSITION: not counted
+    assert relay_impl.same_source([R(1, "a"), PingCommand("p"), R(2, "b")]) == (1, False)
+    assert relay_impl.same_source([P("s", "w", 0, 1), ReplicateCommand()]) == (1, True)
+    with pytest.raises(IndexError):
+        relay_impl.same_source([])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cmds=st.lists(
+        st.one_of(
+            rdata,
+            st.builds(PositionCommand, st.sampled_from(["s", "t"]), st.sampled_from(["w", "x"]), st.just(0), st.just(1)),
+            st.just(PingCommand("p")),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_same_source_twins_agree(cmds: list[Command]) -> None:
+    if type(cmds[0]) is PingCommand:
+        return  # the caller checks the first command is a fact first
+    results = [twin("replication._relay", impl).same_source(cmds) for impl in ("c", "py")]
+    assert results[0] == results[1]

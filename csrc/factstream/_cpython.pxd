@@ -24,9 +24,17 @@ cdef extern from "Python.h":
 
     # Slot access: the offset a member descriptor publishes, and allocation without __init__.
     ctypedef struct PyMemberDef:
+        int type
         Py_ssize_t offset
+        int flags
+
     ctypedef struct PyMemberDescrObject:
         PyMemberDef* d_member
     ctypedef struct _SlotTypeObject "PyTypeObject":
         pass
     PyObject* _slot_generic_alloc "PyType_GenericAlloc"(_SlotTypeObject* t, Py_ssize_t n) except NULL
+
+cdef extern from "structmember.h":
+    # A member's type (an object slot made by __slots__ is T_OBJECT_EX) and its read-only flag.
+    int T_OBJECT_EX
+    int READONLY

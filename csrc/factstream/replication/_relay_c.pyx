@@ -8,20 +8,25 @@ slot offsets, as the compiled codec does.
 """
 
 cimport cython
-from cpython.object cimport PyObject, PyTypeObject
+from cpython.object cimport PyObject, PyTypeObject, PyObject_GenericSetAttr
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
+from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
+from cpython.dict cimport PyDict_GetItem
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
 
 from bisect import bisect_right
 
 from factstream.commands import PositionCommand, RdataCommand
 from factstream.commands import _UNSET as _UNSET_PY
-from factstream.streams.rows import Row
+from factstream.streams.rows import Row, wire_fields, wire_kinds
 from factstream.streams.sources import UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally"]
+__all__ = ["RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally"]
 
 cdef object _RDATA = RdataCommand
+cdef object _POSITION = PositionCommand
 cdef object _ROW = Row
 cdef object _UNSET = _UNSET_PY
 
@@ -82,6 +87,22 @@ cdef inline object _row_of(object cmd):
     if _get(cmd, R_RAW) != <PyObject*>None:
         _set(cmd, R_RAW, None)
     return <object>row
+
+
+cdef inline object _peek_row(object cmd):
+    # The row to be typed: decoded from the held bytes without the command keeping it (the typed row is
+    # what is handed out; the command stays as received, out of the cycle collector's lists).
+    cdef PyObject* row = _get(cmd, R_ROW)
+    cdef PyObject* raw
+    cdef PyObject* loads
+    if row == <PyObject*>_UNSET:
+        raw = _get(cmd, R_RAW)
+        loads = _get(cmd, R_LOADS)
+        if raw != NULL and loads != NULL and raw != <PyObject*>None and loads != <PyObject*>None:
+            decode = <object>loads  # held: the call may run any code
+            data = <object>raw
+            return decode(data)
+    return _row_of(cmd)
 
 
 cdef class _Log:
@@ -191,6 +212,8 @@ cdef class StreamEmitter:
     cdef public object sync_get
     cdef public list sinks
     cdef public object page_limit
+    # The RowWindow whose get_updates_now sync_get is, if any: read directly, without a Python call.
+    cdef RowWindow _window
 
     def __init__(self, name, instance, source, sent, sync_get, list sinks not None, page_limit):
         self.name = name
@@ -202,6 +225,13 @@ cdef class StreamEmitter:
         self.sync_get = sync_get
         self.sinks = sinks
         self.page_limit = page_limit
+        self._window = _window_of(sync_get)
+
+    def __setattr__(self, name, value):
+        # A replaced sync_get must not leave the old window read behind its back.
+        PyObject_GenericSetAttr(self, name, value)
+        if name == "sync_get":
+            self._window = _window_of(value)
 
     @cython.boundscheck(False)  # the hot path: every index is below n by the loop conditions
     @cython.wraparound(False)
@@ -247,11 +277,43 @@ cdef class StreamEmitter:
         if sync_get is None:
             raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
         while self.sent < self.target:
-            updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
-            cmds = self.commands(updates, upto)
+            cmds = self._just_added()
+            if cmds is None:
+                updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
+                cmds = self.commands(updates, upto)
             if cmds:
                 for sink in self.sinks:
                     sink(cmds)
+
+    cdef list _just_added(self):
+        # The writer's hot path, read from the window itself: the one row just added completes ``target``.
+        # The same command as get_updates_now + commands give (their hot paths); None for anything else.
+        cdef _Log log
+        cdef Py_ssize_t n
+        if self._window is None:
+            return None
+        log = self._window._find(self.instance, False)
+        if log is None or (log.floor is not None and self.sent < log.floor):
+            return None
+        n = PyList_GET_SIZE(log.tokens)
+        if n == 0:
+            return None
+        last = <object>PyList_GET_ITEM(log.tokens, n - 1)
+        if not (last == self.target and last > self.sent):
+            return None
+        if n > 1 and not (<object>PyList_GET_ITEM(log.tokens, n - 2) <= self.sent):
+            return None
+        self.sent = self.target
+        self.rows = self.rows + 1
+        return [_rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))]
+
+
+cdef RowWindow _window_of(object sync_get):
+    # The compiled RowWindow whose bound get_updates_now ``sync_get`` is, else None.
+    window = getattr(sync_get, "__self__", None)
+    if type(window) is RowWindow and sync_get == (<RowWindow>window).get_updates_now:
+        return <RowWindow>window
+    return None
 
 
 cdef class Router:
@@ -292,6 +354,19 @@ cdef class Router:
             self.on_async(stream_name)
 
 
+cdef class Broadcast:
+    """A publisher's sink handing each batch to every replicating connection (see ``_relay_py.Broadcast``)."""
+
+    cdef public list targets
+
+    def __init__(self, list targets not None):
+        self.targets = targets
+
+    def __call__(self, cmds):
+        for conn in self.targets:
+            conn.send_many(cmds)
+
+
 cdef class Fanout:
     """A reader's handlers and update queues, and in-order delivery (see ``_relay_py.Fanout``)."""
 
@@ -299,17 +374,39 @@ cdef class Fanout:
     cdef public list queues
     cdef public object make_update
     cdef public object on_error
+    # The key class seen last and the slot offsets of its rows and position (-1: set them by name).
+    cdef object _key_type
+    cdef Py_ssize_t _rows_at
+    cdef Py_ssize_t _position_at
 
     def __init__(self, make_update, on_error):
         self.handlers = []
         self.queues = []
         self.make_update = make_update
         self.on_error = on_error
+        self._key_type = None
+        self._rows_at = self._position_at = -1
+
+    cdef int _learn(self, object kind) except -1:
+        # A key class with plain attribute access and rows/position in slots (the follower's) is moved
+        # through the slots; any other through its attributes.
+        self._key_type = kind
+        self._rows_at = self._position_at = -1
+        if kind.__setattr__ is not object.__setattr__ or kind.__getattribute__ is not object.__getattribute__:
+            return 0
+        rows_at = _member_offset_or(kind, "rows")
+        position_at = _member_offset_or(kind, "position")
+        if rows_at >= 0 and position_at >= 0:
+            self._rows_at, self._position_at = rows_at, position_at
+        return 0
 
     def deliver(self, key, facts):
         """Hand each fact of ``key`` to the handlers and queues, in order, moving ``key.position``."""
         cdef list source = self.handlers
         cdef list handlers
+        cdef PyObject* count
+        if type(key) is not self._key_type:
+            self._learn(type(key))
         stream, writer = key.stream, key.writer
         handlers = [h for only, h in source if only is None or only == stream]
         for token, rows in facts:
@@ -325,19 +422,211 @@ cdef class Fanout:
                 update = self.make_update(stream, writer, token, rows)
                 for q in self.queues:
                     q.put_nowait(update)
+            if self._rows_at >= 0:
+                added = len(rows)
+                count = _get(key, self._rows_at)
+                if count != NULL:
+                    held = <object>count  # a reference of our own while adding
+                    _set(key, self._rows_at, held + added)
+                    _set(key, self._position_at, token)
+                    continue
             key.rows += len(rows)
             key.position = token
 
 
-def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
+cdef Py_ssize_t _member_offset_or(object cls, str name) except -2:
+    # The slot offset of ``name`` when the class's attribute of that name is a slot, else -1.
+    for klass in cls.__mro__:
+        descr = klass.__dict__.get(name)
+        if descr is not None:
+            if not _object_slot(descr):
+                return -1
+            return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
+    return -1
+
+
+# ---------------------------------------------------------------- typed rows
+
+
+cdef class _Plain:
+    # How to build one plain row class: allocate it and fill its field slots in order.
+    cdef object cls
+    cdef Py_ssize_t n
+    cdef Py_ssize_t* offsets
+
+    def __dealloc__(self):
+        PyMem_Free(self.offsets)
+
+
+cdef Py_ssize_t _member_offset(object cls, str name) except -1:
+    # The slot's offset, from the member descriptor the class (or a base) holds for it.
+    for klass in cls.__mro__:
+        descr = klass.__dict__.get(name)
+        if descr is not None:
+            if not _object_slot(descr):
+                raise TypeError(f"{cls.__name__}.{name} is not a writable object slot")
+            return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
+    raise TypeError(f"{cls.__name__} has no slot {name}")
+
+
+cdef bint _object_slot(object descr):
+    # A member descriptor of a writable object slot (what __slots__ makes), safe to fill at its offset.
+    cdef PyMemberDef* member
+    if type(descr).__name__ != "member_descriptor":
+        return False
+    member = (<PyMemberDescrObject*><PyObject*>descr).d_member
+    return member.type == T_OBJECT_EX and not (member.flags & READONLY)
+
+
+cdef _Plain _plain(object cls):
+    # None when the class is built by its own from_wire (see rows.wire_fields).
+    names = wire_fields(cls)
+    if names is None:
+        return None
+    cdef _Plain plain = _Plain.__new__(_Plain)
+    cdef Py_ssize_t i, n = len(names)
+    plain.cls = cls
+    plain.n = n
+    plain.offsets = <Py_ssize_t*>PyMem_Malloc((n if n else 1) * sizeof(Py_ssize_t))
+    if plain.offsets == NULL:
+        raise MemoryError()
+    for i in range(n):
+        plain.offsets[i] = _member_offset(cls, names[i])
+    return plain
+
+
+cdef inline bint _may_hold_cycles(PyObject* value) noexcept:
+    # A value a cycle could run through; str, int, float, bool, None, bytes cannot (CPython's tuple rule).
+    return PyObject_IS_GC(value) and (type(<object>value) is not tuple or PyObject_GC_IsTracked(<object>value))
+
+
+cdef object _fill(_Plain plain, object seq):
+    # cls(*seq) for a plain class: its generated __init__ does no more than store each value. None when
+    # ``seq`` (an exact list or tuple) no longer has the class's field count once the row is allocated
+    # (an allocation may run a collection, and a finalizer any code): the caller then falls back.
+    cdef object obj = _alloc(plain.cls)
+    cdef Py_ssize_t i, n
+    cdef PyObject** items = _items(seq, &n)  # read after the allocation, with nothing running in between
+    cdef bint atomic = True
+    if items == NULL or n != plain.n:
+        return None  # the empty row is simply freed
+    for i in range(n):
+        _put(obj, plain.offsets[i], <object>items[i])
+        if atomic and _may_hold_cycles(items[i]):
+            atomic = False
+    if atomic and PyObject_GC_IsTracked(obj):
+        # Frozen and holding no container: it cannot be part of a cycle, so the collector need not track it.
+        PyObject_GC_UnTrack(<PyObject*>obj)
+    return obj
+
+
+cdef object _fill_pair(_Plain plain, object kind, object inner):
+    # cls(kind, inner) for an events-style class; untracked when ``inner`` is a row left untracked here.
+    cdef object obj = _alloc(plain.cls)
+    _put(obj, plain.offsets[0], kind)
+    _put(obj, plain.offsets[1], inner)
+    if not PyObject_GC_IsTracked(inner) and not _may_hold_cycles(<PyObject*>kind) and PyObject_GC_IsTracked(obj):
+        PyObject_GC_UnTrack(<PyObject*>obj)
+    return obj
+
+
+cdef inline PyObject** _items(object seq, Py_ssize_t* n) noexcept:
+    # The items of an exact list or tuple (borrowed) and their count; NULL for anything else.
+    if type(seq) is list or type(seq) is tuple:
+        n[0] = PySequence_Fast_GET_SIZE(seq)
+        return PySequence_Fast_ITEMS(seq)
+    return NULL
+
+
+cdef class RowParser:
+    """``parser(row)``: ``row_type.from_wire(row)`` with plain rows built here (see ``_relay_py.RowParser``)."""
+
+    cdef readonly object row_type
+    cdef readonly object fallback
+    cdef _Plain _plain
+    cdef object _kinds
+    cdef dict _subs
+    cdef object _pair  # the (type, data) builder of an events-style class
+
+    def __init__(self, row_type, fallback=None):
+        self.row_type = row_type
+        self.fallback = fallback if fallback is not None else row_type.from_wire
+        self._kinds = wire_kinds(row_type)
+        self._subs = {}
+        self._plain = None
+        self._pair = None
+        if self._kinds is None:
+            self._plain = _plain(row_type)
+        elif type(self._kinds) is dict:
+            # wire_kinds vouched for cls(kind, data) storing its two fields: build it as a plain pair.
+            self._pair = _pair_of(row_type)
+        else:
+            self._kinds = None  # not a dict: leave every row to from_wire
+
+    def __call__(self, row):
+        return self.parse(row)
+
+    cdef object parse(self, object row):
+        cdef Py_ssize_t n, m
+        cdef PyObject** items = _items(row, &n)
+        cdef PyObject* found
+        cdef _Plain sub
+        if items != NULL:
+            if self._plain is not None:
+                if n == self._plain.n:
+                    built = _fill(self._plain, row)
+                    if built is not None:
+                        return built
+            elif self._pair is not None and n == 2 and type(<object>items[0]) is str:
+                kind = <object>items[0]  # held: what follows may run code
+                data = <object>items[1]
+                if _items(data, &m) != NULL:
+                    found = PyDict_GetItem(self._kinds, kind)
+                    if found != NULL:
+                        kind_cls = <object>found
+                        sub = self._sub(kind_cls)
+                        if sub is not None and m == sub.n:
+                            inner = _fill(sub, data)
+                            if inner is not None:
+                                return _fill_pair(<_Plain>self._pair, kind, inner)
+        return self.fallback(row)
+
+    cdef _Plain _sub(self, object kind_cls):
+        sub = self._subs.get(kind_cls, False)
+        if sub is False:
+            sub = self._subs[kind_cls] = _plain(kind_cls)
+        return <_Plain>sub
+
+
+cdef _Plain _pair_of(object cls):
+    cdef _Plain plain = _Plain.__new__(_Plain)
+    plain.cls = cls
+    plain.n = 2
+    plain.offsets = <Py_ssize_t*>PyMem_Malloc(2 * sizeof(Py_ssize_t))
+    if plain.offsets == NULL:
+        raise MemoryError()
+    plain.offsets[0] = _member_offset(cls, "type")
+    plain.offsets[1] = _member_offset(cls, "data")
+    return plain
+
+
+def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, limit=None):
     """Fold the run of RDATA for one (stream, writer) at ``cmds[start]`` into facts (see the pure twin)."""
     cdef list seq = cmds if type(cmds) is list else list(cmds)
     cdef Py_ssize_t n = PyList_GET_SIZE(seq)
+    cdef Py_ssize_t most
+    if limit is not None:
+        most = limit
+        if most < 1:
+            raise ValueError("gather: limit must be at least 1")
+        if start + most < n:
+            n = start + most
     cdef Py_ssize_t i = start
     cdef list facts = []
     cdef list rows
     cdef Py_ssize_t stale = 0
     cdef bint keep_all = position is None
+    cdef RowParser parser = parse if type(parse) is RowParser else None
     cdef PyObject* s
     cdef PyObject* w
     cdef PyObject* t
@@ -357,9 +646,12 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
             break
         if w != <PyObject*>writer and <object>w != writer:
             break
-        row = _row_of(cmd)
-        if parse is not None:
-            row = parse(row)
+        if parser is not None:
+            row = parser.parse(_peek_row(cmd))  # no Python call per row
+        elif parse is not None:
+            row = parse(_peek_row(cmd))
+        else:
+            row = _row_of(cmd)
         batch.append(row)
         t = _get(cmd, R_TOKEN)
         token = <object>t if t != NULL else cmd.token
@@ -376,6 +668,38 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None):
         else:
             stale += PyList_GET_SIZE(rows)
     return i, facts, batch, stale
+
+
+def same_source(cmds):
+    """How many of ``cmds``, from the first, are RDATA or POSITION of ``cmds[0]``'s stream and writer (see the pure twin)."""
+    cdef list seq = cmds if type(cmds) is list else list(cmds)
+    cdef Py_ssize_t n = PyList_GET_SIZE(seq)
+    cdef Py_ssize_t i
+    cdef bint has_position = False
+    cdef PyObject* s
+    cdef PyObject* w
+    if n == 0:
+        raise IndexError("same_source: cmds is empty")
+    first = <object>PyList_GET_ITEM(seq, 0)
+    stream, writer = first.stream_name, first.instance_name
+    for i in range(n):
+        cmd = <object>PyList_GET_ITEM(seq, i)
+        if type(cmd) is _RDATA:
+            s = _get(cmd, R_STREAM)
+            w = _get(cmd, R_INSTANCE)
+            if s == NULL or w == NULL:
+                if cmd.stream_name != stream or cmd.instance_name != writer:
+                    return i, has_position
+                continue
+            if (s != <PyObject*>stream and <object>s != stream) or (w != <PyObject*>writer and <object>w != writer):
+                return i, has_position
+        elif type(cmd) is _POSITION:
+            if cmd.stream_name != stream or cmd.instance_name != writer:
+                return i, has_position
+            has_position = True
+        else:
+            return i, has_position
+    return n, has_position
 
 
 def tally(cmds):

@@ -7,15 +7,24 @@ from typing import TYPE_CHECKING
 from .._compat import load
 
 if TYPE_CHECKING:
-    from ._relay_py import Fact, Fanout, Router, RowWindow, Sink, StreamEmitter, SyncGet, gather, tally
+    from ._relay_py import (
+        Broadcast, Fact, Fanout, Router, RowParser, RowWindow, Sink, StreamEmitter, SyncGet, gather, same_source,
+        tally,
+    )
 else:
     _impl = load("replication._relay")
     RowWindow = _impl.RowWindow
     StreamEmitter = _impl.StreamEmitter
     Router = _impl.Router
+    Broadcast = _impl.Broadcast
     Fanout = _impl.Fanout
+    RowParser = _impl.RowParser
     gather = _impl.gather
+    same_source = _impl.same_source
     tally = _impl.tally
     from ._relay_py import Fact, Sink, SyncGet
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally", "Fact", "Sink", "SyncGet"]
+__all__ = [
+    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally",
+    "Fact", "Sink", "SyncGet",
+]

@@ -18,11 +18,17 @@ Python call of its own.
   commands and :meth:`StreamEmitter.publish_now` drains a synchronous source
   into the sinks.
 * :class:`Router` is a writer's published streams by name; its ``notify``
-  is the id generator's listener.
+  is the id generator's listener; :class:`Broadcast` is the sink handing
+  the commands to every replicating connection.
 * :func:`gather` folds consecutive RDATA of one (stream, writer) into facts;
   :class:`Fanout` holds the reader's handlers and queues and delivers facts
   to them in order.
-* :func:`tally` counts commands by name (one metric update per name).
+* :func:`tally` counts commands by name (one metric update per name);
+  :func:`same_source` checks that a carrier's page is of one (stream, writer).
+* :class:`RowParser` turns a decoded row into its typed row; ``gather``
+  given one builds the rows of plain row classes (see
+  :func:`~factstream.streams.rows.wire_fields`) with no Python call per row
+  in the compiled twin, and hands every other row to its ``fallback``.
 
 Nothing here does I/O; the only contact with the event loop is ``put_nowait``
 on the queues the follower hands to :class:`Fanout`.
@@ -34,11 +40,14 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..commands import Command, PositionCommand, RdataCommand
-from ..streams.rows import Row
+from ..commands import _UNSET, Command, PositionCommand, RdataCommand
+from ..streams.rows import Row, wire_fields, wire_kinds
 from ..streams.sources import Updates, UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Fanout", "gather", "tally", "Fact", "Sink", "SyncGet"]
+__all__ = [
+    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally",
+    "Fact", "Sink", "SyncGet",
+]
 
 #: ``(token, rows)``: every row a writer wrote at one token.
 Fact = tuple[int, list[Any]]
@@ -50,6 +59,18 @@ SyncGet = Callable[[str, int, int, int], tuple[list[tuple[int, Any]], int, bool]
 
 def _wire(row: Any) -> Any:
     return row.to_wire() if isinstance(row, Row) else row
+
+
+def _peek(cmd: RdataCommand) -> Any:
+    """The row of ``cmd``, for a parser: decoded from the bytes a codec left, without ``cmd`` keeping it.
+
+    What is handed out is the parsed row, not the decoded one, so the command
+    stays as received (re-encodable from its bytes, and in the compiled
+    twin out of the cycle collector's lists).
+    """
+    if cmd._row is _UNSET and cmd._raw is not None and cmd._loads is not None:
+        return cmd._loads(cmd._raw)
+    return cmd.row
 
 
 class RowWindow:
@@ -227,6 +248,24 @@ class Router:
             self.on_async(stream_name)
 
 
+class Broadcast:
+    """``broadcast(cmds)``: a publisher's sink handing each batch to every connection in ``targets``.
+
+    ``targets`` is the hub's list of replicating connections (shared, so
+    connections added or removed later are seen); each gets
+    ``send_many(cmds)``, in list order.
+    """
+
+    __slots__ = ("targets",)
+
+    def __init__(self, targets: list[Any]) -> None:
+        self.targets = targets
+
+    def __call__(self, cmds: list[Command]) -> None:
+        for conn in self.targets:
+            conn.send_many(cmds)
+
+
 class Fanout:
     """A reader's handlers and update queues, and the in-order delivery of facts to them.
 
@@ -273,23 +312,79 @@ class Fanout:
             key.position = token
 
 
+class RowParser:
+    """``parser(row)``: the typed ``row_type`` of a decoded row, as ``row_type.from_wire(row)`` gives it.
+
+    A row of the exact shape a plain class is built from (a ``list`` or
+    ``tuple`` of its field count; for an events-style class, ``[kind,
+    fields]`` with a known kind whose class is plain) is built here, with
+    the same values as ``from_wire`` would give; every other row goes to
+    ``fallback(row)`` (default ``row_type.from_wire``, so a malformed row
+    raises its ProtocolError there). A class that ``wire_fields`` and
+    ``wire_kinds`` do not describe always goes to ``fallback``.
+
+    The compiled twin allocates the row and fills its slots directly (and
+    leaves a row holding only strings, numbers and None untracked by the
+    cycle collector, as CPython does for such tuples).
+    """
+
+    __slots__ = ("row_type", "fallback", "_n", "_kinds", "_subs")
+
+    def __init__(self, row_type: type[Row], fallback: Callable[[Any], Any] | None = None) -> None:
+        self.row_type = row_type
+        self.fallback = fallback if fallback is not None else row_type.from_wire
+        self._kinds = wire_kinds(row_type)
+        fields = wire_fields(row_type) if self._kinds is None else None
+        self._n = len(fields) if fields is not None else -1
+        #: kind class -> its field count (-1: built by its own from_wire), found on first use.
+        self._subs: dict[type, int] = {}
+
+    def __call__(self, row: Any) -> Any:
+        if type(row) is list or type(row) is tuple:
+            if self._kinds is not None:
+                if len(row) == 2:
+                    kind, data = row
+                    if type(kind) is str and (type(data) is list or type(data) is tuple):
+                        kind_cls = self._kinds.get(kind)
+                        if kind_cls is not None and len(data) == self._sub(kind_cls):
+                            return self.row_type(kind, kind_cls(*data))  # type: ignore[call-arg]
+            elif len(row) == self._n:
+                return self.row_type(*row)
+        return self.fallback(row)
+
+    def _sub(self, kind_cls: type) -> int:
+        n = self._subs.get(kind_cls)
+        if n is None:
+            fields = wire_fields(kind_cls)
+            n = self._subs[kind_cls] = len(fields) if fields is not None else -1
+        return n
+
+
 def gather(
     cmds: Sequence[Command],
     start: int,
     position: int | None,
     batch: list[Any],
     parse: Callable[[Any], Any] | None = None,
+    limit: int | None = None,
 ) -> tuple[int, list[Fact], list[Any], int]:
     """Fold the run of RDATA for one (stream, writer) that begins at ``cmds[start]`` into facts.
 
     The run is every following command that is an RDATA of the same stream
     and writer as ``cmds[start]`` (which must be an RDATA). Each row is
-    decoded, passed through ``parse`` when given, and appended to ``batch``
+    decoded, passed through ``parse`` when given (a :class:`RowParser` is
+    called without a Python call per row in the compiled twin; the command
+    then does not keep the decoded row, see ``_peek``), and appended to ``batch``
     (the rows already waiting for their token); an RDATA with a numeric
     token closes the batch into the fact ``(token, rows)``. With a
     ``position``, facts at or below it, or at or below an earlier fact of the
     run, are dropped and their rows counted as stale; with None every fact is
     kept (the caller decides).
+
+    With a ``limit``, at most that many commands are taken (the caller goes
+    on from ``end``; a reader hands facts on in such bounded runs, so fewer
+    of them live long enough for the cycle collector to move them to its
+    older generations).
 
     Returns ``(end, facts, batch, stale)``: ``end`` is the index after the
     run, ``facts`` the kept facts in order, ``batch`` the rows still waiting
@@ -301,14 +396,16 @@ def gather(
     facts: list[Fact] = []
     stale = 0
     n = len(cmds)
+    if limit is not None:
+        if limit < 1:
+            raise ValueError("gather: limit must be at least 1")
+        n = min(n, start + limit)
     i = start
     while i < n:
         cmd = cmds[i]
         if type(cmd) is not RdataCommand or cmd.stream_name != stream or cmd.instance_name != writer:
             break
-        row = cmd.row
-        if parse is not None:
-            row = parse(row)
+        row = cmd.row if parse is None else parse(_peek(cmd))
         batch.append(row)
         token = cmd.token
         i += 1
@@ -323,6 +420,28 @@ def gather(
         else:
             stale += len(rows)
     return i, facts, batch, stale
+
+
+def same_source(cmds: Sequence[Command]) -> tuple[int, bool]:
+    """How many of ``cmds``, from the first, are RDATA or POSITION of ``cmds[0]``'s stream and writer.
+
+    Returns ``(n, has_position)``: ``cmds[n]`` is the first command that is
+    not (``n == len(cmds)`` when all are), and whether a POSITION is among
+    the first ``n``. A carrier checks a received page of one (stream,
+    writer) with it before handing the page on. ``cmds`` must not be empty.
+    """
+    first = cmds[0]
+    stream, writer = first.stream_name, first.instance_name  # type: ignore[attr-defined]
+    has_position = False
+    for i, cmd in enumerate(cmds):
+        kind = type(cmd)
+        if kind is not RdataCommand and kind is not PositionCommand:
+            return i, has_position
+        if cmd.stream_name != stream or cmd.instance_name != writer:  # type: ignore[attr-defined]
+            return i, has_position
+        if kind is PositionCommand:
+            has_position = True
+    return len(cmds), has_position
 
 
 def tally(cmds: Sequence[Command]) -> dict[str, int]:

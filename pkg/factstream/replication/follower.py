@@ -92,7 +92,7 @@ class Update(NamedTuple):
     rows: list[Any]
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the relay reads and moves position and rows once per fact
 class _Key:
     stream: str
     writer: str
@@ -114,6 +114,11 @@ class _Key:
 
 class Follower:
     """Follows the streams of every writer it hears about (see module doc)."""
+
+    #: RDATA folded and delivered at a time by :meth:`on_rdata_many`: a long run (a page of a thousand rows)
+    #: is handed on in pieces, so its facts are gone before the cycle collector's young passes promote them
+    #: (promoted objects are what sets off its full passes).
+    run_limit = 256
 
     def __init__(
         self,
@@ -157,6 +162,8 @@ class Follower:
         #: The handlers, the updates() queues and the per-fact delivery loop.
         self._fanout = self.relay.Fanout(Update, self._handler_failed)
         self._unknown_reported: set[str] = set()
+        #: stream -> (its definition, the row parser made for it).
+        self._parsers: dict[str, tuple[StreamDefinition, Callable[[Any], Any]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         metrics.track(self)
@@ -267,6 +274,7 @@ class Follower:
         """Consume consecutive RDATA commands: the same as :meth:`on_rdata` for each, in order."""
         gather = self.relay.gather
         streams = self.streams
+        limit = self.run_limit
         i, n = 0, len(cmds)
         while i < n:
             first = cmds[i]
@@ -278,12 +286,12 @@ class Follower:
             parse = self._parser(stream) if self.typed else None
             start = i
             if key.fetching or key.position is None:
-                i, facts, key.batch, _ = gather(cmds, i, None, key.batch, parse)
+                i, facts, key.batch, _ = gather(cmds, i, None, key.batch, parse, limit)
                 for token, rows in facts:
                     self._consume(key, token, rows)
             else:
                 pos = key.position
-                i, facts, key.batch, stale = gather(cmds, i, pos, key.batch, parse)
+                i, facts, key.batch, stale = gather(cmds, i, pos, key.batch, parse, limit)
                 if stale:
                     self._stale(key, stale, pos)
                 if facts:
@@ -293,6 +301,7 @@ class Follower:
                         self._check_rows(key)
                     else:
                         self._deliver(key, facts)
+            facts = rows = None  # this run's facts go now, not when the next run replaces them
             if i == start:
                 raise TypeError(f"on_rdata_many takes RDATA commands only, not {type(first).__name__}")
             if key.batch:
@@ -366,13 +375,23 @@ class Follower:
             return row
 
     def _parser(self, stream: str) -> Callable[[Any], Any]:
-        """:meth:`_parse` for one stream, its definition looked up once (per run of rows, not per row)."""
+        """:meth:`_parse` for one stream, its definition looked up once (per run of rows, not per row).
+
+        For a definition that parses with its row type's ``from_wire``, a
+        relay :class:`~factstream.replication._relay.RowParser`: plain rows
+        are built without a Python call each (compiled build), any other row
+        goes through ``from_wire`` as before. Made once per definition.
+        """
         try:
             definition = self.registry.get(stream)
         except KeyError:
             return partial(self._parse, stream)  # unknown: reported once, rows untyped
+        made = self._parsers.get(stream)
+        if made is not None and made[0] is definition:
+            return made[1]
         parse_row = definition.parse_row
-        if type(definition).parse_row is StreamDefinition.parse_row:
+        direct = type(definition).parse_row is StreamDefinition.parse_row
+        if direct:
             parse_row = definition.row_type.from_wire  # what it calls, one call less per row
 
         def parse(row: Any) -> Any:
@@ -382,7 +401,9 @@ class Follower:
                 log.warning("malformed %s row delivered untyped: %s", stream, err)
                 return row
 
-        return parse
+        parser = self.relay.RowParser(definition.row_type, parse) if direct else parse
+        self._parsers[stream] = (definition, parser)
+        return parser
 
     def _stale(self, key: _Key, n: int, pos: int | None) -> None:
         self.stats["stale_rows"] += n

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import metrics
+from . import _relay
 from ..commands import (
     ClearUserSyncsCommand,
     Command,
@@ -98,7 +99,9 @@ class ReplicationHub:
         #: Client side: (user_id, device_id) this instance reports as syncing.
         self._local_syncs: dict[tuple[str, str | None], int] = {}
         if publisher is not None:
-            publisher.add_sink(self._broadcast_stream)
+            # The publisher's relay twin hands its commands to every replicating connection (no Python frame
+            # of the hub's per row in a compiled build).
+            publisher.add_sink(getattr(publisher, "relay", _relay).Broadcast(self._replicating))
 
     # ------------------------------------------------------------ application API
 
@@ -236,7 +239,3 @@ class ReplicationHub:
                 handler(cmd, conn)
             except Exception:
                 log.exception("handler %r failed on %r", handler, cmd)
-
-    def _broadcast_stream(self, cmds: list[Command]) -> None:
-        for conn in self._replicating:
-            conn.send_many(cmds)

@@ -10,7 +10,8 @@ the same bytes. The ``events`` stream wraps one of three kinds (``ev``,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 from ..errors import ProtocolError
@@ -40,6 +41,8 @@ __all__ = [
     "CurrentStateRow",
     "AllStateRow",
     "EVENT_ROW_KINDS",
+    "wire_fields",
+    "wire_kinds",
 ]
 
 R = TypeVar("R", bound="Row")
@@ -311,3 +314,76 @@ class EventsRow(Row):
 
     def to_wire(self) -> list[Any]:
         return [self.type, self.data.to_wire()]
+
+
+# ----------------------------------------------------------------- building rows without from_wire
+
+_BASE_FROM_WIRE: Any = Row.__dict__["from_wire"].__func__
+_EVENTS_FROM_WIRE: Any = EventsRow.__dict__["from_wire"].__func__
+
+
+def _init_fields(cls: Any) -> tuple[str, ...] | None:
+    """The fields ``cls(*values)`` does nothing but store, in order, each in its slot; else None.
+
+    True of a frozen dataclass with slots, its generated ``__init__`` taking
+    exactly its fields, no ``__post_init__``, no ``__new__`` of its own and
+    no metaclass: building one is allocating it and filling those slots.
+    """
+    if not isinstance(cls, type) or type(cls) is not type or getattr(cls, "__new__") is not object.__new__:
+        return None
+    params = cls.__dict__.get("__dataclass_params__")
+    if params is None or not params.init or not params.frozen or hasattr(cls, "__post_init__"):
+        return None
+    if getattr(cls, "__abstractmethods__", None):
+        return None
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    init = cls.__dict__.get("__init__")
+    code = getattr(init, "__code__", None)
+    # The generated __init__ is compiled from a string; one written in the class body is not.
+    if (
+        code is None
+        or code.co_filename != "<string>"
+        or code.co_argcount != len(names) + 1
+        or code.co_kwonlyargcount
+        or code.co_flags & (0x04 | 0x08)  # *args, **kwargs
+        or code.co_varnames[1 : len(names) + 1] != names  # (an InitVar would be a parameter too)
+    ):
+        return None
+    for name in names:
+        for klass in cls.__mro__:
+            if name in klass.__dict__:
+                if type(klass.__dict__[name]) is not types.MemberDescriptorType:
+                    return None
+                break
+        else:
+            return None
+    return names
+
+
+def wire_fields(cls: Any) -> tuple[str, ...] | None:
+    """The slots ``cls.from_wire`` fills from an array of that length, when filling them is all it does; else None.
+
+    That is a row class whose ``from_wire`` is :meth:`Row.from_wire` and whose
+    ``cls(*row)`` only stores the values (see ``_init_fields``). The
+    replication relay's :class:`~factstream.replication._relay.RowParser`
+    then builds such rows itself, without a Python call per row; a class
+    with anything of its own (``from_wire``, ``__init__``,
+    ``__post_init__``) gets None and is built by its ``from_wire``.
+    """
+    if getattr(getattr(cls, "from_wire", None), "__func__", None) is not _BASE_FROM_WIRE:
+        return None
+    return _init_fields(cls)
+
+
+def wire_kinds(cls: Any) -> Mapping[str, type[Row]] | None:
+    """For a row sent as ``[kind, fields]``: the kinds by name, when ``cls.from_wire`` is :class:`EventsRow`'s.
+
+    Only when ``cls(kind, data)`` only stores its two fields (``type``,
+    ``data``); the mapping is the live :data:`EVENT_ROW_KINDS`, so a kind
+    added later is seen. Else None.
+    """
+    if getattr(getattr(cls, "from_wire", None), "__func__", None) is not _EVENTS_FROM_WIRE:
+        return None
+    if _init_fields(cls) != ("type", "data"):
+        return None
+    return EVENT_ROW_KINDS

@@ -26,6 +26,7 @@ from ...backoff import backoff_delay
 from ...commands import Command, PositionCommand, RdataCommand
 from ...errors import ProtocolError
 from ...redaction import redact_url
+from ...replication import _relay
 from ...replication.carrier import CommandSink, Connection
 from .client import (
     _Api,
@@ -972,19 +973,11 @@ class NatsReplication:
             self._invalid_log.warning("message %d on %s is %s, not a fact; skipped", seq, subject, first.NAME)
             return
         stream, writer = first.stream_name, first.instance_name
-        has_position = False
-        for cmd in cmds:
-            kind = type(cmd)
-            if kind is RdataCommand:
-                if cmd.instance_name == writer and cmd.stream_name == stream:  # type: ignore[attr-defined]
-                    continue
-            elif kind is PositionCommand:
-                has_position = True
-                if cmd.instance_name == writer and cmd.stream_name == stream:  # type: ignore[attr-defined]
-                    continue
+        end, has_position = _relay.same_source(cmds)  # the relay's loop: no Python step per row
+        if end < len(cmds):
             self.stats.invalid += 1
             self._invalid_log.warning("message %d on %s mixes %s of %s/%s with %s; skipped", seq, subject,
-                                      first.NAME, stream, writer, cmd.NAME)
+                                      first.NAME, stream, writer, cmds[end].NAME)
             return
         self.stats.rows_received += len(cmds)
         if writer == self.instance_name:
