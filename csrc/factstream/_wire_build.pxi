@@ -462,12 +462,24 @@ cdef _Builder _BUILDER = _Builder()
 
 
 def loads_row(raw):
-    """Decode JSON bytes this codec has already validated."""
+    """Decode a row's JSON bytes: any bytes give the value or a ProtocolError (they are validated first)."""
     cdef bytes data = raw
-    return _BUILDER.build(<const unsigned char*>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+    return _loads_checked(<const unsigned char*>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), "row", data)
 
 
 cdef object _loads_row = loads_row
+
+
+cdef object decode_row(object loads, object raw):
+    """A held row decoded with the ``loads`` its parser left beside it.
+
+    The codec's own parser leaves :func:`loads_row` with bytes it has
+    already validated, so those go straight to the builder (which trusts its
+    input); anything else is called.
+    """
+    if loads is _loads_row and type(raw) is bytes:
+        return _BUILDER.build(<const unsigned char*>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
+    return loads(raw)
 
 
 cdef object _loads_checked(const unsigned char* p, Py_ssize_t n, str what, object line):

@@ -134,12 +134,7 @@ cdef class _RowDescriptor:
             loads = _slot_get(obj, R_LOADS)
             if raw == NULL or loads == NULL or raw == <PyObject*>None or loads == <PyObject*>None:
                 raise AttributeError("RdataCommand has neither a row nor row bytes to decode")
-            if loads == <PyObject*>_loads_row and type(<object>raw) is bytes:
-                # Our own builder: called in C, not through a Python call.
-                value = _BUILDER.build(<const unsigned char*>PyBytes_AS_STRING(<object>raw),
-                                       PyBytes_GET_SIZE(<object>raw))
-            else:
-                value = (<object>loads)(<object>raw)
+            value = decode_row(<object>loads, <object>raw)  # our own builder in C, without a Python call
             _slot_set(obj, R_ROW, value)
             row = <PyObject*>value
         # Once handed out the row may be mutated, so stop trusting the bytes.

@@ -15,6 +15,7 @@ from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
 from cpython.dict cimport PyDict_GetItem
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
+from factstream._wire_c cimport decode_row
 
 from bisect import bisect_right
 
@@ -79,7 +80,7 @@ cdef inline object _row_of(object cmd):
         loads = _get(cmd, R_LOADS)
         if raw == NULL or loads == NULL or raw == <PyObject*>None or loads == <PyObject*>None:
             return cmd.row
-        value = (<object>loads)(<object>raw)
+        value = decode_row(<object>loads, <object>raw)
         _set(cmd, R_ROW, value)
         _set(cmd, R_RAW, None)
         _track_if_holding(cmd, value)  # a codec may have left the command untracked (see _slots.pxi)
@@ -101,7 +102,7 @@ cdef inline object _peek_row(object cmd):
         if raw != NULL and loads != NULL and raw != <PyObject*>None and loads != <PyObject*>None:
             decode = <object>loads  # held: the call may run any code
             data = <object>raw
-            return decode(data)
+            return decode_row(decode, data)
     return _row_of(cmd)
 
 
