@@ -432,12 +432,335 @@ cdef extern from *:
         p = fs_b_ws(b, p);
         return fs_b_value(b, &p);
     }
+
+    /* ------------------------------------------------------------------
+       The validating builder: one pass that checks and builds, for callers
+       that want the row at once (parse_line(..., rows=True)). Every read is
+       bounds-checked; it accepts only what the scanner accepts and builds
+       what fs_build builds. It never words an error: on anything it does not
+       accept (bad grammar, NaN/Infinity, a too-deep nesting, an integer past
+       FS_V_INT_DIGITS digits) it returns NULL with no exception set, and the
+       caller runs the scanner, which gives today's exact message (or accepts,
+       and the trusted builder runs). The bytes must be valid UTF-8 (a parsed
+       line is checked for that first). */
+
+    #define FS_V_INT_DIGITS 640  /* longer integers go the scanner's way (it knows the interpreter's limit) */
+    #define FS_V_GIVE_UP ((PyObject *)0)
+    #define FS_V_MAX_DEPTH 512   /* the scanner's JSON_MAX_DEPTH (checked at import) */
+
+    static PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth);
+
+    static inline const unsigned char *fs_v_ws(const fs_builder *b, const unsigned char *p) {
+        while (p < b->end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+            p++;
+        return p;
+    }
+
+    static inline int fs_v_hex(unsigned char c) {
+        if (c >= '0' && c <= '9') return c - '0';
+        c |= 0x20;
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        return -1;
+    }
+
+    static PyObject *fs_v_string(fs_builder *b, const unsigned char **pp) {
+        /* *pp is at the opening quote. First find the closing quote, checking
+           every byte the scanner checks; then build as fs_b_string does. */
+        const unsigned char *p = *pp + 1;
+        const unsigned char *start = p;
+        const unsigned char *end = b->end;
+        int simple = 1;
+        uint64_t high = 0;
+        for (;;) {
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
+            while (end - p >= 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *)p);
+                __m128i ctl = _mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x1F)), v);  /* v <= 0x1F, unsigned */
+                unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_or_si128(
+                    _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x22)), _mm_cmpeq_epi8(v, _mm_set1_epi8(0x5C))), ctl));
+                if (m) {
+                    int i = __builtin_ctz(m);
+                    if ((unsigned int)_mm_movemask_epi8(v) & ((1u << i) - 1))
+                        high = FS_B_HIGH;
+                    p += i;
+                    break;
+                }
+                if (_mm_movemask_epi8(v))
+                    high = FS_B_HIGH;
+                p += 16;
+            }
+    #endif
+            while (end - p >= 8) {
+                uint64_t w = fs_b_load8(p);
+                uint64_t mask = fs_b_quote_or_backslash(w) | ((w - FS_B_ONES * 0x20) & ~w & FS_B_HIGH);
+                if (mask) {
+                    int i = fs_b_first(mask);
+                    if (i)
+                        high |= w & ((((uint64_t)1) << (8 * i)) - 1);
+                    p += i;
+                    break;
+                }
+                high |= w;
+                p += 8;
+            }
+            if (p >= end)
+                return FS_V_GIVE_UP;  /* unterminated */
+            if (*p == '"')
+                break;
+            if (*p == '\\') {
+                unsigned char c;
+                if (end - p < 2)
+                    return FS_V_GIVE_UP;
+                c = p[1];
+                if (c == 'u') {
+                    if (end - p < 6 || fs_v_hex(p[2]) < 0 || fs_v_hex(p[3]) < 0 || fs_v_hex(p[4]) < 0
+                        || fs_v_hex(p[5]) < 0)
+                        return FS_V_GIVE_UP;
+                    p += 6;
+                } else if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r'
+                           || c == 't') {
+                    p += 2;
+                } else {
+                    return FS_V_GIVE_UP;
+                }
+                simple = 0;
+            } else if (*p < 0x20) {
+                return FS_V_GIVE_UP;  /* control character */
+            } else {
+                high |= *p;
+                p++;
+            }
+        }
+        if (simple) {
+            *pp = p + 1;
+            if (high & FS_B_HIGH)
+                return PyUnicode_DecodeUTF8((const char *)start, p - start, NULL);
+            if (p - start > 0 && p - start <= FS_B_STR_MAX)
+                return fs_b_short_ascii(b, start, p - start);
+            {
+                PyObject *text = PyUnicode_New(p - start, 127);
+                if (text != NULL)
+                    memcpy(PyUnicode_DATA(text), start, (size_t)(p - start));
+                return text;
+            }
+        }
+        /* Escapes, all checked complete and well-formed: fs_b_string decodes
+           from the opening quote (it reads nothing past the closing one). */
+        *pp = start - 1;
+        return fs_b_string(b, pp);
+    }
+
+    static PyObject *fs_v_number(fs_builder *b, const unsigned char **pp) {
+        const unsigned char *p = *pp;
+        const unsigned char *end = b->end;
+        const unsigned char *digits, *e_start;
+        int is_float = 0;
+        if (*p == '-')
+            p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return FS_V_GIVE_UP;  /* expecting value, or -Infinity */
+        digits = p;
+        if (*p == '0')
+            p++;
+        else
+            while (p < end && *p >= '0' && *p <= '9')
+                p++;
+        if (end - p >= 2 && p[0] == '.' && p[1] >= '0' && p[1] <= '9') {
+            is_float = 1;
+            p += 2;
+            while (p < end && *p >= '0' && *p <= '9')
+                p++;
+        }
+        if (p < end && (*p == 'e' || *p == 'E')) {
+            e_start = p++;
+            if (p < end && (*p == '+' || *p == '-'))
+                p++;
+            if (p < end && *p >= '0' && *p <= '9') {
+                is_float = 1;
+                while (p < end && *p >= '0' && *p <= '9')
+                    p++;
+            } else {
+                p = e_start;
+            }
+        }
+        if (!is_float && p - digits > FS_V_INT_DIGITS)
+            return FS_V_GIVE_UP;
+        /* The number is p[:] as the scanner delimits it: fs_b_number reads the same bytes, bounded by end. */
+        return fs_b_number(b, pp);
+    }
+
+    static PyObject *fs_v_list(fs_builder *b, const unsigned char **pp, int depth) {
+        PyObject *items[FS_B_LIST_STACK];
+        Py_ssize_t k = 0, i;
+        PyObject *out = NULL, *v;
+        const unsigned char *p = fs_v_ws(b, *pp + 1);
+        if (p < b->end && *p == ']') {
+            *pp = p + 1;
+            return PyList_New(0);
+        }
+        for (;;) {
+            *pp = p;
+            v = fs_v_value(b, pp, depth + 1);
+            if (v == NULL)
+                goto fail;
+            if (out != NULL) {
+                if (PyList_Append(out, v) < 0) {
+                    Py_DECREF(v);
+                    goto fail;
+                }
+                Py_DECREF(v);
+            } else if (k == FS_B_LIST_STACK) {
+                out = PyList_New(k);
+                if (out == NULL) {
+                    Py_DECREF(v);
+                    goto fail;
+                }
+                for (i = 0; i < k; i++)
+                    PyList_SET_ITEM(out, i, items[i]);
+                k = 0;
+                if (PyList_Append(out, v) < 0) {
+                    Py_DECREF(v);
+                    goto fail;
+                }
+                Py_DECREF(v);
+            } else {
+                items[k++] = v;
+            }
+            p = fs_v_ws(b, *pp);
+            if (p < b->end && *p == ',') {
+                p = fs_v_ws(b, p + 1);
+                continue;
+            }
+            if (p < b->end && *p == ']') {
+                *pp = p + 1;
+                break;
+            }
+            goto fail;  /* expecting ',' or ']' */
+        }
+        if (out == NULL) {
+            out = PyList_New(k);
+            if (out == NULL)
+                goto fail;
+            for (i = 0; i < k; i++)
+                PyList_SET_ITEM(out, i, items[i]);
+        }
+        return out;
+    fail:
+        for (i = 0; i < k; i++)
+            Py_DECREF(items[i]);
+        Py_XDECREF(out);
+        return NULL;
+    }
+
+    static PyObject *fs_v_dict(fs_builder *b, const unsigned char **pp, int depth) {
+        PyObject *out = PyDict_New(), *key, *v;
+        const unsigned char *p;
+        int rc;
+        if (out == NULL)
+            return NULL;
+        p = fs_v_ws(b, *pp + 1);
+        if (p < b->end && *p == '}') {
+            *pp = p + 1;
+            return out;
+        }
+        for (;;) {
+            if (p >= b->end || *p != '"')
+                goto fail;  /* expecting property name */
+            *pp = p;
+            key = fs_v_string(b, pp);
+            if (key == NULL)
+                goto fail;
+            p = fs_v_ws(b, *pp);
+            if (p >= b->end || *p != ':') {
+                Py_DECREF(key);
+                goto fail;
+            }
+            *pp = fs_v_ws(b, p + 1);
+            v = fs_v_value(b, pp, depth + 1);
+            if (v == NULL) {
+                Py_DECREF(key);
+                goto fail;
+            }
+            rc = PyDict_SetItem(out, key, v);
+            Py_DECREF(key);
+            Py_DECREF(v);
+            if (rc < 0)
+                goto fail;
+            p = fs_v_ws(b, *pp);
+            if (p < b->end && *p == ',') {
+                p = fs_v_ws(b, p + 1);
+                continue;
+            }
+            if (p < b->end && *p == '}') {
+                *pp = p + 1;
+                return out;
+            }
+            goto fail;
+        }
+    fail:
+        Py_DECREF(out);
+        return NULL;
+    }
+
+    static PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth) {
+        const unsigned char *p = *pp;
+        const unsigned char *end = b->end;
+        if (p >= end)
+            return FS_V_GIVE_UP;
+        switch (*p) {
+        case '"': return fs_v_string(b, pp);
+        case '[':
+            if (depth >= FS_V_MAX_DEPTH)
+                return FS_V_GIVE_UP;
+            return fs_v_list(b, pp, depth);
+        case '{':
+            if (depth >= FS_V_MAX_DEPTH)
+                return FS_V_GIVE_UP;
+            return fs_v_dict(b, pp, depth);
+        case 'n':
+            if (end - p >= 4 && memcmp(p, "null", 4) == 0) { *pp = p + 4; Py_RETURN_NONE; }
+            return FS_V_GIVE_UP;
+        case 't':
+            if (end - p >= 4 && memcmp(p, "true", 4) == 0) { *pp = p + 4; Py_RETURN_TRUE; }
+            return FS_V_GIVE_UP;
+        case 'f':
+            if (end - p >= 5 && memcmp(p, "false", 5) == 0) { *pp = p + 5; Py_RETURN_FALSE; }
+            return FS_V_GIVE_UP;
+        default:
+            if (*p == '-' || (*p >= '0' && *p <= '9'))
+                return fs_v_number(b, pp);
+            return FS_V_GIVE_UP;
+        }
+    }
+
+    /* One document p[:n] (whitespace around it allowed), validated while
+       built: the value, or NULL (an exception set only when building itself
+       failed, e.g. out of memory; the caller then takes the scanner's way). */
+    static PyObject *fs_build_checked(fs_builder *b, const unsigned char *p, Py_ssize_t n) {
+        PyObject *v;
+        b->end = p + n;
+        p = fs_v_ws(b, p);
+        v = fs_v_value(b, &p, 0);
+        if (v == NULL)
+            return NULL;
+        if (fs_v_ws(b, p) != b->end) {  /* extra data */
+            Py_DECREF(v);
+            return NULL;
+        }
+        return v;
+    }
     """
     ctypedef struct fs_builder:
         const unsigned char* end
         Py_UCS4* buf
         Py_ssize_t cap
     object fs_build(fs_builder* b, const unsigned char* p, Py_ssize_t n)
+    PyObject* fs_build_checked(fs_builder* b, const unsigned char* p, Py_ssize_t n)
+    const int FS_V_MAX_DEPTH
+
+
+if FS_V_MAX_DEPTH != JSON_MAX_DEPTH:
+    raise ImportError(f"the validating builder's depth limit {FS_V_MAX_DEPTH} differs from the scanner's {JSON_MAX_DEPTH}")
 
 
 cdef class _Builder:
@@ -455,6 +778,19 @@ cdef class _Builder:
             PyMem_Free(self.b.buf)
 
     cdef inline object build(self, const unsigned char* p, Py_ssize_t n):
+        return fs_build(&self.b, p, n)
+
+    cdef object build_checked(self, const unsigned char* p, Py_ssize_t n, object line):
+        """Validate and build in one pass; on any doubt the scanner runs (today's exact error) and then ``build``."""
+        cdef PyObject* v = fs_build_checked(&self.b, p, n)
+        cdef object value
+        cdef bint canonical
+        if v != NULL:
+            value = <object>v
+            Py_DECREF(value)  # <object> took a reference of its own
+            return value
+        PyErr_Clear()  # building failed (memory, a limit): the two-pass way raises or builds it again
+        _scan_json(p, n, &canonical, "row", line)
         return fs_build(&self.b, p, n)
 
 

@@ -4,12 +4,15 @@
 Works on the UTF-8 bytes directly: lines are found with memchr, headers are
 sliced without copies, and the row JSON is validated in one pass that also
 decides whether the bytes are already in Synapse's canonical encoding. The row
-is only built into Python objects when ``RdataCommand.row`` is first read.
+is only built into Python objects when ``RdataCommand.row`` is first read;
+with ``rows=True`` it is built at once instead, by a builder that validates
+as it builds (one pass; on any doubt the scanner runs and words the error).
 
 Invariants:
 - every line handed to ``_parse`` has no newline and is valid UTF-8;
 - ``_scan_*`` never read past ``end`` and never allocate;
-- the row builder (``fs_build``, C in ``_wire_build.pxi``) only runs on bytes ``_scan_*`` accepted.
+- the row builder (``fs_build``, C in ``_wire_build.pxi``) only runs on bytes ``_scan_*`` accepted;
+  its validating twin (``fs_build_checked``) runs on any bytes of a line already checked as UTF-8.
 
 The JSON scanner is cimported from ``_json_scan.pxd`` (inline functions,
 shared with the archive builder). The JSON builder (``_wire_build.pxi``) and
@@ -23,6 +26,7 @@ from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, Py_TYPE
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
+from cpython.exc cimport PyErr_Clear
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.long cimport PyLong_FromLongLong, PyLong_FromString
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
@@ -333,7 +337,7 @@ cdef inline const unsigned char* _space(const unsigned char* p, const unsigned c
     return NULL
 
 
-cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, object line):
+cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, object line, bint rows):
     cdef const unsigned char* s1 = _space(p, end)
     cdef const unsigned char* s2
     cdef const unsigned char* s3
@@ -350,6 +354,20 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
                     token = None
                 else:
                     token = _int_field(s2 + 1, s3 - s2 - 1, "token", line)
+                if rows:
+                    # Built while validated, as a command whose row was read: no bytes kept.
+                    value = _BUILDER.build_checked(s3 + 1, end - s3 - 1, line)
+                    cmd = _alloc(_RDATA)
+                    _put(cmd, R_STREAM, stream)
+                    _put(cmd, R_INSTANCE, instance)
+                    _put(cmd, R_TOKEN, token)
+                    _put(cmd, R_ROW, value)
+                    _put(cmd, R_RAW, None)
+                    _put(cmd, R_CANONICAL, False)
+                    _put(cmd, R_LOADS, None)
+                    if not PyObject_IS_GC(<PyObject*>value):
+                        PyObject_GC_UnTrack(<PyObject*>cmd)  # atomic slots only
+                    return cmd
                 _scan_json(s3 + 1, end - s3 - 1, &canonical, "row", line)
                 cmd = _alloc(_RDATA)
                 _put(cmd, R_STREAM, stream)
@@ -446,8 +464,8 @@ cdef dict _SIMPLE = {
 }
 
 
-cdef object _parse(const unsigned char* p, Py_ssize_t n, object line):
-    """Parse one line (no newline); ``line`` is what error messages show."""
+cdef object _parse(const unsigned char* p, Py_ssize_t n, object line, bint rows):
+    """Parse one line (no newline); ``line`` is what error messages show; ``rows``: decode an RDATA row now."""
     cdef const unsigned char* end = p + n
     cdef const unsigned char* sp
     cdef const unsigned char* body
@@ -469,7 +487,7 @@ cdef object _parse(const unsigned char* p, Py_ssize_t n, object line):
         body = sp + 1
     # Dispatch on length first: cheap and unambiguous for the hot commands.
     if nlen == 5 and memcmp(p, b"RDATA", 5) == 0:
-        return _parse_rdata(body, end, line)
+        return _parse_rdata(body, end, line, rows)
     if nlen == 8 and memcmp(p, b"POSITION", 8) == 0:
         return _parse_position(body, end, line)
     if nlen == 4 and memcmp(p, b"PING", 4) == 0:
@@ -502,10 +520,12 @@ cdef inline object _simple_cmd(object cls, const unsigned char* body, const unsi
     return cmd
 
 
-def parse_line(line) -> Command:
+def parse_line(line, *, rows=False) -> Command:
     """Parse one replication line (without its newline; one trailing ``\\n`` is allowed).
 
-    Raises :class:`ProtocolError` for anything that is not a valid command.
+    With ``rows=True`` an RDATA row is decoded at once (in the same pass that
+    validates it) rather than on first read of ``.row``. Raises
+    :class:`ProtocolError` for anything that is not a valid command.
     """
     cdef bytes data
     cdef Py_ssize_t n
@@ -528,7 +548,7 @@ def parse_line(line) -> Command:
         n -= 1
         if type(line) is bytes:
             line = line[:len(line) - 1]
-    return _parse(<const unsigned char*>PyBytes_AS_STRING(data), n, line)
+    return _parse(<const unsigned char*>PyBytes_AS_STRING(data), n, line, rows)
 
 
 include "_wire_encode.pxi"
@@ -553,7 +573,8 @@ cdef class LineDecoder:
     newline). When a line is bad, ``feed`` raises :class:`ProtocolError` whose
     ``commands`` holds the commands completed before it; the bytes after the
     bad line stay buffered and come out of the next ``feed`` (``feed(b"")``
-    continues without new data).
+    continues without new data). ``rows=True`` decodes RDATA rows as the
+    lines are parsed (as ``parse_line(..., rows=True)``).
     """
 
     cdef char* buf
@@ -561,11 +582,13 @@ cdef class LineDecoder:
     cdef Py_ssize_t cap
     cdef bint discarding
     cdef readonly Py_ssize_t max_line_length
+    cdef readonly bint rows
 
-    def __cinit__(self, Py_ssize_t max_line_length=DEFAULT_MAX_LINE_LENGTH):
+    def __cinit__(self, Py_ssize_t max_line_length=DEFAULT_MAX_LINE_LENGTH, *, bint rows=False):
         if max_line_length < 1:
             raise ValueError("max_line_length must be positive")
         self.max_line_length = max_line_length
+        self.rows = rows
         self.buf = NULL
         self.len = 0
         self.cap = 0
@@ -622,7 +645,7 @@ cdef class LineDecoder:
                 return 1
             if not _blank(<const unsigned char*>p + start, ln):
                 at[0] = start
-                out.append(_parse(<const unsigned char*>p + start, ln, None))
+                out.append(_parse(<const unsigned char*>p + start, ln, None, self.rows))
             start += ln + 1
 
     def feed(self, data) -> list:

@@ -160,9 +160,12 @@ def _parse_text(text: str, line: _Line) -> Command:
     return result
 
 
-def parse_line(line: bytes | str) -> Command:
+def parse_line(line: bytes | str, *, rows: bool = False) -> Command:
     """Parse one replication line (without its newline; one trailing ``\\n`` is allowed).
 
+    With ``rows=True`` an RDATA row is decoded at once rather than on first
+    read of ``.row`` (this twin always decodes at once, so it changes
+    nothing here; the compiled twin then validates and builds in one pass).
     Raises :class:`ProtocolError` for anything that is not a valid command.
     """
     if isinstance(line, str):
@@ -240,13 +243,15 @@ class LineDecoder:
     newline). When a line is bad, ``feed`` raises :class:`ProtocolError` whose
     ``commands`` holds the commands completed before it; the bytes after the
     bad line stay buffered and come out of the next ``feed`` (``feed(b"")``
-    continues without new data).
+    continues without new data). ``rows=True`` decodes RDATA rows as the
+    lines are parsed (as ``parse_line(..., rows=True)``).
     """
 
-    def __init__(self, max_line_length: int = DEFAULT_MAX_LINE_LENGTH) -> None:
+    def __init__(self, max_line_length: int = DEFAULT_MAX_LINE_LENGTH, *, rows: bool = False) -> None:
         if max_line_length < 1:
             raise ValueError("max_line_length must be positive")
         self.max_line_length = max_line_length
+        self.rows = rows
         self._buf = b""
         self._discarding = False
 
@@ -275,7 +280,7 @@ class LineDecoder:
             if not line.strip():
                 continue
             try:
-                out.append(parse_line(line))
+                out.append(parse_line(line, rows=self.rows))
             except ProtocolError as err:
                 self._buf = buf[start:]
                 raise self._error(err, out) from None
