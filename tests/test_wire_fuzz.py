@@ -167,3 +167,101 @@ def test_a_row_decoded_from_any_bytes_is_its_json_or_a_protocol_error(raw: bytes
         assert outcome(PY.parse_line, b"RDATA s w 1 " + raw)[0] != "ok"
         return
     assert repr(value) == repr(PY.parse_line(b"RDATA s w 1 " + raw).row)
+
+
+# ------------------------------------------------- rows=True: the same results in one pass
+
+
+def _rows_outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """("ok", command with its row read) or ("error", exact message and line) — only ProtocolError may escape."""
+    try:
+        result = fn(*args, **kwargs)
+    except ProtocolError as err:
+        return ("error", str(err), err.reason, err.line)
+    if isinstance(result, RdataCommand):
+        result.row  # noqa: B018
+    return ("ok", result)
+
+
+@st.composite
+def _damaged_json(draw: Any) -> bytes:
+    """A JSON row, sometimes damaged: cut short, a byte changed, inserted or removed (the builder's give-up paths)."""
+    raw = bytearray(
+        json.dumps(draw(json_values), ensure_ascii=draw(st.booleans()), separators=draw(
+            st.sampled_from([(",", ":"), (", ", ": "), (" ,\t", " :\r")]))).encode("utf-8", "surrogatepass")
+    )
+    action = draw(st.sampled_from(["keep", "cut", "change", "insert", "remove"]))
+    if action == "keep" or not raw:
+        return bytes(raw)
+    at = draw(st.integers(0, len(raw) - 1))
+    byte = draw(st.sampled_from(b'"\\{}[],:-+.eE0123456789 \t\x00\x1f\x7f\xc3\xa9ntfNIu/bx'))
+    if action == "cut":
+        del raw[at:]
+    elif action == "change":
+        raw[at] = byte
+    elif action == "insert":
+        raw.insert(at, byte)
+    else:
+        del raw[at]
+    return bytes(raw)
+
+
+rdata_lines = st.builds(lambda head, row: head + row, st.sampled_from([b"RDATA s w 1 ", b"RDATA s w batch "]),
+                        _damaged_json())
+
+
+@settings(max_examples=1500, deadline=None)
+@given(line=rdata_lines | lines | extreme_lines | st.binary(max_size=60))
+def test_parse_rows_flag_agrees_with_lazy_rows(wire_impl: ModuleType, line: bytes) -> None:
+    # rows=True gives the command parse_line then .row gives, or exactly the same ProtocolError (message and line).
+    lazy = _rows_outcome(wire_impl.parse_line, line)
+    eager = _rows_outcome(wire_impl.parse_line, line, rows=True)
+    assert repr(eager) == repr(lazy)  # repr: -0.0 and 0.0 differ
+    if eager[0] == "ok" and isinstance(eager[1], RdataCommand):
+        assert repr(_rows_outcome(wire_impl.encode, eager[1])) == repr(_rows_outcome(wire_impl.encode, lazy[1]))
+    text = line.decode("utf-8", "replace").replace("\n", " ")  # str lines too
+    assert repr(_rows_outcome(wire_impl.parse_line, text, rows=True)) == repr(_rows_outcome(wire_impl.parse_line, text))
+
+
+def _decode_log(dec: Any, pieces: list[bytes]) -> list[Any]:
+    """Every command and every exact error message a decoder gives for ``pieces``, rows read."""
+    seen: list[Any] = []
+    for piece in pieces + [b""]:
+        chunk = piece
+        for _ in range(len(piece) + 2):  # keep draining after errors
+            try:
+                seen += [("ok", c) for c in dec.feed(chunk)]
+                break
+            except ProtocolError as err:
+                seen += [("ok", c) for c in err.commands]
+                seen.append(("error", str(err)))
+                chunk = b""
+    for kind, cmd in seen:
+        if kind == "ok" and isinstance(cmd, RdataCommand):
+            cmd.row  # noqa: B018
+    return seen
+
+
+@settings(max_examples=500, deadline=None)
+@given(chunks=st.lists((rdata_lines | lines).map(lambda l: l + b"\n") | st.binary(max_size=30), max_size=8),
+       limit=st.integers(8, 400))
+def test_decoder_rows_flag_agrees_with_lazy_rows(wire_impl: ModuleType, chunks: list[bytes], limit: int) -> None:
+    lazy = _decode_log(wire_impl.LineDecoder(max_line_length=limit), chunks)
+    dec = wire_impl.LineDecoder(max_line_length=limit, rows=True)
+    assert dec.rows is True and wire_impl.LineDecoder().rows is False
+    assert repr(_decode_log(dec, chunks)) == repr(lazy)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cmds=st.lists(commands, max_size=8), cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6))
+def test_decoder_rows_flag_any_chunking(wire_impl: ModuleType, cmds: list[Command], cuts: list[int]) -> None:
+    data = wire_impl.encode_lines(cmds)
+    dec = wire_impl.LineDecoder(max_line_length=1 << 20, rows=True)
+    got: list[Command] = []
+    prev = 0
+    for cut in sorted(c % (len(data) + 1) for c in cuts) + [len(data)]:
+        got += dec.feed(data[prev:cut])
+        prev = cut
+    assert got == cmds
+    lazy = wire_impl.LineDecoder(max_line_length=1 << 20).feed(data)
+    assert repr(got) == repr(lazy)

@@ -70,6 +70,15 @@ def check_lines(wire: ModuleType, oracle: Oracle, texts: list[str]) -> None:
             ours: Command | ProtocolError = wire.parse_line(text.encode("utf-8"))
         except ProtocolError as err:
             ours = err
+        # rows=True (the row decoded in the parsing pass) gives the same command or the same error.
+        try:
+            eager: Command | ProtocolError = wire.parse_line(text.encode("utf-8"), rows=True)
+        except ProtocolError as err:
+            eager = err
+        if isinstance(ours, ProtocolError):
+            assert isinstance(eager, ProtocolError) and str(eager) == str(ours), text
+        else:
+            assert repr(_ours(eager)) == repr(_ours(ours)), text  # type: ignore[arg-type]
         if not theirs["ok"]:
             assert isinstance(ours, ProtocolError), f"Synapse refuses {text!r} ({theirs['error']}) but we accept it"
             continue
