@@ -9,6 +9,12 @@ extra_info gives each twin's speed-up over Synapse's own codec, per operation
 whole buffer at once, serialise), and for the compiled twin its speed-up over
 the pure one timed in the same alternating rounds (``*_speedup_over_pure``;
 the per-group ratios come from separate, consecutive timings instead).
+
+Rows are decoded two ways: ``rows=True`` (``parse_line(line, rows=True)``,
+``LineDecoder(rows=True)``: each row built in the pass that validates it, as
+Synapse decodes eagerly: the same work) and lazily (parse, then read
+``.row``: validated by the parse, built on first read; the ``*_lazy``
+operations and the "lazy .row" groups).
 """
 
 from __future__ import annotations
@@ -46,39 +52,47 @@ def _consume(cmds: list[object]) -> int:
 CHUNKS = {"4KiB": 4096, "64KiB": 65536, "whole": None}
 
 
-def _feed_all(wire_impl: ModuleType, chunk: int | None) -> int:
+def _feed_all(wire_impl: ModuleType, chunk: int | None, rows: bool = True) -> int:
     """Feed BUFFER in ``chunk``-byte pieces (or all at once) and consume every command."""
     if chunk is None:
-        return _consume(wire_impl.LineDecoder(max_line_length=1 << 30).feed(BUFFER))
-    dec = wire_impl.LineDecoder()
+        return _consume(wire_impl.LineDecoder(max_line_length=1 << 30, rows=rows).feed(BUFFER))
+    dec = wire_impl.LineDecoder(rows=rows)
     n = 0
     for i in range(0, len(BUFFER), chunk):
         n += _consume(dec.feed(BUFFER[i : i + chunk]))
     return n
 
 
+@pytest.mark.parametrize("rows", ["rows=True", "lazy .row"])
 @pytest.mark.parametrize("chunk", list(CHUNKS))
 @pytest.mark.benchmark(group="decode buffer, rows decoded")
-def test_decode_buffer(benchmark, wire_impl: ModuleType, chunk: str) -> None:
-    benchmark.group = f"decode buffer in {chunk} chunks, rows decoded"
-    assert benchmark(_feed_all, wire_impl, CHUNKS[chunk]) == N_LINES
+def test_decode_buffer(benchmark, wire_impl: ModuleType, chunk: str, rows: str) -> None:
+    benchmark.group = f"decode buffer in {chunk} chunks, rows decoded ({rows})"
+    assert benchmark(_feed_all, wire_impl, CHUNKS[chunk], rows == "rows=True") == N_LINES
     benchmark.extra_info["lines"] = N_LINES
 
 
-@pytest.mark.benchmark(group="parse_line, rows decoded")
-def test_parse_line_rows(benchmark, wire_impl: ModuleType) -> None:
-    parse = wire_impl.parse_line
-
-    def run() -> int:
-        n = 0
+def _parse_rows(parse, eager: bool) -> int:
+    """Parse every line and decode every RDATA row: ``rows=True``, or parse then read ``.row``."""
+    n = 0
+    if eager:
         for line in LINES:
-            cmd = parse(line)
-            if type(cmd) is RdataCommand:
-                cmd.row  # noqa: B018
+            parse(line, rows=True)
             n += 1
         return n
+    for line in LINES:
+        cmd = parse(line)
+        if type(cmd) is RdataCommand:
+            cmd.row  # noqa: B018
+        n += 1
+    return n
 
-    assert benchmark(run) == N_LINES
+
+@pytest.mark.parametrize("rows", ["rows=True", "lazy .row"])
+@pytest.mark.benchmark(group="parse_line, rows decoded")
+def test_parse_line_rows(benchmark, wire_impl: ModuleType, rows: str) -> None:
+    benchmark.group = f"parse_line, rows decoded ({rows})"
+    assert benchmark(_parse_rows, wire_impl.parse_line, rows == "rows=True") == N_LINES
     benchmark.extra_info["lines"] = N_LINES
 
 
@@ -142,7 +156,8 @@ def test_against_synapse(benchmark, tmp_path, wire_impl: ModuleType) -> None:
     # The compiled twin also takes turns with the pure one, so that its
     # speed-up over the pure twin comes from the same machine load as well.
     pure_ops = _ops(_wire_py) if wire_impl is not _wire_py else {}
-    theirs_of = {"parse_rows": "parse_s", "encode": "encode_s", **{f"feed_{n}": "decode_s" for n in CHUNKS}}
+    theirs_of = {"parse_rows": "parse_s", "parse_rows_lazy": "parse_s", "encode": "encode_s",
+                 **{f"feed_{n}": "decode_s" for n in CHUNKS}, **{f"feed_{n}_lazy": "decode_s" for n in CHUNKS}}
     ours = {op: float("inf") for op in ours_ops}
     pure = {op: float("inf") for op in pure_ops}
     theirs = {key: float("inf") for key in ("parse_s", "decode_s", "encode_s")}
@@ -167,20 +182,20 @@ def test_against_synapse(benchmark, tmp_path, wire_impl: ModuleType) -> None:
 
 
 def _ops(wire_impl: ModuleType) -> dict[str, object]:
-    """The timed operations of one twin: parse with rows read, feed per chunk size, serialise."""
+    """The timed operations of one twin: parse with rows decoded, feed per chunk size, serialise.
+
+    Rows decoded with ``rows=True`` (as Synapse: eagerly) and, as ``*_lazy``, by reading ``.row`` after the parse.
+    """
     cmds = wire_impl.LineDecoder().feed(BUFFER)
     _consume(cmds)  # rows read: encoding below serialises them, it does not reuse received bytes
     parse = wire_impl.parse_line
 
-    def parse_rows() -> None:
-        for line in LINES:
-            cmd = parse(line)
-            if type(cmd) is RdataCommand:
-                cmd.row  # noqa: B018
-
     return {
-        "parse_rows": parse_rows,
+        "parse_rows": lambda: _parse_rows(parse, True),
+        "parse_rows_lazy": lambda: _parse_rows(parse, False),
         **{f"feed_{name}": (lambda chunk=chunk: _feed_all(wire_impl, chunk)) for name, chunk in CHUNKS.items()},
+        **{f"feed_{name}_lazy": (lambda chunk=chunk: _feed_all(wire_impl, chunk, False))
+           for name, chunk in CHUNKS.items()},
         "encode": lambda: wire_impl.encode_lines(cmds),
     }
 
