@@ -625,36 +625,3 @@ async def test_a_client_link_refusing_a_wrong_server_never_becomes_ready(writer:
         assert client.close_reasons[0] == "server_name"
     finally:
         await client.stop()
-
-
-@pytest.mark.parametrize("typed", [True, False], ids=["typed", "untyped"])
-async def test_a_typed_reader_decodes_rows_with_their_lines_on_each_codec_twin(wire_impl: ModuleType,
-                                                                               typed: bool) -> None:
-    """A reader whose follower types every row asks its link's decoder for rows at once (one pass); same rows."""
-    from factstream.streams.rows import ToDeviceRow
-
-    src = MemoryUpdateSource()
-    ls = LocalStream("to_device", "master", source=src)
-    pub = Publisher("master")
-    pub.add_stream("to_device", src, 0)
-    ls.add_listener(pub.notify)
-    server = await TcpServer(ReplicationHub("master", publisher=pub), "hs.test", codec=wire_impl).start()
-    fol = Follower(typed=typed, start_position=0, sources={"to_device": src})
-    got: list[Any] = []
-    fol.add_handler(lambda s, w, t, rows: got.extend(rows))
-    hub = ReplicationHub("r", follower=fol)
-    assert hub.wants_rows is typed
-    client = await TcpClient(hub, "127.0.0.1", server.port, codec=wire_impl).start()
-    try:
-        await client.wait_connected(5)
-        conn = client.connection
-        assert conn is not None and conn._decoder.rows is typed  # the link's decoder (server ends never decode rows)
-        assert all(c._decoder.rows is False for c in server.connections)
-        rows = [[f"@u{i}:hs" if i % 3 else f"remote{i}.example"] for i in range(300)]
-        for i in range(0, 300, 3):
-            ls.write(rows[i:i + 3])
-        await fol.wait_for_position("to_device", "master", ls.current_token(), timeout=10)
-        assert got == ([ToDeviceRow(*r) for r in rows] if typed else rows)
-    finally:
-        await client.stop()
-        await server.stop()

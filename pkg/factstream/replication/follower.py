@@ -197,11 +197,6 @@ class Follower:
         """Stop calling ``handler`` on resets."""
         self._reset_handlers = [(s, h) for s, h in self._reset_handlers if h is not handler]
 
-    @property
-    def wants_rows(self) -> bool:
-        """Whether every row received is read (typed rows): carriers then decode rows as they parse lines."""
-        return bool(self.typed)
-
     async def updates(self) -> AsyncIterator[Update]:
         """Iterate facts as they are delivered (from now on), in order per (stream, writer).
 

@@ -192,12 +192,6 @@ class ReplicationHub:
             for inst in syncs:
                 self._dispatch(ClearUserSyncsCommand(inst), None)
 
-    @property
-    def wants_rows(self) -> bool:
-        """Whether the rows of RDATA received will all be read (a typed follower): carriers then decode them
-        as they parse each line (``wire.LineDecoder(rows=True)``), one pass instead of a scan and a later decode."""
-        return self.follower is not None and self.follower.wants_rows
-
     def rdata_received(self, conn: Connection, cmds: list[RdataCommand]) -> None:
         """Route a run of RDATA (e.g. all one socket read held): the same as ``command_received`` for each."""
         if self.follower is not None:

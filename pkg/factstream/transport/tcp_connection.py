@@ -109,9 +109,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self.timeout = timeout
         self.max_buffered = max_buffered
         self._codec: Codec = codec or wire
-        # A reader whose rows will all be read decodes them with each line (one pass).
-        rows = not self.is_server and bool(getattr(sink, "wants_rows", False))
-        self._decoder = self._codec.LineDecoder(max_line_length=max_line_length, rows=rows)
+        self._decoder = self._codec.LineDecoder(max_line_length=max_line_length)
         self._encode_lines = self._codec.encode_lines
         self._tally = (relay or _relay).tally
         # Runs of RDATA go to the sink in one call when it takes them (the hub does; readers only).

@@ -35,15 +35,15 @@ LineKey = tuple[int, "int | None"]
 _KEYS = re.compile(rb"(-?\d+):(\d+|p-?\d+)(?:\.\.(-?\d+):(\d+|p-?\d+))?(?:/r\d+)?$")
 
 
-def decode_page(data: bytes, rows: bool = False) -> list[Command]:
+def decode_page(data: bytes) -> list[Command]:
     """The commands of one message, decoded by the codec in one call (raises ProtocolError).
 
     A last line without its newline (a message written by another tool) is
-    read too; blank lines are ignored. ``rows``: decode RDATA rows now.
+    read too; blank lines are ignored.
     """
     if data[-1:] != b"\n":
         data += b"\n"
-    return wire.LineDecoder(max_line_length=len(data) + 1, rows=rows).feed(data)
+    return wire.LineDecoder(max_line_length=len(data) + 1).feed(data)
 
 
 def line_key(cmd: Command, token: int, index: int) -> str:

@@ -227,7 +227,6 @@ class NatsReplication:
         self._invalid_log = _RateLimitedLog()
         self._error_log = _RateLimitedLog()
         self._rdata_received = getattr(hub, "rdata_received", None)  # the hub's call taking a run of RDATA
-        self._rows = bool(getattr(hub, "wants_rows", False))  # rows decoded with their lines
         self._filling: dict[tuple[str, str], _WriterKey] = {}  # keys with a page being filled
         self._queued_rows = 0  # lines in self._queue (what max_pending bounds)
         self._behind: dict[tuple[str, str], int] = {}  # reader: pending per (stream, writer), last refresh
@@ -959,7 +958,7 @@ class NatsReplication:
             return
         self.stats.received += 1
         try:
-            cmds = decode_page(data, self._rows)  # the codec, in one call
+            cmds = decode_page(data)  # the codec, in one call
         except ProtocolError as err:
             self.stats.invalid += 1
             self._invalid_log.warning("invalid message %d on %s skipped: %s", seq, subject, err)

@@ -89,8 +89,6 @@ class RedisCarrier:
     ``close()``. ``send(cmd)`` never blocks and never raises for connection
     trouble; it returns False when the command was refused (queue full).
     ``listen=False`` makes a publish-only carrier (no subscriber connection).
-    ``decode_rows=True`` decodes RDATA rows as each message is parsed (for a
-    reader that reads every row: one pass instead of a scan and a later decode).
     """
 
     def __init__(
@@ -115,7 +113,6 @@ class RedisCarrier:
         client_name: str | None = None,
         connection_options: Mapping[str, Any] | None = None,
         listen: bool = True,
-        decode_rows: bool = False,
     ) -> None:
         if max_pending < 1 or max_batch < 1:
             raise ValueError("max_pending and max_batch must be at least 1")
@@ -126,8 +123,6 @@ class RedisCarrier:
         self.channels = RedisChannels.for_server(server_name)
         self.instance_name = instance_name
         self.subscribe_user_ip = subscribe_user_ip
-        #: RDATA rows decoded as each message is parsed (a reader whose rows will all be read).
-        self._rows = decode_rows
         self.listen = listen
         self.max_pending = max_pending
         self.max_batch = max_batch if pipelining else 1
@@ -557,7 +552,7 @@ class RedisCarrier:
         if not data or data.isspace():
             return
         try:
-            cmd = wire.parse_line(data, rows=self._rows)
+            cmd = wire.parse_line(data)
         except Exception as err:  # noqa: BLE001 - a bad message must never stop the reader
             self.stats.invalid += 1
             self._invalid_log.dropped("bad_message", 1, "", "ignoring invalid replication message on Redis: %s", err)

@@ -91,7 +91,6 @@ class RedisReplication:
         if not name:
             raise ValueError("RedisReplication needs the instance name (hub.instance_name or instance_name=...)")
         self.instance_name: str = name
-        carrier_options.setdefault("decode_rows", bool(getattr(hub, "wants_rows", False)))
         self.carrier = RedisCarrier(
             url, server_name,
             instance_name=name,
