@@ -717,6 +717,38 @@ def test_broadcast_sends_to_every_target_seen_at_the_time(relay_impl: ModuleType
     assert broadcast.targets is targets
 
 
+def test_broadcast_appends_to_a_targets_send_queue_instead_of_calling_send_many(relay_impl: ModuleType) -> None:
+    class Conn:
+        send_queue: list[Command] | None = None
+
+        def __init__(self) -> None:
+            self.calls: list[list[Command]] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.calls.append(list(cmds))
+
+    open_q, shut = Conn(), Conn()
+    open_q.send_queue = [R(0, "earlier")]
+    broadcast = relay_impl.Broadcast([open_q, shut])
+    broadcast([R(1, "x"), R(2, "y")])
+    assert [c.token for c in open_q.send_queue] == [0, 1, 2] and open_q.calls == []
+    assert [[c.token for c in call] for call in shut.calls] == [[1, 2]]  # None: through send_many
+    open_q.send_queue = None
+    broadcast([R(3, "z")])
+    assert [[c.token for c in call] for call in open_q.calls] == [[3]]
+
+    class NoQueue:  # a connection without the attribute at all
+        def __init__(self) -> None:
+            self.got: list[Command] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.got.extend(cmds)
+
+    plain = NoQueue()
+    relay_impl.Broadcast([plain])([R(4, "w")])
+    assert [c.token for c in plain.got] == [4]
+
+
 @dataclasses.dataclass(slots=True)
 class _SlotKey:
     stream: str

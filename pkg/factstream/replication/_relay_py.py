@@ -253,7 +253,9 @@ class Broadcast:
 
     ``targets`` is the hub's list of replicating connections (shared, so
     connections added or removed later are seen); each gets
-    ``send_many(cmds)``, in list order.
+    ``send_many(cmds)``, in list order, or, while its ``send_queue`` is a
+    list (see :class:`~factstream.replication.carrier.Connection`), has
+    ``cmds`` appended to it, which is what its ``send_many`` would do.
     """
 
     __slots__ = ("targets",)
@@ -263,7 +265,11 @@ class Broadcast:
 
     def __call__(self, cmds: list[Command]) -> None:
         for conn in self.targets:
-            conn.send_many(cmds)
+            queue = getattr(conn, "send_queue", None)
+            if type(queue) is list:
+                queue.extend(cmds)
+            else:
+                conn.send_many(cmds)
 
 
 class Fanout:
