@@ -749,6 +749,37 @@ def test_broadcast_appends_to_a_targets_send_queue_instead_of_calling_send_many(
     assert [c.token for c in plain.got] == [4]
 
 
+def test_a_single_row_publication_reaches_broadcast_targets_and_other_sinks_alike(relay_impl: ModuleType) -> None:
+    """The writer's hot path (one row completing one token) through a Broadcast and a plain sink, in order."""
+
+    class Conn:
+        def __init__(self, queue: list[Command] | None) -> None:
+            self.send_queue = queue
+            self.calls: list[list[Command]] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.calls.append(list(cmds))
+
+    window = relay_impl.RowWindow(100)
+    queued, direct = Conn([]), Conn(None)
+    plain: list[Command] = []
+    em = relay_impl.StreamEmitter(
+        "s", "m", window, 0, window.get_updates_now, [relay_impl.Broadcast([queued, direct]), plain.extend], 10
+    )
+    for token in (1, 2):
+        window.add("m", token, [f"r{token}"])
+        em.target = token
+        em.publish_now()
+    window.add("m", 3, ["a"])
+    window.add("m", 3, ["b"])  # two rows at one token: a batch, not the single-row path
+    em.target = 3
+    em.publish_now()
+    expected = ['RDATA s m 1 ["r1"]', 'RDATA s m 2 ["r2"]', 'RDATA s m batch ["a"]', 'RDATA s m 3 ["b"]']
+    assert _lines(queued.send_queue) == _lines(plain) == expected and queued.calls == []  # type: ignore[arg-type]
+    assert [_lines(c) for c in direct.calls] == [expected[:1], expected[1:2], expected[2:]]
+    assert em.sent == 3 and em.rows == 4
+
+
 @dataclasses.dataclass(slots=True)
 class _SlotKey:
     stream: str

@@ -201,6 +201,9 @@ cdef class RowWindow:
         return page(updates, upto_token, limit)
 
 
+cdef class Broadcast  # defined below; publish_now hands it a single command directly
+
+
 cdef class StreamEmitter:
     """What one writer has published of one stream (see ``_relay_py.StreamEmitter``)."""
 
@@ -278,15 +281,22 @@ cdef class StreamEmitter:
         if sync_get is None:
             raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
         while self.sent < self.target:
-            cmds = self._just_added()
-            if cmds is None:
-                updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
-                cmds = self.commands(updates, upto)
+            cmd = self._just_added()
+            if cmd is not None:
+                # One command: a Broadcast appends it to each link's queue without a list of its own.
+                for sink in self.sinks:
+                    if type(sink) is Broadcast:
+                        (<Broadcast>sink).send_one(cmd)
+                    else:
+                        sink([cmd])
+                continue
+            updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
+            cmds = self.commands(updates, upto)
             if cmds:
                 for sink in self.sinks:
                     sink(cmds)
 
-    cdef list _just_added(self):
+    cdef object _just_added(self):
         # The writer's hot path, read from the window itself: the one row just added completes ``target``.
         # The same command as get_updates_now + commands give (their hot paths); None for anything else.
         cdef _Log log
@@ -306,7 +316,7 @@ cdef class StreamEmitter:
             return None
         self.sent = self.target
         self.rows = self.rows + 1
-        return [_rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))]
+        return _rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))
 
 
 cdef RowWindow _window_of(object sync_get):
@@ -370,6 +380,15 @@ cdef class Broadcast:
                 (<list>queue).extend(cmds)  # what its send_many would do, without the call
             else:
                 conn.send_many(cmds)
+
+    cdef send_one(self, cmd):
+        # self([cmd]), with the list made only for a connection without a send queue open.
+        for conn in self.targets:
+            queue = getattr(conn, "send_queue", None)
+            if type(queue) is list:
+                (<list>queue).append(cmd)
+            else:
+                conn.send_many([cmd])
 
 
 cdef class Fanout:
