@@ -717,6 +717,39 @@ def test_broadcast_sends_to_every_target_seen_at_the_time(relay_impl: ModuleType
     assert broadcast.targets is targets
 
 
+def test_local_writer_completes_at_once_unless_reservations_are_in_flight(relay_impl: ModuleType) -> None:
+    added: list[tuple[str, int, Any]] = []
+    heard: list[tuple[str, str, int, int]] = []
+    pending: list[int] = []
+    fallen: list[Any] = []
+
+    def fallback(rows: Any) -> int:
+        fallen.append(list(rows))
+        return -1
+
+    w = relay_impl.LocalWriter(
+        "s", "m", lambda i, t, r: added.append((i, t, r)), [lambda *a: heard.append(a)], pending, fallback, 5
+    )
+    assert (w.next, w.position) == (5, 5)
+    assert w.write([["a"], ["b"]]) == 6
+    assert w.write(iter([])) == 7  # no rows: a hole, still a token and a move
+    assert added == [("m", 6, ["a"]), ("m", 6, ["b"])]
+    assert heard == [("s", "m", 5, 6), ("s", "m", 6, 7)] and (w.next, w.position) == (7, 7)
+    w.listeners.append(lambda *a: heard.append(("late",) + a))  # type: ignore[arg-type]  # shared: seen next time
+    pending.append(9)  # a reservation in flight (the stream's shared list): the fallback writes
+    assert w.write([["c"]]) == -1 and fallen == [[["c"]]] and (w.next, w.position) == (7, 7)
+    pending.clear()
+
+    def bad() -> Any:
+        yield ["d"]
+        raise RuntimeError("rows failed")
+
+    with pytest.raises(RuntimeError, match="rows failed"):
+        w.write(bad())
+    assert (w.next, w.position) == (8, 7) and added[-1] == ("m", 8, ["d"])  # the token is used, not completed
+    assert w.write([["e"]]) == 9 and heard[-2:] == [("s", "m", 7, 9), ("late", "s", "m", 7, 9)]
+
+
 def test_broadcast_appends_to_a_targets_send_queue_instead_of_calling_send_many(relay_impl: ModuleType) -> None:
     class Conn:
         send_queue: list[Command] | None = None

@@ -199,7 +199,8 @@ async def test_publisher_sends_rows_batches_and_positions_for_holes() -> None:
 
 
 def _publishing(relay: ModuleType, page_limit: int = 1000) -> tuple[LocalStream, Publisher, Collect]:
-    ls = LocalStream("to_device", "m", source=MemoryUpdateSource(relay=relay))
+    ls = LocalStream("to_device", "m", source=MemoryUpdateSource(relay=relay), relay=relay)
+    assert type(ls._core).__module__ == relay.__name__
     pub = Publisher("m", relay=relay, page_limit=page_limit)
     pub.add_stream("to_device", ls.source, ls.current_token())
     ls.add_listener(pub.notify)

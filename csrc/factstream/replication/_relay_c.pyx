@@ -24,7 +24,7 @@ from factstream.commands import _UNSET as _UNSET_PY
 from factstream.streams.rows import Row, wire_fields, wire_kinds
 from factstream.streams.sources import UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally"]
+__all__ = ["RowWindow", "LocalWriter", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally"]
 
 cdef object _RDATA = RdataCommand
 cdef object _POSITION = PositionCommand
@@ -199,6 +199,62 @@ cdef class RowWindow:
         if hi - lo <= limit:
             return updates, upto_token, False
         return page(updates, upto_token, limit)
+
+
+cdef class LocalWriter:
+    """``write(rows)``: ``LocalStream.write`` without a Python frame (see ``_relay_py.LocalWriter``)."""
+
+    cdef public object name
+    cdef public object instance
+    cdef public object add
+    cdef public list listeners
+    cdef public list pending
+    cdef public object fallback
+    cdef public object next
+    cdef public object position
+
+    def __init__(self, name, instance, add, list listeners not None, list pending not None, fallback, start):
+        self.name = name
+        self.instance = instance
+        self.add = add
+        self.listeners = listeners
+        self.pending = pending
+        self.fallback = fallback
+        self.next = start
+        self.position = start
+
+    def write(self, rows):
+        """Write ``rows`` at the next token and complete it; returns the token."""
+        if PyList_GET_SIZE(self.pending):
+            return self.fallback(rows)
+        token = self.next = self.next + 1
+        add, inst = self.add, self.instance
+        for row in rows:
+            add(inst, token, row)
+        old = self.position
+        self.position = token
+        for cb in self.listeners:
+            cb(self.name, inst, old, token)
+        return token
+
+    def write_many(self, facts):
+        """Each of ``facts`` at its own next token, one move for the listeners (see the pure twin)."""
+        token = done = self.next
+        add, inst = self.add, self.instance
+        try:
+            for rows in facts:
+                token += 1
+                for row in rows:
+                    add(inst, token, row)
+                done = token
+        finally:
+            self.next = token
+            if done > self.position:
+                old = self.position
+                self.position = done
+                for cb in self.listeners:
+                    cb(self.name, inst, old, done)
+        return self.position
 
 
 cdef class Broadcast  # defined below; publish_now hands it a single command directly
