@@ -18,7 +18,10 @@ follower, ``factstream.replication._relay``) differ. Rows are events-stream ``ev
 The grid's follower runs untyped (``typed=False``: handlers get the decoded
 JSON); ``test_default_follower_rows_per_second`` measures the default, typed
 follower (handlers get row objects), which is what an application gets
-unless it asks otherwise. Throughput rows also record ``cpu_us_per_row``:
+unless it asks otherwise, with one ``write`` per fact;
+``test_default_follower_batched_writes_rows_per_second`` is the same with
+each loop turn's 256 facts handed to one ``LocalStream.write_many`` (same
+tokens and bytes on the wire, one publication per turn). Throughput rows also record ``cpu_us_per_row``:
 the process's CPU seconds per row (median of the timed rounds), which the
 machine's other load does not inflate as it does the wall clock; the
 default-follower rows turn it into ``cpu_bound_rows_per_s``.
