@@ -717,6 +717,102 @@ def test_broadcast_sends_to_every_target_seen_at_the_time(relay_impl: ModuleType
     assert broadcast.targets is targets
 
 
+def test_local_writer_completes_at_once_unless_reservations_are_in_flight(relay_impl: ModuleType) -> None:
+    added: list[tuple[str, int, Any]] = []
+    heard: list[tuple[str, str, int, int]] = []
+    pending: list[int] = []
+    fallen: list[Any] = []
+
+    def fallback(rows: Any) -> int:
+        fallen.append(list(rows))
+        return -1
+
+    w = relay_impl.LocalWriter(
+        "s", "m", lambda i, t, r: added.append((i, t, r)), [lambda *a: heard.append(a)], pending, fallback, 5
+    )
+    assert (w.next, w.position) == (5, 5)
+    assert w.write([["a"], ["b"]]) == 6
+    assert w.write(iter([])) == 7  # no rows: a hole, still a token and a move
+    assert added == [("m", 6, ["a"]), ("m", 6, ["b"])]
+    assert heard == [("s", "m", 5, 6), ("s", "m", 6, 7)] and (w.next, w.position) == (7, 7)
+    w.listeners.append(lambda *a: heard.append(("late",) + a))  # type: ignore[arg-type]  # shared: seen next time
+    pending.append(9)  # a reservation in flight (the stream's shared list): the fallback writes
+    assert w.write([["c"]]) == -1 and fallen == [[["c"]]] and (w.next, w.position) == (7, 7)
+    pending.clear()
+
+    def bad() -> Any:
+        yield ["d"]
+        raise RuntimeError("rows failed")
+
+    with pytest.raises(RuntimeError, match="rows failed"):
+        w.write(bad())
+    assert (w.next, w.position) == (8, 7) and added[-1] == ("m", 8, ["d"])  # the token is used, not completed
+    assert w.write([["e"]]) == 9 and heard[-2:] == [("s", "m", 7, 9), ("late", "s", "m", 7, 9)]
+
+
+def test_broadcast_appends_to_a_targets_send_queue_instead_of_calling_send_many(relay_impl: ModuleType) -> None:
+    class Conn:
+        send_queue: list[Command] | None = None
+
+        def __init__(self) -> None:
+            self.calls: list[list[Command]] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.calls.append(list(cmds))
+
+    open_q, shut = Conn(), Conn()
+    open_q.send_queue = [R(0, "earlier")]
+    broadcast = relay_impl.Broadcast([open_q, shut])
+    broadcast([R(1, "x"), R(2, "y")])
+    assert [c.token for c in open_q.send_queue] == [0, 1, 2] and open_q.calls == []
+    assert [[c.token for c in call] for call in shut.calls] == [[1, 2]]  # None: through send_many
+    open_q.send_queue = None
+    broadcast([R(3, "z")])
+    assert [[c.token for c in call] for call in open_q.calls] == [[3]]
+
+    class NoQueue:  # a connection without the attribute at all
+        def __init__(self) -> None:
+            self.got: list[Command] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.got.extend(cmds)
+
+    plain = NoQueue()
+    relay_impl.Broadcast([plain])([R(4, "w")])
+    assert [c.token for c in plain.got] == [4]
+
+
+def test_a_single_row_publication_reaches_broadcast_targets_and_other_sinks_alike(relay_impl: ModuleType) -> None:
+    """The writer's hot path (one row completing one token) through a Broadcast and a plain sink, in order."""
+
+    class Conn:
+        def __init__(self, queue: list[Command] | None) -> None:
+            self.send_queue = queue
+            self.calls: list[list[Command]] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.calls.append(list(cmds))
+
+    window = relay_impl.RowWindow(100)
+    queued, direct = Conn([]), Conn(None)
+    plain: list[Command] = []
+    em = relay_impl.StreamEmitter(
+        "s", "m", window, 0, window.get_updates_now, [relay_impl.Broadcast([queued, direct]), plain.extend], 10
+    )
+    for token in (1, 2):
+        window.add("m", token, [f"r{token}"])
+        em.target = token
+        em.publish_now()
+    window.add("m", 3, ["a"])
+    window.add("m", 3, ["b"])  # two rows at one token: a batch, not the single-row path
+    em.target = 3
+    em.publish_now()
+    expected = ['RDATA s m 1 ["r1"]', 'RDATA s m 2 ["r2"]', 'RDATA s m batch ["a"]', 'RDATA s m 3 ["b"]']
+    assert _lines(queued.send_queue) == _lines(plain) == expected and queued.calls == []  # type: ignore[arg-type]
+    assert [_lines(c) for c in direct.calls] == [expected[:1], expected[1:2], expected[2:]]
+    assert em.sent == 3 and em.rows == 4
+
+
 @dataclasses.dataclass(slots=True)
 class _SlotKey:
     stream: str

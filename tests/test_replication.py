@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -195,6 +196,66 @@ async def test_publisher_sends_rows_batches_and_positions_for_holes() -> None:
         "POSITION to_device m 4 5",
     ]
     assert pub.position_commands() == [PositionCommand("to_device", "m", 5, 5)]
+
+
+def _publishing(relay: ModuleType, page_limit: int = 1000) -> tuple[LocalStream, Publisher, Collect]:
+    ls = LocalStream("to_device", "m", source=MemoryUpdateSource(relay=relay), relay=relay)
+    assert type(ls._core).__module__ == relay.__name__
+    pub = Publisher("m", relay=relay, page_limit=page_limit)
+    pub.add_stream("to_device", ls.source, ls.current_token())
+    ls.add_listener(pub.notify)
+    out = Collect()
+    pub.add_sink(out)
+    return ls, pub, out
+
+
+async def test_write_many_publishes_what_one_write_per_fact_publishes(relay_impl: ModuleType) -> None:
+    facts: list[list[Any]] = [[["@a"]], [["@b"], ["@c"]], [], [["@d"]], [["@e"], ["@f"], ["@g"]], []]
+    one, _, one_out = _publishing(relay_impl)
+    tokens = [one.write(f) for f in facts]
+    many, pub, many_out = _publishing(relay_impl, page_limit=2)  # several pages, a token never split
+    heard: list[tuple[int, int]] = []
+    many.add_listener(lambda s, w, old, new: heard.append((old, new)))
+    assert many.write_many(iter(facts)) == tokens[-1] == 6
+    # One write per fact closes the hole at 3 with a POSITION of its own; in a run the next row's token does.
+    assert [line for line in one_out.lines() if line != "POSITION to_device m 2 3"] == many_out.lines() == [
+        'RDATA to_device m 1 ["@a"]',
+        'RDATA to_device m batch ["@b"]',
+        'RDATA to_device m 2 ["@c"]',
+        'RDATA to_device m 4 ["@d"]',
+        'RDATA to_device m batch ["@e"]',
+        'RDATA to_device m batch ["@f"]',
+        'RDATA to_device m 5 ["@g"]',
+        "POSITION to_device m 5 6",
+    ]
+    assert heard == [(0, 6)]  # one advance for the whole run
+    assert many.current_token() == 6 and pub.positions() == {"to_device": 6}
+    assert many.write_many([]) == 6 and heard == [(0, 6)]
+    assert many.write([["@h"]]) == 7
+
+
+async def test_write_many_behind_a_reservation_waits_for_it(relay_impl: ModuleType) -> None:
+    ls, _, out = _publishing(relay_impl)
+    t1 = ls.reserve()
+    assert ls.write_many([[["@a"]], [["@b"]]]) == 3
+    assert out.lines() == [] and ls.current_token() == 0
+    ls.complete(t1, [["@z"]])
+    assert out.lines() == ['RDATA to_device m 1 ["@z"]', 'RDATA to_device m 2 ["@a"]', 'RDATA to_device m 3 ["@b"]']
+
+
+async def test_write_many_announces_the_facts_written_before_a_failing_one(relay_impl: ModuleType) -> None:
+    ls, _, out = _publishing(relay_impl)
+
+    def bad() -> Any:
+        raise RuntimeError("the application's rows failed")
+        yield
+
+    with pytest.raises(RuntimeError, match="rows failed"):
+        ls.write_many([[["@a"]], bad(), [["@never"]]])
+    assert ls.current_token() == 1
+    assert out.lines() == ['RDATA to_device m 1 ["@a"]']
+    assert ls.write([["@b"]]) == 3  # the failed fact's token stays used (a hole), as write() leaves its token
+    assert out.lines()[1:] == ['RDATA to_device m 3 ["@b"]']
 
 
 class SlowSource:

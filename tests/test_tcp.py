@@ -587,6 +587,88 @@ async def test_end_to_end_on_each_relay_twin(relay_impl: ModuleType) -> None:
         await server.stop()
 
 
+async def test_write_many_and_single_sends_interleave_in_order_on_each_relay_twin(relay_impl: ModuleType) -> None:
+    """Runs of facts (write_many), single writes and the hub's own sends on one link: all arrive, in order.
+
+    The relay's Broadcast appends straight to the link's queue of the turn
+    (``send_queue``) while the hub's sends go through ``send_many``: both
+    must land in the same order they were made.
+    """
+    src = MemoryUpdateSource(relay=relay_impl)
+    ls = LocalStream("to_device", "master", source=src)
+    pub = Publisher("master", relay=relay_impl, page_limit=50)
+    pub.add_stream("to_device", src, 0)
+    ls.add_listener(pub.notify)
+    hub = ReplicationHub("master", publisher=pub)
+    server = await TcpServer(hub, "hs.test", relay=relay_impl).start()
+    fol = Follower(typed=False, start_position=0, sources={"to_device": src}, relay=relay_impl)
+    got: list[tuple[int, list[Any]]] = []
+    fol.add_handler(lambda s, w, t, rows: got.append((t, rows)))
+    reader_hub = ReplicationHub("r", follower=fol)
+    seen_up: list[tuple[str, int]] = []
+    reader_hub.on("REMOTE_SERVER_UP", lambda cmd, conn: seen_up.append((cmd.data, len(got))))  # type: ignore[attr-defined]
+    client = await TcpClient(reader_hub, "127.0.0.1", server.port, relay=relay_impl).start()
+    try:
+        while not hub._replicating:
+            await asyncio.sleep(0.005)
+        expected: dict[int, list[Any]] = {}
+        sent_up: list[tuple[str, int]] = []
+        for turn in range(20):
+            facts = [[[f"@{turn}-{i}-{j}"] for j in range(i % 3)] for i in range(120)]  # i % 3 == 0: a hole
+            first = ls.current_token() + 1
+            ls.write_many(facts)
+            expected.update({first + i: rows for i, rows in enumerate(facts) if rows})
+            hub.send(RemoteServerUpCommand(f"up{turn}"))  # after this turn's rows, before the next ones
+            sent_up.append((f"up{turn}", len(expected)))
+            expected[ls.write([[f"@single{turn}"]])] = [[f"@single{turn}"]]
+            await asyncio.sleep(0)
+        await fol.wait_for_position("to_device", "master", ls.current_token(), timeout=10)
+        for _ in range(200):
+            if len(seen_up) == len(sent_up):
+                break
+            await asyncio.sleep(0.01)
+        assert got == sorted(expected.items())
+        assert seen_up == sent_up  # each REMOTE_SERVER_UP came after exactly the facts written before it
+    finally:
+        await client.stop()
+        await server.stop()
+
+
+async def test_a_server_link_offers_its_send_queue_only_while_sending_is_appending(writer: Any) -> None:
+    """``send_queue`` is the turn's queue once a write is scheduled, and None on flush, pause and close."""
+    from factstream.commands import PositionCommand
+
+    server, _ = writer
+    raw = await Raw.connect(server.port)
+    await raw.line()
+    for _ in range(100):
+        if server.connections:
+            break
+        await asyncio.sleep(0.01)
+    (conn,) = server.connections
+    assert conn.send_queue is None
+    conn.send_many([PositionCommand("to_device", "master", 1, 2)])
+    queue = conn.send_queue
+    assert type(queue) is list and len(queue) == 1
+    queue.append(PositionCommand("to_device", "master", 2, 3))  # what a Broadcast does
+    await raw.until("POSITION to_device master 1 2")
+    assert await raw.line() == "POSITION to_device master 2 3"
+    assert conn.send_queue is None  # flushed
+    conn.send_many([PositionCommand("to_device", "master", 3, 4)])
+    assert conn.send_queue is not None
+    conn.pause_writing()
+    assert conn.send_queue is None  # paused: sends are buffered, not appended to the turn's queue
+    conn.resume_writing()
+    conn.send_many([PositionCommand("to_device", "master", 4, 5)])
+    assert await raw.line() == "POSITION to_device master 3 4"
+    assert await raw.line() == "POSITION to_device master 4 5"
+    conn.send_many([PositionCommand("to_device", "master", 5, 6)])
+    conn.close("bye")
+    assert conn.send_queue is None  # closing: nothing more goes out
+    lines = await raw.closed()
+    assert lines[-1].startswith("ERROR") and not any("5 6" in line for line in lines)
+
+
 async def test_a_server_link_walks_its_states(writer: Any) -> None:
     """OPEN until the reader says NAME, READY after, CLOSED once gone; a link never counted twice."""
     from factstream.transport.tcp import ConnState, ServerConnection

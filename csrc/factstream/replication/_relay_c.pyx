@@ -24,7 +24,7 @@ from factstream.commands import _UNSET as _UNSET_PY
 from factstream.streams.rows import Row, wire_fields, wire_kinds
 from factstream.streams.sources import UpdatesUnavailable, page
 
-__all__ = ["RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally"]
+__all__ = ["RowWindow", "LocalWriter", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally"]
 
 cdef object _RDATA = RdataCommand
 cdef object _POSITION = PositionCommand
@@ -201,6 +201,65 @@ cdef class RowWindow:
         return page(updates, upto_token, limit)
 
 
+cdef class LocalWriter:
+    """``write(rows)``: ``LocalStream.write`` without a Python frame (see ``_relay_py.LocalWriter``)."""
+
+    cdef public object name
+    cdef public object instance
+    cdef public object add
+    cdef public list listeners
+    cdef public list pending
+    cdef public object fallback
+    cdef public object next
+    cdef public object position
+
+    def __init__(self, name, instance, add, list listeners not None, list pending not None, fallback, start):
+        self.name = name
+        self.instance = instance
+        self.add = add
+        self.listeners = listeners
+        self.pending = pending
+        self.fallback = fallback
+        self.next = start
+        self.position = start
+
+    def write(self, rows):
+        """Write ``rows`` at the next token and complete it; returns the token."""
+        if PyList_GET_SIZE(self.pending):
+            return self.fallback(rows)
+        token = self.next = self.next + 1
+        add, inst = self.add, self.instance
+        for row in rows:
+            add(inst, token, row)
+        old = self.position
+        self.position = token
+        for cb in self.listeners:
+            cb(self.name, inst, old, token)
+        return token
+
+    def write_many(self, facts):
+        """Each of ``facts`` at its own next token, one move for the listeners (see the pure twin)."""
+        token = done = self.next
+        add, inst = self.add, self.instance
+        try:
+            for rows in facts:
+                token += 1
+                for row in rows:
+                    add(inst, token, row)
+                done = token
+        finally:
+            self.next = token
+            if done > self.position:
+                old = self.position
+                self.position = done
+                for cb in self.listeners:
+                    cb(self.name, inst, old, done)
+        return self.position
+
+
+cdef class Broadcast  # defined below; publish_now hands it a single command directly
+
+
 cdef class StreamEmitter:
     """What one writer has published of one stream (see ``_relay_py.StreamEmitter``)."""
 
@@ -278,15 +337,22 @@ cdef class StreamEmitter:
         if sync_get is None:
             raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
         while self.sent < self.target:
-            cmds = self._just_added()
-            if cmds is None:
-                updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
-                cmds = self.commands(updates, upto)
+            cmd = self._just_added()
+            if cmd is not None:
+                # One command: a Broadcast appends it to each link's queue without a list of its own.
+                for sink in self.sinks:
+                    if type(sink) is Broadcast:
+                        (<Broadcast>sink).send_one(cmd)
+                    else:
+                        sink([cmd])
+                continue
+            updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
+            cmds = self.commands(updates, upto)
             if cmds:
                 for sink in self.sinks:
                     sink(cmds)
 
-    cdef list _just_added(self):
+    cdef object _just_added(self):
         # The writer's hot path, read from the window itself: the one row just added completes ``target``.
         # The same command as get_updates_now + commands give (their hot paths); None for anything else.
         cdef _Log log
@@ -306,7 +372,7 @@ cdef class StreamEmitter:
             return None
         self.sent = self.target
         self.rows = self.rows + 1
-        return [_rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))]
+        return _rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))
 
 
 cdef RowWindow _window_of(object sync_get):
@@ -365,7 +431,20 @@ cdef class Broadcast:
 
     def __call__(self, cmds):
         for conn in self.targets:
-            conn.send_many(cmds)
+            queue = getattr(conn, "send_queue", None)
+            if type(queue) is list:
+                (<list>queue).extend(cmds)  # what its send_many would do, without the call
+            else:
+                conn.send_many(cmds)
+
+    cdef send_one(self, cmd):
+        # self([cmd]), with the list made only for a connection without a send queue open.
+        for conn in self.targets:
+            queue = getattr(conn, "send_queue", None)
+            if type(queue) is list:
+                (<list>queue).append(cmd)
+            else:
+                conn.send_many([cmd])
 
 
 cdef class Fanout:

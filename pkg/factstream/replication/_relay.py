@@ -8,12 +8,13 @@ from .._compat import load
 
 if TYPE_CHECKING:
     from ._relay_py import (
-        Broadcast, Fact, Fanout, Router, RowParser, RowWindow, Sink, StreamEmitter, SyncGet, gather, same_source,
+        Broadcast, Fact, Fanout, LocalWriter, Router, RowParser, RowWindow, Sink, StreamEmitter, SyncGet, gather, same_source,
         tally,
     )
 else:
     _impl = load("replication._relay")
     RowWindow = _impl.RowWindow
+    LocalWriter = _impl.LocalWriter
     StreamEmitter = _impl.StreamEmitter
     Router = _impl.Router
     Broadcast = _impl.Broadcast
@@ -25,6 +26,6 @@ else:
     from ._relay_py import Fact, Sink, SyncGet
 
 __all__ = [
-    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally",
+    "RowWindow", "LocalWriter", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally",
     "Fact", "Sink", "SyncGet",
 ]

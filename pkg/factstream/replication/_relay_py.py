@@ -13,6 +13,8 @@ Python call of its own.
 * :class:`RowWindow` holds the recent rows of an in-memory stream (the
   storage of ``MemoryUpdateSource``): ``add`` as a writer completes,
   ``get_updates_now`` as the publisher (or a catching-up reader) asks.
+* :class:`LocalWriter` is the hot path of ``LocalStream.write``: a token
+  reserved, written and completed at once.
 * :class:`StreamEmitter` is one published stream's progress (``sent``,
   ``target``, ``rows``); :meth:`StreamEmitter.commands` turns updates into
   commands and :meth:`StreamEmitter.publish_now` drains a synchronous source
@@ -45,7 +47,7 @@ from ..streams.rows import Row, wire_fields, wire_kinds
 from ..streams.sources import Updates, UpdatesUnavailable, page
 
 __all__ = [
-    "RowWindow", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally",
+    "RowWindow", "LocalWriter", "StreamEmitter", "Router", "Broadcast", "Fanout", "RowParser", "gather", "same_source", "tally",
     "Fact", "Sink", "SyncGet",
 ]
 
@@ -133,6 +135,76 @@ class RowWindow:
         if hi - lo <= limit:
             return [(tokens[i], rows[i]) for i in range(lo, hi)], upto_token, False
         return page([(tokens[i], rows[i]) for i in range(lo, hi)], upto_token, limit)
+
+
+class LocalWriter:
+    """``write(rows)``: ``LocalStream.write``, the token counters it moves, and its listeners.
+
+    ``next`` is the last token handed out and ``position`` the stream's
+    position; ``pending`` is the stream's list of reserved, uncompleted tokens
+    (shared): while it is not empty the position cannot move past them, and
+    ``write`` hands ``rows`` to ``fallback`` (which reserves and completes).
+    Otherwise the next token is written and completed at once: each row goes
+    to ``add(instance, token, row)``, then ``listeners`` (shared) hear
+    ``(name, instance, old, token)``.
+    """
+
+    __slots__ = ("name", "instance", "add", "listeners", "pending", "fallback", "next", "position")
+
+    def __init__(
+        self,
+        name: str,
+        instance: str,
+        add: Callable[[str, int, Any], None],
+        listeners: list[Callable[[str, str, int, int], None]],
+        pending: list[int],
+        fallback: Callable[[Any], int],
+        start: int,
+    ) -> None:
+        self.name = name
+        self.instance = instance
+        self.add = add
+        self.listeners = listeners
+        self.pending = pending
+        self.fallback = fallback
+        self.next = start
+        self.position = start
+
+    def write(self, rows: Any) -> int:
+        """Write ``rows`` at the next token and complete it; returns the token."""
+        if self.pending:
+            return self.fallback(rows)
+        token = self.next = self.next + 1
+        add, inst = self.add, self.instance
+        for row in rows:
+            add(inst, token, row)
+        old, self.position = self.position, token
+        for cb in self.listeners:
+            cb(self.name, inst, old, token)
+        return token
+
+    def write_many(self, facts: Any) -> int:
+        """Write each of ``facts`` at its own next token; the listeners hear one move, to the last.
+
+        Only without reservations in flight (the caller checks ``pending``).
+        If a fact's rows raise, the tokens up to the failing one stay used and
+        the facts before it are announced all the same. Returns the position.
+        """
+        token = done = self.next
+        add, inst = self.add, self.instance
+        try:
+            for rows in facts:
+                token += 1
+                for row in rows:
+                    add(inst, token, row)
+                done = token
+        finally:
+            self.next = token
+            if done > self.position:
+                old, self.position = self.position, done
+                for cb in self.listeners:
+                    cb(self.name, inst, old, done)
+        return self.position
 
 
 class StreamEmitter:
@@ -253,7 +325,9 @@ class Broadcast:
 
     ``targets`` is the hub's list of replicating connections (shared, so
     connections added or removed later are seen); each gets
-    ``send_many(cmds)``, in list order.
+    ``send_many(cmds)``, in list order, or, while its ``send_queue`` is a
+    list (see :class:`~factstream.replication.carrier.Connection`), has
+    ``cmds`` appended to it, which is what its ``send_many`` would do.
     """
 
     __slots__ = ("targets",)
@@ -263,7 +337,11 @@ class Broadcast:
 
     def __call__(self, cmds: list[Command]) -> None:
         for conn in self.targets:
-            conn.send_many(cmds)
+            queue = getattr(conn, "send_queue", None)
+            if type(queue) is list:
+                queue.extend(cmds)
+            else:
+                conn.send_many(cmds)
 
 
 class Fanout:

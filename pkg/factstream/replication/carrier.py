@@ -21,6 +21,7 @@ streams RDATA to a connection only after it asked REPLICATE) and True for
 shared buses (Redis: every RDATA is published for whoever listens).
 ``Connection.may_send`` names the commands this end may send (None: any); the
 hub respects it, so REPLICATE and USER_SYNC never go out of a TCP server end.
+``Connection.send_queue`` is an optional shortcut around ``send_many`` (see there).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class Connection(ABC):
     #: Command names this end may send (TCP: the server or the client list), None for any.
     #: The hub never hands a connection a command outside this set.
     may_send: frozenset[str] | None = None
+    #: While not None, the list that ``send_many(cmds)`` would only extend right now (TCP: the
+    #: commands of this loop turn, open, not paused, their write already scheduled), so a caller
+    #: sending many small batches (the relay's ``Broadcast``) may extend it itself and skip the
+    #: call; the connection replaces it with None before anything else would happen to a send.
+    send_queue: list[Command] | None = None
 
     @abstractmethod
     def send(self, cmd: Command) -> None:

@@ -49,6 +49,11 @@ class ConnState(enum.IntEnum):
     CLOSED = 4  #: connection_lost ran
 
 
+# ``ConnState.CLOSING`` looked up through the enum's class costs more than the rest of a send; the hot paths
+# compare with this alias.
+_CLOSING = ConnState.CLOSING
+
+
 class Codec(Protocol):
     """What a link needs of a wire codec (``factstream.wire`` or one of its twins)."""
 
@@ -116,6 +121,9 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._rdata_sink = None if self.is_server else getattr(sink, "rdata_received", None)
         self._outq: list[Command] = []
         self._flush_scheduled = False
+        #: ``_outq`` while sending is only appending to it (see ``Connection.send_queue``): set when a flush is
+        #: scheduled, None again before ``_outq`` is taken or replaced, on pause and on close.
+        self.send_queue: list[Command] | None = None
         self._transport: asyncio.Transport | None = None
         self._paused = False
         self._pending: deque[Command] = deque()
@@ -157,7 +165,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self.sink.connection_made(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.state >= ConnState.CLOSING:
+        if self.state >= _CLOSING:
             return
         self._last_recv = time.monotonic()
         error: ProtocolError | None = None
@@ -176,7 +184,7 @@ class TcpConnection(asyncio.Protocol, Connection):
                 else:
                     i, n = 0, len(cmds)
                     while i < n:
-                        if self.state >= ConnState.CLOSING:
+                        if self.state >= _CLOSING:
                             return
                         if rdata_sink is not None and type(cmds[i]) is RdataCommand:
                             j = i + 1
@@ -191,7 +199,7 @@ class TcpConnection(asyncio.Protocol, Connection):
                 log.exception("%s: handling a received command failed; closing the connection", self.description)
                 self._abort_with("error", "internal error while handling a command")
                 return
-        if error is not None and self.state < ConnState.CLOSING:
+        if error is not None and self.state < _CLOSING:
             log.warning("%s: bad line, closing: %s", self.description, error)
             self._abort_with("protocol", f"invalid line: {error}")
 
@@ -204,6 +212,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             self._timer.cancel()
         was_up = self.connected_at is not None and self.state is not ConnState.CLOSED
         self.state = ConnState.CLOSED
+        self.send_queue = None
         if self._pending:
             metrics.PENDING_OUT.dec(len(self._pending))
             self._pending.clear()
@@ -218,12 +227,14 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     def pause_writing(self) -> None:
         self._paused = True
+        self.send_queue = None
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._pending and self.state < ConnState.CLOSING:
+        if self._pending and self.state < _CLOSING:
             cmds = list(self._pending)
             cmds.extend(self._outq)
+            self.send_queue = None
             self._outq = []
             metrics.PENDING_OUT.dec(len(cmds))
             self._pending.clear()
@@ -235,7 +246,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self.send_many((cmd,))
 
     def send_many(self, cmds: Iterable[Command]) -> None:
-        if self.state >= ConnState.CLOSING:
+        if self.state >= _CLOSING:
             return
         if not self._paused:
             # Coalesce everything sent in one loop iteration into one write (one syscall).
@@ -243,12 +254,14 @@ class TcpConnection(asyncio.Protocol, Connection):
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_event_loop().call_soon(self._flush)
+                self.send_queue = self._outq
             return
         self._buffer(cmds)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self.state >= ConnState.CLOSING or not self._outq:
+        self.send_queue = None
+        if self.state >= _CLOSING or not self._outq:
             self._outq = []
             return
         cmds, self._outq = self._outq, []
@@ -270,7 +283,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             self._abort_with("congestion", f"client fell behind: more than {self.max_buffered} commands buffered")
 
     def close(self, reason: str | None = None) -> None:
-        if self.state >= ConnState.CLOSING:
+        if self.state >= _CLOSING:
             return
         if reason:
             self._abort_with("closed", reason)
@@ -280,7 +293,7 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     @property
     def connected(self) -> bool:
-        return self.state < ConnState.CLOSING and self._transport is not None
+        return self.state < _CLOSING and self._transport is not None
 
     @property
     def handshake_done(self) -> bool:
@@ -340,7 +353,7 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     def _abort_with(self, reason: str, message: str) -> None:
         """Send ERROR <message> (bypassing the congestion buffer) and close."""
-        if self.state >= ConnState.CLOSING:
+        if self.state >= _CLOSING:
             return
         self._close_reason = reason
         if self._transport is not None:
@@ -352,7 +365,8 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._shutdown()
 
     def _shutdown(self) -> None:
-        if self.state < ConnState.CLOSING:
+        self.send_queue = None
+        if self.state < _CLOSING:
             self.state = ConnState.CLOSING
         if self._pending:
             metrics.PENDING_OUT.dec(len(self._pending))
@@ -377,7 +391,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._timer = asyncio.get_event_loop().call_later(interval, self._tick)
 
     def _tick(self) -> None:
-        if self.state >= ConnState.CLOSING:
+        if self.state >= _CLOSING:
             return
         now = time.monotonic()
         if self._peer_pinged and now - self._last_recv > self.timeout:
