@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
+from collections.abc import Mapping
 from typing import Any
 
 from ...errors import ProtocolError
@@ -47,7 +48,7 @@ async def pending_after(api: _Api, subject: str, seq: int) -> int:
     return int(resp.get("num_pending", 0) or 0)
 
 
-async def behind_by_subject(api: _Api, delivered: int, subjects: dict[str, tuple[str | None, str | None]],
+async def behind_by_subject(api: _Api, delivered: int, subjects: Mapping[str, tuple[str | None, str | None]],
                             total_pending: int, now: float | None = None) -> list[dict[str, Any]]:
     """Per (stream, writer) subject: messages after sequence ``delivered`` and the age of the oldest of them.
 
