@@ -630,6 +630,7 @@ cdef class LineDecoder:
         """
         cdef const char* nl
         cdef Py_ssize_t ln
+        cdef object cmd
         cdef Py_ssize_t start = at[0]
         cdef Py_ssize_t limit = self.max_line_length
         while True:
@@ -647,16 +648,17 @@ cdef class LineDecoder:
                 return 1
             if not _blank(<const unsigned char*>p + start, ln):
                 at[0] = start
-                out.append(_parse(<const unsigned char*>p + start, ln, None, self.rows))
+                cmd = _parse(<const unsigned char*>p + start, ln, None, self.rows)
+                fs_hold(&_BUILDER.b, <PyObject*>cmd)  # a tracked command (PING, USER_SYNC...): held as its row
+                out.append(cmd)
             start += ln + 1
 
     def feed(self, data) -> list:
         """The commands completed by ``data`` (see the class docstring for errors)."""
-        if not self.rows:
-            return self._feed(data)
-        # Rows built during this feed stay out of the cycle collector's lists
-        # until it ends (fs_hold in _wire_build.pxi): the young collections
-        # the feed's own allocations trigger then have nothing of it to walk.
+        # Commands and rows built during this feed stay out of the cycle
+        # collector's lists until it ends (fs_hold in _wire_build.pxi): the
+        # young collections the feed's own allocations trigger then have
+        # nothing of it to walk.
         _BUILDER.b.defer += 1
         try:
             return self._feed(data)
