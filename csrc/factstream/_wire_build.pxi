@@ -25,12 +25,12 @@ cdef extern from *:
         Py_ssize_t nheld, capheld;
     } fs_builder;
 
-    /* A LineDecoder(rows=True) feed keeps every row it builds alive in the
+    /* A LineDecoder feed keeps every command and row it builds alive in the
        list it returns, so each young collection the allocations trigger
-       during the feed walked (and promoted) all the rows built so far: a
+       during the feed walked (and promoted) all of them built so far: a
        whole-buffer feed paid dozens of collections over its own output.
-       While b->defer is set, a finished container leaves the collector's
-       lists and is held here (with a reference, so it can never be freed
+       While b->defer is set, a finished container (or a tracked command,
+       held by the decoder) leaves the collector's lists and is held here (with a reference, so it can never be freed
        while untracked); fs_release tracks them all again before the feed
        returns or raises. In between only C code touches them (the builder
        calls no Python code: keys are exact str, values builtin types), so
