@@ -20,7 +20,58 @@ cdef extern from *:
         const unsigned char *end;
         Py_UCS4 *buf;      /* scratch for strings with escapes */
         Py_ssize_t cap;
+        int defer;         /* > 0: containers built are held untracked (see fs_hold) */
+        PyObject **held;   /* each with a reference of its own */
+        Py_ssize_t nheld, capheld;
     } fs_builder;
+
+    /* A LineDecoder feed keeps every command and row it builds alive in the
+       list it returns, so each young collection the allocations trigger
+       during the feed walked (and promoted) all of them built so far: a
+       whole-buffer feed paid dozens of collections over its own output.
+       While b->defer is set, a finished container (or a tracked command,
+       held by the decoder) leaves the collector's lists and is held here (with a reference, so it can never be freed
+       while untracked); fs_release tracks them all again before the feed
+       returns or raises. In between only C code touches them (the builder
+       calls no Python code: keys are exact str, values builtin types), so
+       nothing can build a cycle through them that the collector misses. */
+    static inline void fs_hold(fs_builder *b, PyObject *o) {
+        if (!b->defer || !PyObject_GC_IsTracked(o))
+            return;  /* a dict of atomic values: CPython keeps it untracked itself */
+        if (b->nheld == b->capheld) {
+            Py_ssize_t cap = b->capheld ? b->capheld * 2 : 1024;
+            PyObject **nh = (PyObject **)PyMem_Realloc(b->held, (size_t)cap * sizeof(PyObject *));
+            if (nh == NULL)
+                return;  /* no memory to hold it: it stays tracked (only slower) */
+            b->held = nh;
+            b->capheld = cap;
+        }
+        PyObject_GC_UnTrack(o);
+        Py_INCREF(o);
+        b->held[b->nheld++] = o;
+    }
+
+    /* Track every held object again (those already tracked are left), then
+       drop the references held: garbage of a failed build is freed here. */
+    static void fs_release(fs_builder *b) {
+        PyObject **h = b->held;
+        Py_ssize_t i, n = b->nheld, cap = b->capheld;
+        if (n == 0)
+            return;
+        b->held = NULL;  /* detached while released: a nested hold gets its own array */
+        b->nheld = b->capheld = 0;
+        for (i = 0; i < n; i++)
+            if (!PyObject_GC_IsTracked(h[i]))
+                PyObject_GC_Track(h[i]);
+        for (i = 0; i < n; i++)
+            Py_DECREF(h[i]);
+        if (b->held == NULL) {
+            b->held = h;
+            b->capheld = cap;
+        } else {
+            PyMem_Free(h);
+        }
+    }
 
     #define FS_B_ONES 0x0101010101010101ULL
     #define FS_B_HIGH 0x8080808080808080ULL
@@ -319,7 +370,10 @@ cdef extern from *:
         const unsigned char *p = fs_b_ws(b, *pp + 1);
         if (*p == ']') {
             *pp = p + 1;
-            return PyList_New(0);
+            out = PyList_New(0);
+            if (out != NULL)
+                fs_hold(b, out);
+            return out;
         }
         for (;;) {
             *pp = p;
@@ -364,6 +418,7 @@ cdef extern from *:
             for (i = 0; i < k; i++)
                 PyList_SET_ITEM(out, i, items[i]);  /* steals */
         }
+        fs_hold(b, out);
         return out;
     fail:
         for (i = 0; i < k; i++)
@@ -406,6 +461,7 @@ cdef extern from *:
                 continue;
             }
             *pp = p + 1;  /* } */
+            fs_hold(b, out);
             return out;
         }
     fail:
@@ -596,7 +652,10 @@ cdef extern from *:
         const unsigned char *p = fs_v_ws(b, *pp + 1);
         if (p < b->end && *p == ']') {
             *pp = p + 1;
-            return PyList_New(0);
+            out = PyList_New(0);
+            if (out != NULL)
+                fs_hold(b, out);
+            return out;
         }
         for (;;) {
             *pp = p;
@@ -644,6 +703,7 @@ cdef extern from *:
             for (i = 0; i < k; i++)
                 PyList_SET_ITEM(out, i, items[i]);
         }
+        fs_hold(b, out);
         return out;
     fail:
         for (i = 0; i < k; i++)
@@ -693,6 +753,7 @@ cdef extern from *:
             }
             if (p < b->end && *p == '}') {
                 *pp = p + 1;
+                fs_hold(b, out);
                 return out;
             }
             goto fail;
@@ -754,6 +815,12 @@ cdef extern from *:
         const unsigned char* end
         Py_UCS4* buf
         Py_ssize_t cap
+        int defer
+        PyObject** held
+        Py_ssize_t nheld
+        Py_ssize_t capheld
+    void fs_hold(fs_builder* b, PyObject* o)
+    void fs_release(fs_builder* b)
     object fs_build(fs_builder* b, const unsigned char* p, Py_ssize_t n)
     PyObject* fs_build_checked(fs_builder* b, const unsigned char* p, Py_ssize_t n)
     const int FS_V_MAX_DEPTH
@@ -772,10 +839,17 @@ cdef class _Builder:
         self.b.end = NULL
         self.b.buf = NULL
         self.b.cap = 0
+        self.b.defer = 0
+        self.b.held = NULL
+        self.b.nheld = 0
+        self.b.capheld = 0
 
     def __dealloc__(self):
+        fs_release(&self.b)
         if self.b.buf != NULL:
             PyMem_Free(self.b.buf)
+        if self.b.held != NULL:
+            PyMem_Free(self.b.held)
 
     cdef inline object build(self, const unsigned char* p, Py_ssize_t n):
         return fs_build(&self.b, p, n)

@@ -367,6 +367,8 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
                     _put(cmd, R_LOADS, None)
                     if not PyObject_IS_GC(<PyObject*>value):
                         PyObject_GC_UnTrack(<PyObject*>cmd)  # atomic slots only
+                    else:
+                        fs_hold(&_BUILDER.b, <PyObject*>cmd)  # held untracked with its row during a feed
                     return cmd
                 _scan_json(s3 + 1, end - s3 - 1, &canonical, "row", line)
                 cmd = _alloc(_RDATA)
@@ -628,6 +630,7 @@ cdef class LineDecoder:
         """
         cdef const char* nl
         cdef Py_ssize_t ln
+        cdef object cmd
         cdef Py_ssize_t start = at[0]
         cdef Py_ssize_t limit = self.max_line_length
         while True:
@@ -645,10 +648,25 @@ cdef class LineDecoder:
                 return 1
             if not _blank(<const unsigned char*>p + start, ln):
                 at[0] = start
-                out.append(_parse(<const unsigned char*>p + start, ln, None, self.rows))
+                cmd = _parse(<const unsigned char*>p + start, ln, None, self.rows)
+                fs_hold(&_BUILDER.b, <PyObject*>cmd)  # a tracked command (PING, USER_SYNC...): held as its row
+                out.append(cmd)
             start += ln + 1
 
     def feed(self, data) -> list:
+        """The commands completed by ``data`` (see the class docstring for errors)."""
+        # Commands and rows built during this feed stay out of the cycle
+        # collector's lists until it ends (fs_hold in _wire_build.pxi): the
+        # young collections the feed's own allocations trigger then have
+        # nothing of it to walk.
+        _BUILDER.b.defer += 1
+        try:
+            return self._feed(data)
+        finally:
+            _BUILDER.b.defer -= 1
+            fs_release(&_BUILDER.b)
+
+    cdef list _feed(self, data):
         cdef bytes joined
         cdef const char* p
         cdef Py_ssize_t n, ln
