@@ -83,6 +83,40 @@ gen_archive = _load("gen_archive")
 bench_spark = _load("bench_spark")
 
 
+def _tree_ticks() -> dict[int, int]:
+    """CPU ticks (own and reaped children's) of every live process under this one, by pid."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)], ticks[int(entry)] = int(fields[1]), sum(int(f) for f in fields[11:15])
+    me, out = os.getpid(), {}
+    for pid, t in ticks.items():
+        p = pid
+        while p and p != me:
+            p = parent.get(p, 0)
+        if p == me:
+            out[pid] = t
+    return out
+
+
+def _cpu_between(before: dict[int, int], after: dict[int, int]) -> float:
+    """CPU seconds the tree used between two snapshots, counted per process that is still alive.
+
+    Not the difference of two totals: Spark kills Python workers idle for a
+    minute (in local mode, during a long native run), and their whole past
+    CPU time then leaves the tree, which made a run's figure too small (the
+    first version of this benchmark recorded a native run at 6.75 s).
+    """
+    return sum(t - before.get(pid, 0) for pid, t in after.items()) / os.sysconf("SC_CLK_TCK")
+
+
 def _session(master: str) -> Any:
     from factstream.spark.session import make_session
 
@@ -189,7 +223,6 @@ def _notes(benchmark: Any, where: str, rnd: int) -> None:
 def test_parse_cluster_vs_local_vs_native(benchmark: Any, archive: str, where: str, rnd: int, variant: str) -> None:
     """One measured run of one variant in one place; the factstream/native ratio is taken within each round."""
     spark = _switch(where, archive)
-    tree_cpu = bench_spark._tree_cpu_seconds
     cpu: list[float] = []
 
     def collected() -> None:
@@ -197,9 +230,9 @@ def test_parse_cluster_vs_local_vs_native(benchmark: Any, archive: str, where: s
         time.sleep(1)
 
     def once() -> None:
-        c = tree_cpu()
+        before = _tree_ticks()
         _write(spark, archive, variant)
-        cpu.append(tree_cpu() - c)
+        cpu.append(_cpu_between(before, _tree_ticks()))
 
     benchmark.group = f"parse on the {'two-worker standalone cluster' if where == 'cluster' else 'local[2]'}"
     benchmark.name = f"{where} {variant} (round {rnd})"
