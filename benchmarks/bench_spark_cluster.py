@@ -9,6 +9,15 @@ machine the cluster cannot be faster; what counts is factstream's ratio to
 native Spark on the same cluster, which must stay at least what it is in
 local mode.
 
+In each place: one warm-up run of each variant (executors, Python workers,
+JIT), then FACTSTREAM_BENCH_CLUSTER_ROUNDS measured rounds (default 5); a
+round runs native and factstream back to back, the first of the two
+alternating from round to round, so load that drifts on this shared machine
+hits both alike. The ratio is taken within each round (factstream rows/s over
+native rows/s; native CPU seconds over factstream CPU seconds), noted on the
+row of the round's second run, and the place's figure is the median of its
+rounds, noted with every round's ratios on the place's last row.
+
 Streaming: a writer (`factstream serve --produce` on PostgreSQL) at a steady
 rate while `start_stream` runs on local[2] with a 0.2 s trigger (after an
 8 s warm-up phase that starts Spark's Python workers); latency of a fact =
@@ -22,11 +31,11 @@ results are what the writer achieved, not what it was asked for.
 
 Run with ``make bench BENCH=spark_cluster`` (writes benchmarks/results/spark_cluster.json;
 each result's notes carry rows/s, CPU seconds of the whole process tree (driver, JVMs, master,
-workers, executors, Python workers) and, for factstream, its ratios to native in the same place).
+workers, executors, Python workers) and, for factstream, its ratios to native in the same round).
 
 Environment: FACTSTREAM_BENCH_CLUSTER_LINES (default 5000000, what issue #16 asks; a smaller
-figure for a quick run is recorded in every result), FACTSTREAM_BENCH_CLUSTER_DIR (default
-build/bench-cluster-archive).
+figure for a quick run is recorded in every result), FACTSTREAM_BENCH_CLUSTER_ROUNDS (default 5),
+FACTSTREAM_BENCH_CLUSTER_DIR (default build/bench-cluster-archive).
 """
 
 from __future__ import annotations
@@ -55,8 +64,10 @@ pytestmark = [
 
 LINES = int(os.environ.get("FACTSTREAM_BENCH_CLUSTER_LINES", "5000000"))
 OUT = os.environ.get("FACTSTREAM_BENCH_CLUSTER_DIR", "build/bench-cluster-archive")
-RATES: dict[str, float] = {}  # rows/s by "<where>/<variant>"
-CPU: dict[str, float] = {}  # CPU seconds of the process tree, same keys
+#: Measured rounds per place; each round runs native and factstream once, back to back.
+ROUNDS = int(os.environ.get("FACTSTREAM_BENCH_CLUSTER_ROUNDS", "5"))
+PLACES = ("cluster", "local")
+RUNS: dict[tuple[str, int, str], tuple[float, float]] = {}  # (where, round, variant) -> (rows/s, CPU s)
 FACTSTREAM = os.path.join(os.path.dirname(sys.executable), "factstream")
 
 
@@ -69,6 +80,41 @@ def _load(name: str) -> Any:
 
 
 gen_archive = _load("gen_archive")
+bench_spark = _load("bench_spark")
+
+
+def _tree_ticks() -> dict[int, int]:
+    """CPU ticks (own and reaped children's) of every live process under this one, by pid."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)], ticks[int(entry)] = int(fields[1]), sum(int(f) for f in fields[11:15])
+    me, out = os.getpid(), {}
+    for pid, t in ticks.items():
+        p = pid
+        while p and p != me:
+            p = parent.get(p, 0)
+        if p == me:
+            out[pid] = t
+    return out
+
+
+def _cpu_between(before: dict[int, int], after: dict[int, int]) -> float:
+    """CPU seconds the tree used between two snapshots, counted per process that is still alive.
+
+    Not the difference of two totals: Spark kills Python workers idle for a
+    minute (in local mode, during a long native run), and their whole past
+    CPU time then leaves the tree, which made a run's figure too small (the
+    first version of this benchmark recorded a native run at 6.75 s).
+    """
+    return sum(t - before.get(pid, 0) for pid, t in after.items()) / os.sysconf("SC_CLK_TCK")
 
 
 def _session(master: str) -> Any:
@@ -80,26 +126,18 @@ def _session(master: str) -> Any:
     })
 
 
-def _time(benchmark: Any, name: str, make_df: Any) -> None:
-    """One warm-up run, then one measured run; rows/s and CPU seconds of the process tree into extra_info."""
-    tree_cpu = _load("bench_spark")._tree_cpu_seconds
-    cpu: list[float] = []
+def _make_df(spark: Any, archive: str, variant: str) -> Any:
+    from factstream.spark.lines import ParseOptions
+    from factstream.spark.pipeline import parse_archives
 
-    def once() -> None:
-        c = tree_cpu()
-        make_df().write.format("noop").mode("overwrite").save()
-        cpu.append(tree_cpu() - c)
+    if variant == "native":
+        return bench_spark.native_typed(spark, archive)
+    # the same split size as native's spark.sql.files.maxPartitionBytes
+    return parse_archives(spark, [archive], ParseOptions(typed=True), chunk_bytes=16 * 1024 * 1024)
 
-    once()  # warm-up: executors, Python workers, JIT
-    benchmark.pedantic(once, rounds=1, iterations=1)
-    seconds = benchmark.stats.stats.median
-    RATES[name], CPU[name] = round(LINES / seconds), round(cpu[-1], 2)
-    benchmark.extra_info.update(lines=LINES, rows_per_s=RATES[name], cpu_s=CPU[name])
-    where, variant = name.split("/")
-    native = f"{where}/native"
-    if variant == "factstream" and native in RATES:
-        benchmark.extra_info["x_native_rows_per_s"] = round(RATES[name] / RATES[native], 3)
-        benchmark.extra_info["x_native_cpu"] = round(CPU[native] / CPU[name], 3) if CPU[name] > 0 else None
+
+def _write(spark: Any, archive: str, variant: str) -> None:
+    _make_df(spark, archive, variant).write.format("noop").mode("overwrite").save()
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +149,15 @@ def archive() -> str:
 CURRENT: dict[str, Any] = {}  # the running session (and cluster) of the current "where"
 
 
-def _switch(where: str) -> Any:
-    """The Spark session for ``where``; stops the previous one (one SparkContext per process)."""
+@pytest.fixture(scope="module", autouse=True)
+def _stopped_at_end() -> Any:
+    """No cluster outlives the module, whatever failed."""
+    yield
+    _stop()
+
+
+def _switch(where: str, archive: str) -> Any:
+    """The Spark session for ``where``, warmed up; stops the previous one (one SparkContext per process)."""
     from factstream.spark.cluster import start_standalone
 
     if CURRENT.get("where") == where:
@@ -123,6 +168,8 @@ def _switch(where: str) -> Any:
         cluster = start_standalone(tempfile.mkdtemp(prefix="factstream-bench-cluster-"), workers=2, cores=1,
                                    memory="1g")
     CURRENT.update(where=where, cluster=cluster, spark=_session(cluster.url if cluster else "local[2]"))
+    for variant in ("native", "factstream"):  # warm-up: executors, Python workers, code generation, JIT
+        _write(CURRENT["spark"], archive, variant)
     return CURRENT["spark"]
 
 
@@ -134,22 +181,69 @@ def _stop() -> None:
     CURRENT.clear()
 
 
-@pytest.mark.parametrize("where,variant", [("cluster", "native"), ("cluster", "factstream"),
-                                           ("local", "native"), ("local", "factstream")])
-def test_parse_cluster_vs_local_vs_native(benchmark: Any, archive: str, where: str, variant: str) -> None:
-    from factstream.spark.lines import ParseOptions
-    from factstream.spark.pipeline import parse_archives
+def _order() -> list[tuple[str, int, str]]:
+    """Every place's rounds in turn; within a round both variants, the first one alternating (drift cancels)."""
+    out = []
+    for where in PLACES:
+        for rnd in range(1, ROUNDS + 1):
+            pair = ("native", "factstream") if rnd % 2 else ("factstream", "native")
+            out.extend((where, rnd, variant) for variant in pair)
+    return out
 
-    bench_spark = _load("bench_spark")
-    spark = _switch(where)
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _notes(benchmark: Any, where: str, rnd: int) -> None:
+    """Once a round has both runs: that round's ratios; after a place's last round: every round and the medians."""
+    if (where, rnd, "native") not in RUNS or (where, rnd, "factstream") not in RUNS:
+        return
+    (fs_rate, fs_cpu), (nat_rate, nat_cpu) = RUNS[(where, rnd, "factstream")], RUNS[(where, rnd, "native")]
+    benchmark.extra_info["x_native_rows_per_s"] = round(fs_rate / nat_rate, 3)
+    benchmark.extra_info["x_native_cpu"] = round(nat_cpu / fs_cpu, 3) if fs_cpu > 0 else None
+    if rnd != ROUNDS:
+        return
+    by_rate, by_cpu = [], []
+    for r in range(1, ROUNDS + 1):
+        (fr, fc), (nr, nc) = RUNS[(where, r, "factstream")], RUNS[(where, r, "native")]
+        by_rate.append(round(fr / nr, 2))
+        if fc > 0:  # a process that left the tree unreaped would make the difference meaningless
+            by_cpu.append(round(nc / fc, 2))
+    benchmark.extra_info.update(
+        rounds_x_native_rows_per_s=by_rate, rounds_x_native_cpu=by_cpu,
+        median_x_native_rows_per_s=round(_median(by_rate), 3),
+        median_x_native_cpu=round(_median(by_cpu), 3) if by_cpu else None,
+    )
+
+
+@pytest.mark.parametrize("where,rnd,variant", _order(), ids=[f"{w}-{v}-round{r}" for w, r, v in _order()])
+def test_parse_cluster_vs_local_vs_native(benchmark: Any, archive: str, where: str, rnd: int, variant: str) -> None:
+    """One measured run of one variant in one place; the factstream/native ratio is taken within each round."""
+    spark = _switch(where, archive)
+    cpu: list[float] = []
+
+    def collected() -> None:
+        spark._jvm.System.gc()  # start from a collected driver heap: no run pays for the garbage of the one before
+        time.sleep(1)
+
+    def once() -> None:
+        before = _tree_ticks()
+        _write(spark, archive, variant)
+        cpu.append(_cpu_between(before, _tree_ticks()))
+
+    benchmark.group = f"parse on the {'two-worker standalone cluster' if where == 'cluster' else 'local[2]'}"
+    benchmark.name = f"{where} {variant} (round {rnd})"
     try:
-        if variant == "native":
-            _time(benchmark, f"{where}/native", lambda: bench_spark.native_typed(spark, archive))
-        else:
-            _time(benchmark, f"{where}/factstream",
-                  lambda: parse_archives(spark, [archive], ParseOptions(typed=True), chunk_bytes=16 * 1024 * 1024))
+        benchmark.pedantic(once, setup=collected, rounds=1, iterations=1, warmup_rounds=0)
+        seconds = benchmark.stats.stats.median
+        RUNS[(where, rnd, variant)] = (LINES / seconds, cpu[-1])
+        benchmark.extra_info.update(lines=LINES, rows_per_s=round(LINES / seconds), cpu_s=round(cpu[-1], 2))
+        _notes(benchmark, where, rnd)
     finally:
-        if (where, variant) == ("local", "factstream"):
+        if (where, rnd, variant) == _order()[-1]:
             _stop()
 
 

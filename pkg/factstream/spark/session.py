@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
@@ -109,6 +110,10 @@ def make_session(
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
         "spark.driver.extraJavaOptions": "-Dlog4j2.level=warn",
     }
+    if hasattr(socket, "AF_UNIX"):
+        # JVM <-> Python worker over a Unix socket (Spark 4; ignored by 3.5): over loopback TCP every
+        # Python task (every chunk of the parse) waited about 40-60 ms in its first reads (BENCHMARKS.md).
+        settings["spark.python.unix.domain.socket.enabled"] = "true"
     if not master.startswith("local"):
         settings["spark.executorEnv.PYSPARK_PYTHON"] = python
     if ship_env:
