@@ -169,13 +169,8 @@ def _write_summary() -> None:
     print("\n" + json.dumps({"ratios": ratios, "ratios_by_cpu_time": cpu_ratios}, indent=2), file=sys.stderr)
 
 
-def _tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process and everything under it (the JVM, Python workers).
-
-    Live processes count their own time, exited ones their reaped children's
-    (cutime/cstime), so the difference around a run is the run's CPU cost,
-    whatever else the machine is doing.
-    """
+def _tree_ticks() -> dict[int, int]:
+    """CPU ticks (own and reaped children's: utime stime cutime cstime) of every live process under this one."""
     parent: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -186,18 +181,25 @@ def _tree_cpu_seconds() -> float:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        pid = int(entry)
-        parent[pid] = int(fields[1])
-        ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    me = os.getpid()
-    total = 0
-    for pid in ticks:
+        parent[int(entry)], ticks[int(entry)] = int(fields[1]), sum(int(f) for f in fields[11:15])
+    me, out = os.getpid(), {}
+    for pid, t in ticks.items():
         p = pid
         while p and p != me:
             p = parent.get(p, 0)
         if p == me:
-            total += ticks[pid]
-    return total / os.sysconf("SC_CLK_TCK")
+            out[pid] = t
+    return out
+
+
+def _tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and everything under it (the JVM, Python workers).
+
+    Live processes count their own time, exited ones their reaped children's
+    (cutime/cstime), so the difference around a run is the run's CPU cost,
+    whatever else the machine is doing.
+    """
+    return sum(_tree_ticks().values()) / os.sysconf("SC_CLK_TCK")
 
 
 def _run(benchmark: Any, name: str, make_df: Callable[[], Any]) -> None:

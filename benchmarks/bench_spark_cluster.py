@@ -83,29 +83,6 @@ gen_archive = _load("gen_archive")
 bench_spark = _load("bench_spark")
 
 
-def _tree_ticks() -> dict[int, int]:
-    """CPU ticks (own and reaped children's) of every live process under this one, by pid."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(entry)], ticks[int(entry)] = int(fields[1]), sum(int(f) for f in fields[11:15])
-    me, out = os.getpid(), {}
-    for pid, t in ticks.items():
-        p = pid
-        while p and p != me:
-            p = parent.get(p, 0)
-        if p == me:
-            out[pid] = t
-    return out
-
-
 def _cpu_between(before: dict[int, int], after: dict[int, int]) -> float:
     """CPU seconds the tree used between two snapshots, counted per process that is still alive.
 
@@ -230,9 +207,9 @@ def test_parse_cluster_vs_local_vs_native(benchmark: Any, archive: str, where: s
         time.sleep(1)
 
     def once() -> None:
-        before = _tree_ticks()
+        before = bench_spark._tree_ticks()
         _write(spark, archive, variant)
-        cpu.append(_cpu_between(before, _tree_ticks()))
+        cpu.append(_cpu_between(before, bench_spark._tree_ticks()))
 
     benchmark.group = f"parse on the {'two-worker standalone cluster' if where == 'cluster' else 'local[2]'}"
     benchmark.name = f"{where} {variant} (round {rnd})"
