@@ -634,11 +634,8 @@ async def test_write_many_and_single_sends_interleave_in_order_on_each_relay_twi
         await server.stop()
 
 
-async def test_a_server_link_offers_its_send_queue_only_while_sending_is_appending(writer: Any) -> None:
-    """``send_queue`` is the turn's queue once a write is scheduled, and None on flush, pause and close."""
-    from factstream.commands import PositionCommand
-
-    server, _ = writer
+async def _raw_link(server: Any) -> tuple[Any, Any]:
+    """A raw client connected to ``server``, past its SERVER line, and the server's end of that link."""
     raw = await Raw.connect(server.port)
     await raw.line()
     for _ in range(100):
@@ -646,6 +643,15 @@ async def test_a_server_link_offers_its_send_queue_only_while_sending_is_appendi
             break
         await asyncio.sleep(0.01)
     (conn,) = server.connections
+    return raw, conn
+
+
+async def test_a_server_link_offers_its_send_queue_only_while_sending_is_appending(writer: Any) -> None:
+    """``send_queue`` is the turn's queue once a write is scheduled, and None on flush, pause and close."""
+    from factstream.commands import PositionCommand
+
+    server, _ = writer
+    raw, conn = await _raw_link(server)
     assert conn.send_queue is None
     conn.send_many([PositionCommand("to_device", "master", 1, 2)])
     queue = conn.send_queue
@@ -674,13 +680,7 @@ async def test_a_server_link_walks_its_states(writer: Any) -> None:
     from factstream.transport.tcp import ConnState, ServerConnection
 
     server, _ = writer
-    raw = await Raw.connect(server.port)
-    await raw.line()
-    for _ in range(100):
-        if server.connections:
-            break
-        await asyncio.sleep(0.01)
-    (conn,) = server.connections
+    raw, conn = await _raw_link(server)
     assert isinstance(conn, ServerConnection) and conn.state is ConnState.OPEN and not conn.handshake_done
     raw.send(b"NAME reader.states\n")
     for _ in range(100):
