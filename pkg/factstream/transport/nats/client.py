@@ -14,8 +14,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...commands import Command
+from ...errors import ProtocolError
 from ...redaction import redact_url
 from .layout import MSG_ID, PREV, JetStreamLayout, Retention
+from .pages import decode_page
 
 logger = logging.getLogger("factstream.transport.nats")
 
@@ -267,6 +270,16 @@ class _Api:
         hdrs = _parse_headers(base64.b64decode(m["hdrs"])) if m.get("hdrs") else {}
         data = base64.b64decode(m["data"]) if m.get("data") else b""
         return _Stored(int(m["seq"]), m["subject"], data, hdrs, str(m.get("time", "")))
+
+    async def last_page(self, subject: str) -> tuple[_Stored | None, list[Command]]:
+        """The last message on ``subject`` and its commands ([] when it does not decode; (None, []) when none)."""
+        last = await self.get(last_by_subject=subject)
+        if last is None:
+            return None, []
+        try:
+            return last, decode_page(last.data)
+        except ProtocolError:
+            return last, []
 
     async def create_consumer(self, config: dict[str, Any]) -> str:
         resp = await self.request(

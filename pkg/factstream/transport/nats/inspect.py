@@ -14,11 +14,10 @@ from datetime import datetime, timezone
 from collections.abc import Mapping
 from typing import Any
 
-from ...errors import ProtocolError
 from ...redaction import redact_url
 from .client import _Api, _ApiError, _prev_of, connect_nats
 from .layout import JetStreamLayout
-from .pages import decode_page, page_end
+from .pages import page_end
 
 #: Consumers describe themselves as "factstream <role> <instance name>" (see _LogConsumer).
 CONSUMER_PREFIX = "factstream "
@@ -106,13 +105,9 @@ async def inspect_deployment(url: str, server_name: str, *, stream: str | None =
         subjects, _, last_seq = await api.subjects()
         writers: list[dict[str, Any]] = []
         for subject, count in sorted(subjects.items()):
-            last = await api.get(last_by_subject=subject)
+            last, cmds = await api.last_page(subject)
             if last is None:
                 continue
-            try:
-                cmds = decode_page(last.data)
-            except ProtocolError:
-                cmds = []
             head = cmds[0] if cmds else None
             writers.append({
                 "stream": getattr(head, "stream_name", None),

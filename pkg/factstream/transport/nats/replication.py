@@ -455,15 +455,11 @@ class NatsReplication:
         while self._api is None or not self.nc.is_connected:
             await asyncio.sleep(0.05)
         self.stats.lookups += 1
-        last = await self._api.get(last_by_subject=st.subject)
+        last, cmds = await self._api.last_page(st.subject)
         target = st.repair_target
         if last is None:
             js_last = None
         else:
-            try:
-                cmds = decode_page(last.data)
-            except ProtocolError:
-                cmds = []
             prev = _prev_of(last.headers)
             js_last = page_end(cmds, prev) if cmds else prev
             if js_last is None:
@@ -883,12 +879,8 @@ class NatsReplication:
         starts: list[int] = []
         for subject in subjects:
             self.stats.lookups += 1
-            last = await api.get(last_by_subject=subject)
+            last, cmds = await api.last_page(subject)
             if last is None:
-                continue
-            try:
-                cmds = decode_page(last.data)
-            except ProtocolError:
                 continue
             cmd = cmds[0] if cmds else None
             if type(cmd) not in (RdataCommand, PositionCommand):
