@@ -153,12 +153,21 @@ async def test_the_same_page_published_twice_is_stored_once(nats_url: str, deplo
         await nc.close()
 
 
+async def _publish_raw(url: str, server_name: str, payload: bytes) -> None:
+    """Store ``payload`` on writer w1's subject as another tool would (not through the carrier)."""
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().publish(JetStreamLayout.for_server(server_name).log_subject(STREAM, "w1"), payload)
+    finally:
+        await nc.close()
+
+
 @pytest.mark.parametrize("payload", [b"RDATA to_device w1 1 [\"a\"]\nNOT A COMMAND\n",
                                      b"RDATA to_device w1 1 [\"a\"]\nRDATA to_device w2 2 [\"b\"]\n"])
 async def test_a_page_with_a_bad_or_foreign_line_is_skipped_whole(nats_url: str, deployment: str,
                                                                   payload: bytes) -> None:
-    import nats
-
     source = MemoryUpdateSource()
     writer = Writer("w1", nats_url, deployment, source)
     reader = Reader("r1", nats_url, deployment, source)
@@ -166,11 +175,7 @@ async def test_a_page_with_a_bad_or_foreign_line_is_skipped_whole(nats_url: str,
     try:
         writer.write([["x0"]])
         await writer.nats.flush(10)
-        nc = await nats.connect(nats_url)
-        try:
-            await nc.jetstream().publish(JetStreamLayout.for_server(deployment).log_subject(STREAM, "w1"), payload)
-        finally:
-            await nc.close()
+        await _publish_raw(nats_url, deployment, payload)
         writer.write([["x1"]])
         await settle([writer], [reader])
         assert_exact([writer], [reader])
@@ -183,8 +188,6 @@ async def test_an_old_position_read_again_does_not_move_a_reader_back(nats_url: 
     # A consumer restarted behind what it delivered (links cut again and again) reads old pages again:
     # their facts are skipped by token, and so must their POSITIONs be, or the follower would take
     # one for a writer going backwards and deliver everything after it a second time.
-    import nats
-
     source = MemoryUpdateSource()
     writer = Writer("w1", nats_url, deployment, source)
     reader = Reader("r1", nats_url, deployment, source)
@@ -194,11 +197,7 @@ async def test_an_old_position_read_again_does_not_move_a_reader_back(nats_url: 
             writer.write([[f"x{i}"]])
         await settle([writer], [reader])
         old = wire.encode(P(STREAM, "w1", 1, 2)) + b"\n"
-        nc = await nats.connect(nats_url)
-        try:
-            await nc.jetstream().publish(JetStreamLayout.for_server(deployment).log_subject(STREAM, "w1"), old)
-        finally:
-            await nc.close()
+        await _publish_raw(nats_url, deployment, old)
         writer.write([["x4"]])
         await settle([writer], [reader])
         assert_exact([writer], [reader])
