@@ -36,7 +36,10 @@ Run: make bench BENCH=tcp (results in benchmarks/results/tcp.json, tables in BEN
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -190,6 +193,94 @@ def test_default_follower_batched_writes_rows_per_second(benchmark: Any, cfg: tu
     median = sorted(cpu[-3:])[1]
     benchmark.extra_info["cpu_us_per_row"] = round(1e6 * median / N_ROWS[1], 2)
     benchmark.extra_info["cpu_bound_rows_per_s"] = round(N_ROWS[1] / median)
+
+
+#: Rows of the reader-in-its-own-process rows: long enough that the start (connection, first
+#: turn) is a small part of a round.
+N_OWN_PROCESS = 400_000
+
+
+class _OwnProcessRound:
+    """One round: the writer (tcp_writer.py) in its own process, the default typed follower in this one.
+
+    ``setup`` starts the writer and connects the reader (not timed); ``run``
+    says ``go`` and returns once the follower is at token ``n`` (timed);
+    ``teardown`` records both sides' CPU seconds and stops the writer.
+    """
+
+    def __init__(self, cfg: tuple[str, str], n: int) -> None:
+        self.loop_kind, self.impl = cfg
+        self.n = n
+        self.codec, self.relay = twin("_wire", self.impl), twin("replication._relay", self.impl)
+        self.cpu: dict[str, list[float]] = {"reader": [], "writer": []}
+        self.seconds: list[float] = []
+
+    def setup(self) -> None:
+        self.writer = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("tcp_writer.py")), str(self.n), self.loop_kind, self.impl],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.writer.stdout is not None
+        port = int(self.writer.stdout.readline())
+        self.loop = _loop(self.loop_kind)
+        self.follower = Follower(positions={("events", "master"): 0}, relay=self.relay)  # the default: typed rows
+        self.delivered = 0
+
+        def count(stream: str, w: str, token: int, rows: list[Any]) -> None:
+            self.delivered += len(rows)
+
+        self.follower.add_handler(count)
+        hub = ReplicationHub("r0", follower=self.follower)
+        self.client = self.loop.run_until_complete(
+            TcpClient(hub, "127.0.0.1", port, codec=self.codec, relay=self.relay).start()
+        )
+        line = self.loop.run_until_complete(self.loop.run_in_executor(None, self.writer.stdout.readline))
+        assert line.strip() == "ready", line
+
+    def run(self) -> None:
+        assert self.writer.stdin is not None
+        t0, c0 = time.perf_counter(), time.process_time()
+        self.writer.stdin.write("go\n")
+        self.writer.stdin.flush()
+        self.loop.run_until_complete(self.follower.wait_for_position("events", "master", self.n, timeout=120))
+        self.seconds.append(time.perf_counter() - t0)
+        self.cpu["reader"].append(time.process_time() - c0)
+
+    def teardown(self) -> None:
+        assert self.writer.stdin is not None and self.writer.stdout is not None
+        assert self.delivered == self.n
+        done = self.writer.stdout.readline().split()
+        assert done[0] == "done", done
+        self.cpu["writer"].append(float(done[1]))
+        self.loop.run_until_complete(self.client.stop())
+        self.loop.close()
+        self.writer.stdin.close()
+        try:
+            self.writer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.writer.kill()
+            self.writer.wait()
+        self.writer.stdout.close()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_default_follower_reader_in_its_own_process(benchmark: Any, cfg: tuple[str, str]) -> None:
+    """The default typed follower in the benchmark's process, the writer (one ``write`` per fact) in another.
+
+    Each process has a core of its own on an idle two-core machine, so the
+    figure is the slower of the two halves; the notes give each side's CPU
+    per row (``reader_cpu_us_per_row``, ``writer_cpu_us_per_row``).
+    """
+    benchmark.group = "tcp RDATA end to end, reader in its own process, default (typed) follower"
+    benchmark.extra_info["items"] = N_OWN_PROCESS
+    benchmark.extra_info["rows_per_round"] = N_OWN_PROCESS
+    benchmark.extra_info["follower"] = "typed=True"
+    benchmark.extra_info["writer"] = "own process, one write per fact, 256 per turn"
+    rounds = _OwnProcessRound(cfg, N_OWN_PROCESS)
+    benchmark.pedantic(rounds.run, setup=rounds.setup, teardown=rounds.teardown, rounds=3, warmup_rounds=1)
+    for side in ("reader", "writer"):
+        median = sorted(rounds.cpu[side][-3:])[1]
+        benchmark.extra_info[f"{side}_cpu_us_per_row"] = round(1e6 * median / N_OWN_PROCESS, 2)
 
 
 def _latency(cfg: tuple[str, str], readers: int, n: int = 2000) -> tuple[float, float]:

@@ -697,6 +697,58 @@ def test_publish_now_follows_a_replaced_sync_source(relay_impl: ModuleType) -> N
     assert _lines(got) == ['RDATA s m 1 ["second"]']
 
 
+def test_a_published_command_that_may_be_kept_stays_collectable_in_a_cycle(relay_impl: ModuleType) -> None:
+    # The compiled writer leaves the command of the row just added out of the cycle collector
+    # while only a link's send queue holds it (encoded at the end of the loop turn); a sink or a
+    # connection without a send queue may keep it, so it gets it tracked: a cycle through its row
+    # must still be collected.
+    import gc
+    import weakref
+
+    class Probe:
+        pass
+
+    class Conn:
+        def __init__(self) -> None:
+            self.got: list[Command] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.got.extend(cmds)
+
+    class Link:  # a TCP link with its loop turn's queue open
+        def __init__(self) -> None:
+            self.send_queue: list[Command] = []
+
+    plain, conn, link = [], Conn(), Link()
+    win = relay_impl.RowWindow(10)
+    em = relay_impl.StreamEmitter(
+        "s", "m", win, 0, win.get_updates_now, [plain.extend, relay_impl.Broadcast([conn, link])], 10
+    )
+    win.add("m", 1, ["a"])
+    em.target = 1
+    em.publish_now()
+    cmd = plain[0]
+    assert cmd is conn.got[0] is link.send_queue[0] and _lines([cmd]) == ['RDATA s m 1 ["a"]']
+    assert gc.is_tracked(cmd)
+    probe = Probe()
+    cmd.row.extend([cmd, probe])
+    ref = weakref.ref(probe)
+    del cmd, probe, plain[:], conn.got[:], link.send_queue[:]
+    win = em = None  # the window holds the row too
+    gc.collect()
+    assert ref() is None
+
+    # Only links' queues: out of the collector's lists (compiled twin), same command and bytes.
+    link = Link()
+    win = relay_impl.RowWindow(10)
+    em = relay_impl.StreamEmitter("s", "m", win, 0, win.get_updates_now, [relay_impl.Broadcast([link])], 10)
+    win.add("m", 1, ["a"])
+    em.target = 1
+    em.publish_now()
+    assert _lines(link.send_queue) == ['RDATA s m 1 ["a"]']
+    assert gc.is_tracked(link.send_queue[0]) == (relay_impl.__name__.endswith("_py"))
+
+
 def test_broadcast_sends_to_every_target_seen_at_the_time(relay_impl: ModuleType) -> None:
     class Conn:
         def __init__(self) -> None:

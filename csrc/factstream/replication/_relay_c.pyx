@@ -62,6 +62,12 @@ cdef inline object _rdata(object stream, object instance, object token, object r
     return cmd
 
 
+cdef inline void _track(object cmd) noexcept:
+    # Back into the collector's lists (see StreamEmitter._just_added).
+    if not PyObject_GC_IsTracked(cmd):
+        PyObject_GC_Track(<PyObject*>cmd)
+
+
 cdef inline object _wire(object row):
     if isinstance(row, _ROW):
         return row.to_wire()
@@ -344,6 +350,7 @@ cdef class StreamEmitter:
                     if type(sink) is Broadcast:
                         (<Broadcast>sink).send_one(cmd)
                     else:
+                        _track(cmd)  # it may be kept: cycles through its row stay collectable
                         sink([cmd])
                 continue
             updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
@@ -372,7 +379,13 @@ cdef class StreamEmitter:
             return None
         self.sent = self.target
         self.rows = self.rows + 1
-        return _rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))
+        cmd = _rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))
+        # Out of the collector's lists while only links' send queues hold it (publish_now and
+        # Broadcast.send_one put it back before anything else sees it): it lives until the
+        # loop turn's encode, and a writer's turn of 256 of them made every young collection
+        # walk them (a third of the collector's time on the TCP path).
+        PyObject_GC_UnTrack(<PyObject*>cmd)
+        return cmd
 
 
 cdef RowWindow _window_of(object sync_get):
@@ -442,8 +455,9 @@ cdef class Broadcast:
         for conn in self.targets:
             queue = getattr(conn, "send_queue", None)
             if type(queue) is list:
-                (<list>queue).append(cmd)
+                (<list>queue).append(cmd)  # encoded at the end of the loop turn, then dropped
             else:
+                _track(cmd)  # it may be kept: cycles through its row stay collectable
                 conn.send_many([cmd])
 
 
