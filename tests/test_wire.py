@@ -556,6 +556,18 @@ def test_encode_fast_paths_agree_with_to_line(wire_impl: ModuleType, cmd: object
     assert got == expected
 
 
+def test_strings_encode_like_json_for_every_length_and_escape_position(wire_impl: ModuleType) -> None:
+    # The compiled encoder checks an ASCII string sixteen bytes at a time (the last sixteen re-read,
+    # a short one through a padded copy): an escape at any place, in strings around those widths.
+    specials = ['"', "\\", "\n", "\x7f", "\x01", "\u00e9", "\U0001f600"]
+    for n in range(0, 36):
+        strings = ["p" * n] + ["a" * i + ch + "b" * (n - i - 1) for i in range(n) for ch in specials]
+        for text in strings:
+            cmd = RdataCommand("s", "w", 1, [text, text[::-1]])
+            want = "RDATA s w 1 " + json.dumps([text, text[::-1]], ensure_ascii=True, separators=(",", ":"))
+            assert wire_impl.encode(cmd) == want.encode(), text
+
+
 # ------------------------------------------------- rows=True: rows decoded in the parsing pass
 
 

@@ -3,6 +3,9 @@
 # separators and escapes; ``encode`` and ``encode_lines``.
 # It uses the names _wire_c.pyx cimports and the slot helpers of _slots.pxi.
 
+from libc.string cimport memset
+from factstream._json_scan cimport _first_flagged16, _string_special16
+
 # ------------------------------------------------------------------ encoding
 
 cdef class _Out:
@@ -59,6 +62,40 @@ class _Fallback(Exception):
 cdef const char* _HEX = b"0123456789abcdef"
 
 
+cdef inline Py_ssize_t _plain_ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    # How many leading bytes of an ASCII string need no escape (``n``: none
+    # does). Sixteen at a time with SSE2, the last sixteen re-read so that no
+    # byte past the string is loaded, a short string through a padded copy.
+    cdef Py_ssize_t i = 0
+    cdef unsigned int m
+    cdef unsigned char pad[16]
+    cdef uint64_t mask
+    if _HAVE_SSE2:
+        if n < 16:
+            memset(pad, 97, 16)
+            memcpy(pad, p, n)
+            m = _string_special16(pad)
+            return _first_flagged16(m) if m else n
+        while i + 16 <= n:
+            m = _string_special16(p + i)
+            if m:
+                return i + _first_flagged16(m)
+            i += 16
+        if i < n:
+            m = _string_special16(p + n - 16) >> (16 - (n - i))  # only the bytes from i
+            if m:
+                return i + _first_flagged16(m)
+        return n
+    while i + 8 <= n:
+        mask = _string_special8(_load8(p + i))
+        if mask:
+            return i + _first_flagged(mask)
+        i += 8
+    while i < n and 0x20 <= p[i] < 0x7f and p[i] != C_QUOTE and p[i] != C_BACKSLASH:
+        i += 1
+    return i
+
+
 cdef int _enc_str(_Out out, str s) except -1:
     # ensure_ascii: '"' and '\\' escaped, \b \f \n \r \t short, other
     # controls and everything from DEL up as lowercase \uXXXX (astral as pairs).
@@ -69,11 +106,18 @@ cdef int _enc_str(_Out out, str s) except -1:
     cdef unsigned int c
     cdef const char* ascii
     cdef uint64_t mask
-    out.byte(34)
     if PyUnicode_IS_ASCII(s):
         ascii = <const char*>data
+        i = _plain_ascii(<const unsigned char*>ascii, n)
+        if i == n:  # most strings: nothing to escape, one copy between the quotes
+            out.reserve(n + 2)
+            out.buf[out.len] = 34
+            memcpy(out.buf + out.len + 1, ascii, n)
+            out.buf[out.len + n + 1] = 34
+            out.len += n + 2
+            return 0
+        out.byte(34)
         run = 0
-        i = 0
         while i < n:
             # eight characters at a time up to the next one that needs escaping
             while i + 8 <= n:
@@ -96,6 +140,7 @@ cdef int _enc_str(_Out out, str s) except -1:
         if n > run:
             out.write(ascii + run, n - run)
     else:
+        out.byte(34)
         for i in range(n):
             c = PyUnicode_READ(kind, data, i)
             if 0x20 <= c < 0x7f and c != C_QUOTE and c != C_BACKSLASH:
