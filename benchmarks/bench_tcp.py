@@ -25,6 +25,11 @@ tokens and bytes on the wire, one publication per turn). Throughput rows also re
 the process's CPU seconds per row (median of the timed rounds), which the
 machine's other load does not inflate as it does the wall clock; the
 default-follower rows turn it into ``cpu_bound_rows_per_s``.
+``test_default_follower_reader_in_its_own_process`` puts the writer in a
+process of its own (``tcp_writer.py``, one ``write`` per fact) and the default
+typed follower in the benchmark's: the timed part runs from the writer's
+``go`` to the reader's last row (400,000 rows; starting the writer and
+connecting are not timed), and the notes give each side's CPU per row.
 
 Latency rows write one fact per millisecond and record, per fact, the time
 from completion on the writer to the handler call on each reader
