@@ -174,6 +174,93 @@ cdef extern from *:
         return cp;
     }
 
+    /* One escape at p (p[0] is the backslash, the escape is complete and
+       well formed): its code point, and p moved past it. A \u high
+       surrogate followed by a \u low one is one code point (as fs_b_string). */
+    static inline Py_UCS4 fs_b_escape(const unsigned char **pp, const unsigned char *end) {
+        const unsigned char *p = *pp;
+        unsigned int cp, cp2;
+        switch (p[1]) {
+        case 'u':
+            cp = fs_b_hex4(p + 2);
+            p += 6;
+            if (cp >= 0xD800 && cp <= 0xDBFF && end - p >= 6 && p[0] == '\\' && p[1] == 'u') {
+                cp2 = fs_b_hex4(p + 2);
+                if (cp2 >= 0xDC00 && cp2 <= 0xDFFF) {
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (cp2 - 0xDC00);
+                    p += 6;
+                }
+            }
+            *pp = p;
+            return cp;
+        case 'b': cp = 8; break;
+        case 'f': cp = 12; break;
+        case 'n': cp = 10; break;
+        case 'r': cp = 13; break;
+        case 't': cp = 9; break;
+        default: cp = p[1];  /* " \ / */
+        }
+        *pp = p + 2;
+        return cp;
+    }
+
+    /* The text of start[:end] (a string's contents, without its quotes) that
+       has escapes but no byte past ASCII, which is how canonical JSON writes
+       any text: the same str fs_b_string builds, in two short passes (the
+       length and widest character, then the characters written at the
+       str's own width: runs between escapes copied whole). */
+    static PyObject *fs_b_escaped_ascii(const unsigned char *start, const unsigned char *end) {
+        const unsigned char *p = start, *q;
+        Py_ssize_t n = 0;
+        Py_UCS4 maxchar = 127, cp;
+        PyObject *text;
+        int kind;
+        void *data;
+        while ((q = (const unsigned char *)memchr(p, '\\', (size_t)(end - p))) != NULL) {
+            n += q - p;
+            cp = fs_b_escape(&q, end);
+            if (cp > maxchar)
+                maxchar = cp;
+            n++;
+            p = q;
+        }
+        n += end - p;
+        text = PyUnicode_New(n, maxchar);
+        if (text == NULL)
+            return NULL;
+        kind = PyUnicode_KIND(text);
+        data = PyUnicode_DATA(text);
+        p = start;
+        n = 0;
+        if (kind == PyUnicode_1BYTE_KIND) {
+            Py_UCS1 *out = (Py_UCS1 *)data;
+            while ((q = (const unsigned char *)memchr(p, '\\', (size_t)(end - p))) != NULL) {
+                memcpy(out + n, p, (size_t)(q - p));
+                n += q - p;
+                out[n++] = (Py_UCS1)fs_b_escape(&q, end);
+                p = q;
+            }
+            memcpy(out + n, p, (size_t)(end - p));
+        } else if (kind == PyUnicode_2BYTE_KIND) {
+            Py_UCS2 *out = (Py_UCS2 *)data;
+            while (p < end) {
+                if (*p == '\\')
+                    out[n++] = (Py_UCS2)fs_b_escape(&p, end);
+                else
+                    out[n++] = *p++;
+            }
+        } else {
+            Py_UCS4 *out = (Py_UCS4 *)data;
+            while (p < end) {
+                if (*p == '\\')
+                    out[n++] = fs_b_escape(&p, end);
+                else
+                    out[n++] = *p++;
+            }
+        }
+        return text;
+    }
+
     static PyObject *fs_b_string(fs_builder *b, const unsigned char **pp) {
         /* *pp is at the opening quote; the scanner accepted the string, so
            its closing quote is before end and every escape is complete. */
@@ -247,7 +334,9 @@ cdef extern from *:
                 return text;
             }
         }
-        /* Escapes: decode into code points (at most one per input byte). */
+        if (!(high & FS_B_HIGH))
+            return fs_b_escaped_ascii(start, p);  /* escapes in ASCII text: canonical JSON's only kind */
+        /* Escapes and UTF-8: decode into code points (at most one per input byte). */
         end = p;
         if (end - start + 1 > b->cap) {
             Py_UCS4 *nb = (Py_UCS4 *)PyMem_Realloc(b->buf, (size_t)(end - start + 1) * sizeof(Py_UCS4));
@@ -504,9 +593,23 @@ cdef extern from *:
     #define FS_V_GIVE_UP ((PyObject *)0)
     #define FS_V_MAX_DEPTH 512   /* the scanner's JSON_MAX_DEPTH (checked at import) */
 
-    static PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth);
+    /* A value is dispatched inline where it is read (a list's item, a dict's
+       value); only containers are calls: a row's strings, numbers and nulls
+       then cost no call of the container-sized function. */
+    #if defined(__GNUC__)
+    #define FS_V_INLINE static inline __attribute__((always_inline))
+    #define FS_V_NOINLINE static __attribute__((noinline))
+    #else
+    #define FS_V_INLINE static inline
+    #define FS_V_NOINLINE static
+    #endif
+    FS_V_INLINE PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth);
+    FS_V_NOINLINE PyObject *fs_v_list(fs_builder *b, const unsigned char **pp, int depth);
+    FS_V_NOINLINE PyObject *fs_v_dict(fs_builder *b, const unsigned char **pp, int depth);
 
     static inline const unsigned char *fs_v_ws(const fs_builder *b, const unsigned char *p) {
+        if (p < b->end && *p > ' ')  /* the compact form: nothing to skip */
+            return p;
         while (p < b->end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
             p++;
         return p;
@@ -600,8 +703,13 @@ cdef extern from *:
                 return text;
             }
         }
-        /* Escapes, all checked complete and well-formed: fs_b_string decodes
-           from the opening quote (it reads nothing past the closing one). */
+        /* Escapes, all checked complete and well-formed. */
+        if (!(high & FS_B_HIGH)) {
+            *pp = p + 1;
+            return fs_b_escaped_ascii(start, p);
+        }
+        /* and bytes past ASCII (not canonical): fs_b_string decodes from the
+           opening quote (it reads nothing past the closing one). */
         *pp = start - 1;
         return fs_b_string(b, pp);
     }
@@ -610,17 +718,30 @@ cdef extern from *:
         const unsigned char *p = *pp;
         const unsigned char *end = b->end;
         const unsigned char *digits, *e_start;
-        int is_float = 0;
-        if (*p == '-')
+        unsigned long long v = 0;
+        unsigned int d;
+        int is_float = 0, neg = 0;
+        if (*p == '-') {
+            neg = 1;
             p++;
+        }
         if (p >= end || *p < '0' || *p > '9')
             return FS_V_GIVE_UP;  /* expecting value, or -Infinity */
         digits = p;
+        /* The usual number, an integer of up to 18 digits, is read and
+           valued in this one loop; a fraction, an exponent or a longer
+           integer goes the general way below (the same bytes, read again). */
         if (*p == '0')
             p++;
         else
-            while (p < end && *p >= '0' && *p <= '9')
+            while (p < end && (d = (unsigned int)(*p - '0')) <= 9) {
+                v = v * 10 + d;
                 p++;
+            }
+        if ((p >= end || (*p != '.' && *p != 'e' && *p != 'E')) && p - digits <= 18) {
+            *pp = p;
+            return PyLong_FromLongLong(neg ? -(long long)v : (long long)v);
+        }
         if (end - p >= 2 && p[0] == '.' && p[1] >= '0' && p[1] <= '9') {
             is_float = 1;
             p += 2;
@@ -645,7 +766,7 @@ cdef extern from *:
         return fs_b_number(b, pp);
     }
 
-    static PyObject *fs_v_list(fs_builder *b, const unsigned char **pp, int depth) {
+    FS_V_NOINLINE PyObject *fs_v_list(fs_builder *b, const unsigned char **pp, int depth) {
         PyObject *items[FS_B_LIST_STACK];
         Py_ssize_t k = 0, i;
         PyObject *out = NULL, *v;
@@ -712,7 +833,7 @@ cdef extern from *:
         return NULL;
     }
 
-    static PyObject *fs_v_dict(fs_builder *b, const unsigned char **pp, int depth) {
+    FS_V_NOINLINE PyObject *fs_v_dict(fs_builder *b, const unsigned char **pp, int depth) {
         PyObject *out = PyDict_New(), *key, *v;
         const unsigned char *p;
         int rc;
@@ -763,7 +884,7 @@ cdef extern from *:
         return NULL;
     }
 
-    static PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth) {
+    FS_V_INLINE PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth) {
         const unsigned char *p = *pp;
         const unsigned char *end = b->end;
         if (p >= end)

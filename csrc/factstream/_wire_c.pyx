@@ -267,29 +267,62 @@ cdef extern from *:
     #include <emmintrin.h>
     #endif
     /* One pass over a line: bit 1 when it holds a newline, bit 2 when a
-       byte is not ASCII (the two things every line is checked for). */
-    static inline int fs_line_flags(const unsigned char *p, Py_ssize_t n) {
+       byte is not ASCII (the two things every line is checked for), and
+       sp[0..FS_SPACES) set to its first spaces (NULL past the last): the
+       command name and the fields before an RDATA row (or the five of a
+       USER_SYNC) end at them, so no field is searched for a second time. */
+    #define FS_SPACES 5
+    static inline int fs_line_scan(const unsigned char *p, Py_ssize_t n, const unsigned char **sp) {
         const unsigned char *end = p + n;
         unsigned int nl = 0, hi = 0;
         uint64_t acc = 0;
+        int k = 0;
+        for (k = 0; k < FS_SPACES; k++)
+            sp[k] = NULL;
+        k = 0;
     #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
-        const __m128i lf = _mm_set1_epi8(10);
+        const __m128i lf = _mm_set1_epi8(10), space = _mm_set1_epi8(32);
         while (end - p >= 16) {
             __m128i v = _mm_loadu_si128((const __m128i *)p);
             nl |= (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
             hi |= (unsigned int)_mm_movemask_epi8(v);
+            if (k < FS_SPACES) {
+                unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space));
+                while (m && k < FS_SPACES) {
+                    sp[k++] = p + __builtin_ctz(m);
+                    m &= m - 1;
+                }
+            }
             p += 16;
+        }
+        if (p < end && n >= 16) {  /* the tail: the last sixteen bytes, overlapping ones already seen */
+            const unsigned char *t = end - 16;
+            unsigned int seen = (unsigned int)(p - t);
+            __m128i v = _mm_loadu_si128((const __m128i *)t);
+            nl |= (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
+            hi |= (unsigned int)_mm_movemask_epi8(v);
+            if (k < FS_SPACES) {
+                unsigned int m = ((unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space)) >> seen) << seen;
+                while (m && k < FS_SPACES) {
+                    sp[k++] = t + __builtin_ctz(m);
+                    m &= m - 1;
+                }
+            }
+            p = end;
         }
     #endif
         while (p < end) {
             nl |= *p == 10;
             acc |= *p;
+            if (*p == 32 && k < FS_SPACES)
+                sp[k++] = p;
             p++;
         }
         return (nl ? 1 : 0) | ((hi || (acc & 0x80)) ? 2 : 0);
     }
     """
-    int _line_flags "fs_line_flags"(const unsigned char* p, Py_ssize_t n) noexcept nogil
+    int _line_scan "fs_line_scan"(const unsigned char* p, Py_ssize_t n, const unsigned char** sp) noexcept nogil
+    enum: FS_SPACES
 
 cdef enum:
     LINE_NEWLINE = 1
@@ -337,16 +370,16 @@ cdef inline const unsigned char* _space(const unsigned char* p, const unsigned c
     return NULL
 
 
-cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, object line, bint rows):
-    cdef const unsigned char* s1 = _space(p, end)
-    cdef const unsigned char* s2
-    cdef const unsigned char* s3
+cdef object _parse_rdata(const unsigned char* p, const unsigned char** sp, const unsigned char* end, object line,
+                        bint rows):
+    # sp: the first three spaces after the command name (NULL past the line's last)
+    cdef const unsigned char* s1 = sp[0]
+    cdef const unsigned char* s2 = sp[1]
+    cdef const unsigned char* s3 = sp[2]
     cdef bint canonical
     cdef object cmd, token
     if s1 != NULL:
-        s2 = _space(s1 + 1, end)
         if s2 != NULL:
-            s3 = _space(s2 + 1, end)
             if s3 != NULL:
                 stream = _name(p, s1 - p, "stream_name", line)
                 instance = _name(s1 + 1, s2 - s1 - 1, "instance_name", line)
@@ -384,15 +417,14 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
     raise ProtocolError("expected RDATA <stream_name> <instance_name> <token> <row_json>", line)
 
 
-cdef object _parse_position(const unsigned char* p, const unsigned char* end, object line):
-    cdef const unsigned char* s1 = _space(p, end)
-    cdef const unsigned char* s2
-    cdef const unsigned char* s3
+cdef object _parse_position(const unsigned char* p, const unsigned char** sp, const unsigned char* end, object line):
+    # sp: the first three spaces after the command name (NULL past the line's last)
+    cdef const unsigned char* s1 = sp[0]
+    cdef const unsigned char* s2 = sp[1]
+    cdef const unsigned char* s3 = sp[2]
     cdef object cmd
     if s1 != NULL:
-        s2 = _space(s1 + 1, end)
         if s2 != NULL:
-            s3 = _space(s2 + 1, end)
             if s3 != NULL:
                 stream = _name(p, s1 - p, "stream_name", line)
                 instance = _name(s1 + 1, s2 - s1 - 1, "instance_name", line)
@@ -408,17 +440,14 @@ cdef object _parse_position(const unsigned char* p, const unsigned char* end, ob
     raise ProtocolError("expected POSITION <stream_name> <instance_name> <prev_token> <new_token>", line)
 
 
-cdef object _parse_user_sync(const unsigned char* p, const unsigned char* end, object line):
-    cdef const unsigned char* s[4]
-    cdef const unsigned char* q = p
+cdef object _parse_user_sync(const unsigned char* p, const unsigned char** s, const unsigned char* end, object line):
+    # s: the first four spaces after the command name (NULL past the line's last)
     cdef int i
     for i in range(4):
-        s[i] = _space(q, end)
         if s[i] == NULL:
             raise ProtocolError(
                 "expected USER_SYNC <instance_id> <user_id> <device_id> <start|end> <last_sync_ms>", line
             )
-        q = s[i] + 1
     state = _text(s[2] + 1, s[3] - s[2] - 1)
     if state != "start" and state != "end":
         raise ProtocolError(f"USER_SYNC state must be 'start' or 'end', not {state!r}", line)
@@ -472,7 +501,8 @@ cdef object _parse(const unsigned char* p, Py_ssize_t n, object line, bint rows)
     cdef const unsigned char* sp
     cdef const unsigned char* body
     cdef Py_ssize_t nlen
-    cdef int flags = _line_flags(p, n)  # newline, non-ASCII
+    cdef const unsigned char* spaces[FS_SPACES]
+    cdef int flags = _line_scan(p, n, spaces)  # newline, non-ASCII, the first spaces
     if flags & LINE_NEWLINE:
         raise ProtocolError("line contains a newline", line)
     if flags & LINE_NON_ASCII and not _utf8_valid(p, n):
@@ -480,7 +510,7 @@ cdef object _parse(const unsigned char* p, Py_ssize_t n, object line, bint rows)
             PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
         except UnicodeDecodeError as err:
             raise ProtocolError(f"line is not valid UTF-8 ({err.reason} at byte {err.start})", line) from None
-    sp = _space(p, end)
+    sp = spaces[0]
     if sp == NULL:
         nlen = n
         body = end
@@ -489,13 +519,13 @@ cdef object _parse(const unsigned char* p, Py_ssize_t n, object line, bint rows)
         body = sp + 1
     # Dispatch on length first: cheap and unambiguous for the hot commands.
     if nlen == 5 and memcmp(p, b"RDATA", 5) == 0:
-        return _parse_rdata(body, end, line, rows)
+        return _parse_rdata(body, &spaces[1], end, line, rows)
     if nlen == 8 and memcmp(p, b"POSITION", 8) == 0:
-        return _parse_position(body, end, line)
+        return _parse_position(body, &spaces[1], end, line)
     if nlen == 4 and memcmp(p, b"PING", 4) == 0:
         return _simple_cmd(_PING, body, end)
     if nlen == 9 and memcmp(p, b"USER_SYNC", 9) == 0:
-        return _parse_user_sync(body, end, line)
+        return _parse_user_sync(body, &spaces[1], end, line)
     if nlen == 7 and memcmp(p, b"USER_IP", 7) == 0:
         return _parse_user_ip(body, end, line)
     if nlen == 9 and memcmp(p, b"REPLICATE", 9) == 0:
