@@ -51,6 +51,37 @@ cdef extern from *:
         b->held[b->nheld++] = o;
     }
 
+    /* fs_hold for a container just made by PyList_New: tracked, so no need to ask. */
+    static inline void fs_hold_new(fs_builder *b, PyObject *o) {
+        if (!b->defer)
+            return;
+        if (b->nheld == b->capheld) {
+            fs_hold(b, o);  /* grows the array (or leaves o tracked) */
+            return;
+        }
+        PyObject_GC_UnTrack(o);
+        Py_INCREF(o);
+        b->held[b->nheld++] = o;
+    }
+
+    /* A list of items[:k], taking their references: PyList_New(k) would
+       zero its item array (calloc) only for the items to be copied over it. */
+    static inline PyObject *fs_b_list_of(PyObject **items, Py_ssize_t k) {
+        PyObject *out = PyList_New(0), **a;
+        if (out == NULL || k == 0)
+            return out;
+        a = (PyObject **)PyMem_Malloc((size_t)k * sizeof(PyObject *));
+        if (a == NULL) {
+            Py_DECREF(out);
+            return PyErr_NoMemory();  /* the items are still the caller's */
+        }
+        memcpy(a, items, (size_t)k * sizeof(PyObject *));
+        ((PyListObject *)out)->ob_item = a;
+        ((PyListObject *)out)->allocated = k;
+        Py_SET_SIZE(out, k);
+        return out;
+    }
+
     /* Track every held object again (those already tracked are left), then
        drop the references held: garbage of a failed build is freed here. */
     static void fs_release(fs_builder *b) {
@@ -461,7 +492,7 @@ cdef extern from *:
             *pp = p + 1;
             out = PyList_New(0);
             if (out != NULL)
-                fs_hold(b, out);
+                fs_hold_new(b, out);
             return out;
         }
         for (;;) {
@@ -501,13 +532,11 @@ cdef extern from *:
             break;
         }
         if (out == NULL) {
-            out = PyList_New(k);
+            out = fs_b_list_of(items, k);  /* takes the items */
             if (out == NULL)
                 goto fail;
-            for (i = 0; i < k; i++)
-                PyList_SET_ITEM(out, i, items[i]);  /* steals */
         }
-        fs_hold(b, out);
+        fs_hold_new(b, out);
         return out;
     fail:
         for (i = 0; i < k; i++)
@@ -775,7 +804,7 @@ cdef extern from *:
             *pp = p + 1;
             out = PyList_New(0);
             if (out != NULL)
-                fs_hold(b, out);
+                fs_hold_new(b, out);
             return out;
         }
         for (;;) {
@@ -818,13 +847,11 @@ cdef extern from *:
             goto fail;  /* expecting ',' or ']' */
         }
         if (out == NULL) {
-            out = PyList_New(k);
+            out = fs_b_list_of(items, k);  /* takes the items */
             if (out == NULL)
                 goto fail;
-            for (i = 0; i < k; i++)
-                PyList_SET_ITEM(out, i, items[i]);
         }
-        fs_hold(b, out);
+        fs_hold_new(b, out);
         return out;
     fail:
         for (i = 0; i < k; i++)

@@ -169,31 +169,104 @@ if type(RdataCommand.__dict__["row"]) is property:
 # Stream and instance names repeat on every line: the last few decoded ones
 # are kept, keyed by their bytes, and shared (str is immutable).
 
-cdef enum:
-    NAME_SLOTS = 64  # a power of two
-    NAME_MAX = 40
-cdef PyObject* _name_str[NAME_SLOTS]
-cdef unsigned char _name_bytes[NAME_SLOTS][NAME_MAX]
-cdef Py_ssize_t _name_len[NAME_SLOTS]
+cdef extern from *:
+    r"""
+    /* A field's text: valid UTF-8 (the line was checked); ASCII, the usual
+       case, is copied into the str without going through the decoder. */
+    static PyObject *fs_text(const unsigned char *p, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        uint64_t acc = 0, w;
+        unsigned char tail = 0;
+        PyObject *text;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&w, p + i, 8);
+            acc |= w;
+        }
+        for (; i < n; i++)
+            tail |= p[i];
+        if ((acc & 0x8080808080808080ULL) || (tail & 0x80))
+            return PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+        text = PyUnicode_New(n, 127);
+        if (text != NULL)
+            memcpy(PyUnicode_DATA(text), p, (size_t)n);
+        return text;
+    }
+
+    /* Stream and instance names repeat on every line: the last decoded names
+       are kept, keyed by their bytes (the first and the last eight, which
+       for up to sixteen bytes are all of them, and the rest when longer), and
+       shared (str is immutable). Two ways per set: two names whose hashes
+       meet both stay. */
+    #define FS_NAME_SETS 64   /* a power of two */
+    #define FS_NAME_MAX 40
+    typedef struct {
+        uint64_t w0, w1;
+        Py_ssize_t n;
+        PyObject *s;
+        unsigned char bytes[FS_NAME_MAX];
+    } fs_nameslot;
+    static fs_nameslot fs_names[FS_NAME_SETS][2];
+    static unsigned char fs_name_victim[FS_NAME_SETS];
+
+    static inline int fs_name_is(const fs_nameslot *slot, const unsigned char *p, Py_ssize_t n, uint64_t w0,
+                                 uint64_t w1) {
+        return slot->s != NULL && slot->n == n && slot->w0 == w0 && slot->w1 == w1
+               && (n <= 16 || memcmp(slot->bytes + 8, p + 8, (size_t)(n - 16)) == 0);
+    }
+
+    /* The str of p[:n] (0 < n), a new reference; NULL with an exception set. */
+    static PyObject *fs_name(const unsigned char *p, Py_ssize_t n) {
+        uint64_t w0 = 0, w1 = 0;
+        fs_nameslot *set, *slot;
+        unsigned int h;
+        PyObject *s;
+        Py_ssize_t i;
+        if (n > FS_NAME_MAX)
+            return fs_text(p, n);
+        if (n >= 8) {
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + n - 8, 8);
+        } else if (n >= 4) {  /* the first four and the last four: every byte */
+            uint32_t a, z;
+            memcpy(&a, p, 4);
+            memcpy(&z, p + n - 4, 4);
+            w0 = (uint64_t)a | ((uint64_t)z << 32);
+        } else {
+            for (i = 0; i < n; i++)
+                w0 |= (uint64_t)p[i] << (8 * i);
+        }
+        h = (unsigned int)(((w0 * 0x9E3779B97F4A7C15ULL) ^ (w1 * 0xC2B2AE3D27D4EB4FULL) ^ (uint64_t)n) >> 58);
+        set = fs_names[h];
+        if (fs_name_is(&set[0], p, n, w0, w1)) {
+            Py_INCREF(set[0].s);
+            return set[0].s;
+        }
+        if (fs_name_is(&set[1], p, n, w0, w1)) {
+            Py_INCREF(set[1].s);
+            return set[1].s;
+        }
+        s = fs_text(p, n);
+        if (s == NULL)
+            return NULL;
+        slot = &set[fs_name_victim[h]];  /* the two ways are replaced in turn */
+        fs_name_victim[h] ^= 1;
+        Py_INCREF(s);
+        Py_XSETREF(slot->s, s);
+        slot->w0 = w0;
+        slot->w1 = w1;
+        slot->n = n;
+        memcpy(slot->bytes, p, (size_t)n);
+        return s;
+    }
+    """
+    object fs_text(const unsigned char* p, Py_ssize_t n)
+    object fs_name(const unsigned char* p, Py_ssize_t n)
 
 
 cdef inline object _name(const unsigned char* p, Py_ssize_t n, str what, object line):
-    cdef unsigned int h
-    cdef object s
     if n == 0:
         raise ProtocolError(f"{what} is empty", line)
-    if n > NAME_MAX:
-        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
-    h = (<unsigned int>n * 31u + p[0] * 7u + p[n - 1] * 131u + p[n >> 1]) & (NAME_SLOTS - 1)
-    if _name_len[h] == n and memcmp(_name_bytes[h], p, n) == 0:
-        return <object>_name_str[h]
-    s = PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
-    Py_INCREF(s)
-    Py_XDECREF(_name_str[h])
-    _name_str[h] = <PyObject*>s
-    memcpy(_name_bytes[h], p, n)
-    _name_len[h] = n
-    return s
+    return fs_name(p, n)
 
 
 cdef int _scan_json(const unsigned char* p, Py_ssize_t n, bint* canonical, str what, object line) except -1:
@@ -330,13 +403,13 @@ cdef enum:
 
 
 cdef inline str _text(const unsigned char* p, Py_ssize_t n):
-    return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    return fs_text(p, n)
 
 
 cdef inline object _word(const unsigned char* p, Py_ssize_t n, str what, object line):
     if n == 0:
         raise ProtocolError(f"{what} is empty", line)
-    return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    return fs_text(p, n)
 
 
 cdef object _int_field(const unsigned char* p, Py_ssize_t n, str what, object line):
@@ -679,7 +752,8 @@ cdef class LineDecoder:
             if not _blank(<const unsigned char*>p + start, ln):
                 at[0] = start
                 cmd = _parse(<const unsigned char*>p + start, ln, None, self.rows)
-                fs_hold(&_BUILDER.b, <PyObject*>cmd)  # a tracked command (PING, USER_SYNC...): held as its row
+                if type(cmd) is not _RDATA and type(cmd) is not _POSITION:  # those two are held or untracked already
+                    fs_hold(&_BUILDER.b, <PyObject*>cmd)  # a tracked command (PING, USER_SYNC...): held as its row
                 out.append(cmd)
             start += ln + 1
 
