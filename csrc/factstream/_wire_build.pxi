@@ -651,6 +651,54 @@ cdef extern from *:
         return -1;
     }
 
+    #define FS_V_ESC 16  /* escapes a string's scan keeps the place and code point of */
+
+    static inline int fs_v_hex4(const unsigned char *p) {
+        int a = fs_v_hex(p[0]), b = fs_v_hex(p[1]), c = fs_v_hex(p[2]), d = fs_v_hex(p[3]);
+        if ((a | b | c | d) < 0)
+            return -1;
+        return (a << 12) | (b << 8) | (c << 4) | d;
+    }
+
+    /* The str of start[:end] (ASCII, escapes at esc_at[:nesc], ending at
+       esc_end, with code points esc_cp): n characters, the widest maxchar. */
+    static PyObject *fs_b_with_escapes(const unsigned char *start, const unsigned char *end, Py_ssize_t n,
+                                       Py_UCS4 maxchar, const unsigned char *const *esc_at,
+                                       const unsigned char *const *esc_end, const Py_UCS4 *esc_cp, Py_ssize_t nesc) {
+        PyObject *text = PyUnicode_New(n, maxchar);
+        const unsigned char *src = start, *stop;
+        Py_ssize_t e, o = 0, run, i;
+        int kind;
+        void *data;
+        if (text == NULL)
+            return NULL;
+        kind = PyUnicode_KIND(text);
+        data = PyUnicode_DATA(text);
+        for (e = 0; e <= nesc; e++) {
+            stop = e < nesc ? esc_at[e] : end;
+            run = stop - src;
+            if (kind == PyUnicode_1BYTE_KIND) {
+                memcpy((Py_UCS1 *)data + o, src, (size_t)run);
+                if (e < nesc)
+                    ((Py_UCS1 *)data)[o + run] = (Py_UCS1)esc_cp[e];
+            } else if (kind == PyUnicode_2BYTE_KIND) {
+                for (i = 0; i < run; i++)
+                    ((Py_UCS2 *)data)[o + i] = src[i];
+                if (e < nesc)
+                    ((Py_UCS2 *)data)[o + run] = (Py_UCS2)esc_cp[e];
+            } else {
+                for (i = 0; i < run; i++)
+                    ((Py_UCS4 *)data)[o + i] = src[i];
+                if (e < nesc)
+                    ((Py_UCS4 *)data)[o + run] = esc_cp[e];
+            }
+            o += run + 1;
+            if (e < nesc)
+                src = esc_end[e];
+        }
+        return text;
+    }
+
     static PyObject *fs_v_string(fs_builder *b, const unsigned char **pp) {
         /* *pp is at the opening quote. First find the closing quote, checking
            every byte the scanner checks; then build as fs_b_string does. */
@@ -659,6 +707,11 @@ cdef extern from *:
         const unsigned char *end = b->end;
         int simple = 1;
         uint64_t high = 0;
+        /* The escapes met (the first FS_V_ESC): where each starts and ends and
+           its code point, so that the str is written without reading them again. */
+        const unsigned char *esc_at[FS_V_ESC], *esc_end[FS_V_ESC];
+        Py_UCS4 esc_cp[FS_V_ESC], maxchar = 127;
+        Py_ssize_t nesc = 0, removed = 0;
         for (;;) {
     #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
             while (end - p >= 16) {
@@ -696,21 +749,45 @@ cdef extern from *:
             if (*p == '"')
                 break;
             if (*p == '\\') {
+                const unsigned char *q = p;
                 unsigned char c;
+                Py_UCS4 cp;
                 if (end - p < 2)
                     return FS_V_GIVE_UP;
                 c = p[1];
                 if (c == 'u') {
-                    if (end - p < 6 || fs_v_hex(p[2]) < 0 || fs_v_hex(p[3]) < 0 || fs_v_hex(p[4]) < 0
-                        || fs_v_hex(p[5]) < 0)
+                    int h;
+                    if (end - p < 6 || (h = fs_v_hex4(p + 2)) < 0)
                         return FS_V_GIVE_UP;
+                    cp = (Py_UCS4)h;
                     p += 6;
-                } else if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r'
-                           || c == 't') {
-                    p += 2;
+                    /* a high surrogate and a low one make one code point (as fs_b_escape) */
+                    if (cp >= 0xD800 && cp <= 0xDBFF && end - p >= 6 && p[0] == '\\' && p[1] == 'u'
+                        && (h = fs_v_hex4(p + 2)) >= 0xDC00 && h <= 0xDFFF) {
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + ((Py_UCS4)h - 0xDC00);
+                        p += 6;
+                    }
                 } else {
-                    return FS_V_GIVE_UP;
+                    switch (c) {
+                    case '"': case '\\': case '/': cp = c; break;
+                    case 'b': cp = 8; break;
+                    case 'f': cp = 12; break;
+                    case 'n': cp = 10; break;
+                    case 'r': cp = 13; break;
+                    case 't': cp = 9; break;
+                    default: return FS_V_GIVE_UP;
+                    }
+                    p += 2;
                 }
+                if (nesc < FS_V_ESC) {
+                    esc_at[nesc] = q;
+                    esc_end[nesc] = p;
+                    esc_cp[nesc] = cp;
+                }
+                nesc++;
+                if (cp > maxchar)
+                    maxchar = cp;
+                removed += (p - q) - 1;
                 simple = 0;
             } else if (*p < 0x20) {
                 return FS_V_GIVE_UP;  /* control character */
@@ -735,6 +812,8 @@ cdef extern from *:
         /* Escapes, all checked complete and well-formed. */
         if (!(high & FS_B_HIGH)) {
             *pp = p + 1;
+            if (nesc <= FS_V_ESC)
+                return fs_b_with_escapes(start, p, p - start - removed, maxchar, esc_at, esc_end, esc_cp, nesc);
             return fs_b_escaped_ascii(start, p);
         }
         /* and bytes past ASCII (not canonical): fs_b_string decodes from the

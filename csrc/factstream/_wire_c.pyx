@@ -656,6 +656,75 @@ def parse_line(line, *, rows=False) -> Command:
     return _parse(<const unsigned char*>PyBytes_AS_STRING(data), n, line, rows)
 
 
+# The common call, ``parse_line(line)`` or ``parse_line(line, rows=True)`` with
+# bytes, goes through a C function of the interpreter's fastest calling
+# convention rather than a Cython def: that one's argument handling cost
+# about as much as reading a PING line. Anything else (str, a keyword given
+# by name, rows not a bool, a trailing newline) is handed to the def above,
+# which stays the one definition of the behaviour.
+
+cdef extern from *:
+    r"""
+    typedef PyObject *(*fs_parse_fn)(const unsigned char *, Py_ssize_t, PyObject *, int);
+    static PyObject *fs_pl_general, *fs_pl_rows_name;
+    static fs_parse_fn fs_pl_parse;
+    static char *fs_pl_doc;
+
+    static PyObject *fs_parse_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+        PyObject *line;
+        Py_ssize_t n;
+        int rows = 0;
+        (void)self;
+        if (nargs != 1 || !PyBytes_CheckExact(args[0]))
+            goto general;
+        if (kwnames != NULL) {
+            if (PyTuple_GET_SIZE(kwnames) != 1 || PyTuple_GET_ITEM(kwnames, 0) != fs_pl_rows_name)
+                goto general;
+            if (args[1] == Py_True)
+                rows = 1;
+            else if (args[1] != Py_False)
+                goto general;
+        }
+        line = args[0];
+        n = PyBytes_GET_SIZE(line);
+        if (n && PyBytes_AS_STRING(line)[n - 1] == '\n')
+            goto general;
+        return fs_pl_parse((const unsigned char *)PyBytes_AS_STRING(line), n, line, rows);
+    general:
+        return PyObject_Vectorcall(fs_pl_general, args, (size_t)nargs, kwnames);
+    }
+
+    static PyMethodDef fs_pl_def = {"parse_line", (PyCFunction)(void (*)(void))fs_parse_line,
+                                    METH_FASTCALL | METH_KEYWORDS, NULL};
+
+    /* The function object; general: the def, doc: its docstring without the signature line. */
+    static PyObject *fs_parse_line_new(PyObject *general, fs_parse_fn parse, PyObject *module_name, const char *doc) {
+        static const char head[] = "parse_line(line, *, rows=False)\n--\n\n";
+        if (fs_pl_general == NULL) {
+            fs_pl_rows_name = PyUnicode_InternFromString("rows");
+            if (fs_pl_rows_name == NULL)
+                return NULL;
+            fs_pl_doc = (char *)PyMem_RawMalloc(sizeof(head) + strlen(doc));
+            if (fs_pl_doc == NULL)
+                return PyErr_NoMemory();
+            memcpy(fs_pl_doc, head, sizeof(head) - 1);
+            strcpy(fs_pl_doc + sizeof(head) - 1, doc);
+            fs_pl_def.ml_doc = fs_pl_doc;
+            Py_INCREF(general);
+            fs_pl_general = general;
+            fs_pl_parse = parse;
+        }
+        return PyCFunction_NewEx(&fs_pl_def, NULL, module_name);
+    }
+    """
+    ctypedef object (*fs_parse_fn)(const unsigned char*, Py_ssize_t, object, bint)
+    object fs_parse_line_new(object general, fs_parse_fn parse, object module_name, const char* doc)
+
+
+cdef bytes _PARSE_LINE_DOC = parse_line.__doc__.split("\n\n", 1)[1].encode()
+parse_line = fs_parse_line_new(parse_line, _parse, __name__, _PARSE_LINE_DOC)
+
+
 include "_wire_encode.pxi"
 
 
