@@ -840,23 +840,43 @@ cdef class LineDecoder:
             fs_release(&_BUILDER.b)
 
     cdef list _feed(self, data):
-        cdef bytes joined
+        cdef bytes head
         cdef const char* p
-        cdef Py_ssize_t n, ln
-        cdef Py_ssize_t start = 0
         cdef const char* nl
+        cdef Py_ssize_t n, ln
         cdef list out = []
-        cdef Py_ssize_t limit = self.max_line_length
-        cdef int too_long
         if type(data) is not bytes:
             data = bytes(data)
         if self.len:
-            joined = PyBytes_FromStringAndSize(self.buf, self.len) + <bytes>data
+            p = PyBytes_AS_STRING(data)
+            n = PyBytes_GET_SIZE(data)
+            nl = <const char*>memchr(p, 10, n)
+            if nl == NULL:  # the held line goes on
+                head = PyBytes_FromStringAndSize(self.buf, self.len) + <bytes>data
+                self.len = 0
+                return self._complete(head, 0, out)
+            # The held line ends in data: only it is joined, the rest is read where it is.
+            ln = nl - p + 1
+            head = PyBytes_FromStringAndSize(NULL, self.len + ln)
+            memcpy(PyBytes_AS_STRING(head), self.buf, self.len)
+            memcpy(PyBytes_AS_STRING(head) + self.len, p, ln)
             self.len = 0
-        else:
-            joined = <bytes>data
-        p = PyBytes_AS_STRING(joined)
-        n = PyBytes_GET_SIZE(joined)
+            try:
+                self._complete(head, 0, out)  # one whole line: nothing of it is left to keep
+            except ProtocolError:
+                self._keep(p + ln, n - ln)  # what follows it stays buffered, as in any piece
+                raise
+            return self._complete(<bytes>data, ln, out)
+        return self._complete(<bytes>data, 0, out)
+
+    cdef list _complete(self, bytes joined, Py_ssize_t start, list out):
+        """Parse the complete lines of ``joined[start:]`` into ``out``; keep (or refuse) the partial tail."""
+        cdef const char* p = PyBytes_AS_STRING(joined)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(joined)
+        cdef Py_ssize_t ln
+        cdef const char* nl
+        cdef Py_ssize_t limit = self.max_line_length
+        cdef int too_long
         try:
             too_long = self._lines(p, n, &start, out)
         except ProtocolError as err:
