@@ -386,6 +386,9 @@ BAD_LINES = [
     (b"USER_IP @u:h {}", "JSON array"),
     (b'USER_IP @u:h ["a","b"]', "JSON array"),
     (b'LOCK_RELEASED "abc"', "JSON array"),
+    (b'USER_IP @u:h ["a",', "USER_IP fields is not valid JSON"),
+    (b'USER_IP @u:h ["a","b","c",null,1] x', "USER_IP fields is not valid JSON"),
+    (b"LOCK_RELEASED [NaN]", "LOCK_RELEASED fields is not valid JSON"),
     (b"PING \xff", "not valid UTF-8"),
     (b"PING \xed\xa0\x80", "not valid UTF-8"),  # an encoded surrogate
     (b"PING \xc0\x80", "not valid UTF-8"),      # overlong NUL

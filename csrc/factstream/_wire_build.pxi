@@ -51,7 +51,8 @@ cdef extern from *:
         b->held[b->nheld++] = o;
     }
 
-    /* fs_hold for a container just made by PyList_New: tracked, so no need to ask. */
+    /* fs_hold for a container just allocated (PyList_New, a command's
+       allocation): tracked, so no need to ask the collector. */
     static inline void fs_hold_new(fs_builder *b, PyObject *o) {
         if (!b->defer)
             return;
@@ -1047,6 +1048,7 @@ cdef extern from *:
         Py_ssize_t nheld
         Py_ssize_t capheld
     void fs_hold(fs_builder* b, PyObject* o)
+    void fs_hold_new(fs_builder* b, PyObject* o)
     void fs_release(fs_builder* b)
     object fs_build(fs_builder* b, const unsigned char* p, Py_ssize_t n)
     PyObject* fs_build_checked(fs_builder* b, const unsigned char* p, Py_ssize_t n)
@@ -1081,7 +1083,7 @@ cdef class _Builder:
     cdef inline object build(self, const unsigned char* p, Py_ssize_t n):
         return fs_build(&self.b, p, n)
 
-    cdef object build_checked(self, const unsigned char* p, Py_ssize_t n, object line):
+    cdef object build_checked(self, const unsigned char* p, Py_ssize_t n, object line, str what="row"):
         """Validate and build in one pass; on any doubt the scanner runs (today's exact error) and then ``build``."""
         cdef PyObject* v = fs_build_checked(&self.b, p, n)
         cdef object value
@@ -1091,7 +1093,7 @@ cdef class _Builder:
             Py_DECREF(value)  # <object> took a reference of its own
             return value
         PyErr_Clear()  # building failed (memory, a limit): the two-pass way raises or builds it again
-        _scan_json(p, n, &canonical, "row", line)
+        _scan_json(p, n, &canonical, what, line)
         return fs_build(&self.b, p, n)
 
 

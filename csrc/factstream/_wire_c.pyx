@@ -474,7 +474,7 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char** sp, const
                     if not PyObject_IS_GC(<PyObject*>value):
                         PyObject_GC_UnTrack(<PyObject*>cmd)  # atomic slots only
                     else:
-                        fs_hold(&_BUILDER.b, <PyObject*>cmd)  # held untracked with its row during a feed
+                        fs_hold_new(&_BUILDER.b, <PyObject*>cmd)  # held untracked with its row during a feed
                     return cmd
                 _scan_json(s3 + 1, end - s3 - 1, &canonical, "row", line)
                 cmd = _alloc(_RDATA)
@@ -546,7 +546,7 @@ cdef object _parse_user_ip(const unsigned char* p, const unsigned char* end, obj
     cdef const unsigned char* s1 = _space(p, end)
     if s1 == NULL:
         raise ProtocolError("expected USER_IP <user_id> <json_array>", line)
-    fields = _loads_checked(s1 + 1, end - s1 - 1, "USER_IP fields", line)
+    fields = _BUILDER.build_checked(s1 + 1, end - s1 - 1, line, "USER_IP fields")
     if type(fields) is not list or len(fields) != 5:
         raise ProtocolError(
             "USER_IP fields must be a JSON array [access_token, ip, user_agent, device_id, last_seen]", line
@@ -555,7 +555,7 @@ cdef object _parse_user_ip(const unsigned char* p, const unsigned char* end, obj
 
 
 cdef object _parse_lock_released(const unsigned char* p, const unsigned char* end, object line):
-    fields = _loads_checked(p, end - p, "LOCK_RELEASED fields", line)
+    fields = _BUILDER.build_checked(p, end - p, line, "LOCK_RELEASED fields")
     if type(fields) is not list or len(fields) != 3:
         raise ProtocolError("LOCK_RELEASED body must be a JSON array [instance_name, lock_name, lock_key]", line)
     return LockReleasedCommand(*fields)
@@ -739,6 +739,10 @@ cdef inline bint _blank(const unsigned char* p, Py_ssize_t n) noexcept nogil:
     return True
 
 
+cdef enum:
+    HOLD_MIN_BYTES = 16384  # a feed's piece from which its rows are held out of the collector (see feed)
+
+
 cdef class LineDecoder:
     """Incremental decoder: feed bytes as they arrive, get completed commands.
 
@@ -832,6 +836,15 @@ cdef class LineDecoder:
         # collector's lists until it ends (fs_hold in _wire_build.pxi): the
         # young collections the feed's own allocations trigger then have
         # nothing of it to walk.
+        # A small piece is not held: its few hundred containers trigger no
+        # collection of their own before the caller drops them, and holding
+        # (untrack, keep, track again) would be all cost.
+        cdef bint hold
+        if type(data) is not bytes:
+            data = bytes(data)
+        hold = self.len + PyBytes_GET_SIZE(data) >= HOLD_MIN_BYTES
+        if not hold:
+            return self._feed(data)
         _BUILDER.b.defer += 1
         try:
             return self._feed(data)
