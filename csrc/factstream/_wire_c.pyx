@@ -402,6 +402,60 @@ cdef enum:
     LINE_NON_ASCII = 2
 
 
+cdef extern from *:
+    """
+    /* The decoder's way through a buffer: from p, the next newline before
+       end (NULL when none), with what fs_line_scan tells of the line before
+       it (its first spaces; bit 2 of *flags when a byte is not ASCII), in the
+       same pass: a fed line is read once before it is parsed, not twice. */
+    static inline const unsigned char *fs_line_next(const unsigned char *p, const unsigned char *end,
+                                                    const unsigned char **sp, int *flags) {
+        const unsigned char *q = p;
+        unsigned int hi = 0;
+        int k;
+        for (k = 0; k < FS_SPACES; k++)
+            sp[k] = NULL;
+        k = 0;
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
+        {
+            const __m128i lf = _mm_set1_epi8(10), space = _mm_set1_epi8(32);
+            while (end - q >= 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *)q);
+                unsigned int nl = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
+                unsigned int keep = nl ? (1u << __builtin_ctz(nl)) - 1 : 0xFFFFu;  /* the bytes before it */
+                hi |= (unsigned int)_mm_movemask_epi8(v) & keep;
+                if (k < FS_SPACES) {
+                    unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space)) & keep;
+                    while (m && k < FS_SPACES) {
+                        sp[k++] = q + __builtin_ctz(m);
+                        m &= m - 1;
+                    }
+                }
+                if (nl) {
+                    *flags = hi ? 2 : 0;
+                    return q + __builtin_ctz(nl);
+                }
+                q += 16;
+            }
+        }
+    #endif
+        while (q < end) {
+            if (*q == 10) {
+                *flags = hi ? 2 : 0;
+                return q;
+            }
+            hi |= *q & 0x80;
+            if (*q == 32 && k < FS_SPACES)
+                sp[k++] = q;
+            q++;
+        }
+        return NULL;
+    }
+    """
+    const unsigned char* _line_next "fs_line_next"(const unsigned char* p, const unsigned char* end,
+                                                   const unsigned char** sp, int* flags) noexcept nogil
+
+
 cdef inline str _text(const unsigned char* p, Py_ssize_t n):
     return fs_text(p, n)
 
@@ -570,14 +624,20 @@ cdef dict _SIMPLE = {
 
 cdef object _parse(const unsigned char* p, Py_ssize_t n, object line, bint rows):
     """Parse one line (no newline); ``line`` is what error messages show; ``rows``: decode an RDATA row now."""
-    cdef const unsigned char* end = p + n
-    cdef const unsigned char* sp
-    cdef const unsigned char* body
-    cdef Py_ssize_t nlen
     cdef const unsigned char* spaces[FS_SPACES]
     cdef int flags = _line_scan(p, n, spaces)  # newline, non-ASCII, the first spaces
     if flags & LINE_NEWLINE:
         raise ProtocolError("line contains a newline", line)
+    return _parse_scanned(p, n, line, rows, flags, spaces)
+
+
+cdef inline object _parse_scanned(const unsigned char* p, Py_ssize_t n, object line, bint rows, int flags,
+                           const unsigned char** spaces):
+    """``_parse`` of a line already scanned: no newline, ``flags`` and ``spaces`` as ``fs_line_scan`` gives them."""
+    cdef const unsigned char* end = p + n
+    cdef const unsigned char* sp
+    cdef const unsigned char* body
+    cdef Py_ssize_t nlen
     if flags & LINE_NON_ASCII and not _utf8_valid(p, n):
         try:
             PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
@@ -809,8 +869,10 @@ cdef class LineDecoder:
         cdef object cmd
         cdef Py_ssize_t start = at[0]
         cdef Py_ssize_t limit = self.max_line_length
+        cdef const unsigned char* spaces[FS_SPACES]
+        cdef int flags
         while True:
-            nl = <const char*>memchr(p + start, 10, n - start)
+            nl = <const char*>_line_next(<const unsigned char*>p + start, <const unsigned char*>p + n, spaces, &flags)
             if nl == NULL:
                 at[0] = start
                 return 0
@@ -824,7 +886,7 @@ cdef class LineDecoder:
                 return 1
             if not _blank(<const unsigned char*>p + start, ln):
                 at[0] = start
-                cmd = _parse(<const unsigned char*>p + start, ln, None, self.rows)
+                cmd = _parse_scanned(<const unsigned char*>p + start, ln, None, self.rows, flags, spaces)
                 if type(cmd) is not _RDATA and type(cmd) is not _POSITION:  # those two are held or untracked already
                     fs_hold(&_BUILDER.b, <PyObject*>cmd)  # a tracked command (PING, USER_SYNC...): held as its row
                 out.append(cmd)
