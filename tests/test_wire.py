@@ -171,6 +171,37 @@ def test_one_trailing_newline_allowed(wire_impl: ModuleType) -> None:
         wire_impl.parse_line(b"PING 1\nPING 2")
 
 
+def test_every_way_of_calling_parse_line_agrees(wire_impl: ModuleType) -> None:
+    # The compiled twin takes parse_line(bytes) and parse_line(bytes, rows=<bool>) by a short way; every
+    # other spelling goes the general way. Both give the same commands and refuse the same mistakes.
+    import inspect
+
+    parse = wire_impl.parse_line
+    line = b'RDATA events master 3 ["$e",{"a":[1]}]'
+    eager, lazy = parse(line, rows=True), parse(line)
+    assert eager == lazy and eager.row == ["$e", {"a": [1]}]
+    for rows in (True, 1, "yes", [0]):
+        assert parse(line, rows=rows) == eager
+        assert parse(line=line, rows=rows) == eager
+        assert parse(line + b"\n", rows=rows) == eager
+        assert parse(line.decode(), rows=rows) == eager
+        assert parse(line, **{"".join(["ro", "ws"]): rows}) == eager  # a keyword name not interned
+    for rows in (False, 0, "", None):
+        assert parse(line, rows=rows) == lazy
+        assert parse(bytearray(line), rows=rows) == lazy
+    params = inspect.signature(parse).parameters
+    assert [(p.name, p.kind, p.default) for p in params.values()] == [
+        ("line", inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty),
+        ("rows", inspect.Parameter.KEYWORD_ONLY, False),
+    ]
+    for args, kwargs in [((), {}), ((line, True), {}), ((line,), {"row": True}), ((line,), {"rows": True, "x": 1})]:
+        with pytest.raises(TypeError):
+            parse(*args, **kwargs)
+    with pytest.raises(ProtocolError, match="unknown command 'NOPE'") as err:
+        parse(b"NOPE 1", rows=True)
+    assert err.value.line == b"NOPE 1"
+
+
 def test_bytearray_and_memoryview_input(wire_impl: ModuleType) -> None:
     assert wire_impl.parse_line(bytearray(b"PING 1")) == PingCommand("1")
     assert wire_impl.parse_line(memoryview(b"PING 1")) == PingCommand("1")
@@ -355,6 +386,9 @@ BAD_LINES = [
     (b"USER_IP @u:h {}", "JSON array"),
     (b'USER_IP @u:h ["a","b"]', "JSON array"),
     (b'LOCK_RELEASED "abc"', "JSON array"),
+    (b'USER_IP @u:h ["a",', "USER_IP fields is not valid JSON"),
+    (b'USER_IP @u:h ["a","b","c",null,1] x', "USER_IP fields is not valid JSON"),
+    (b"LOCK_RELEASED [NaN]", "LOCK_RELEASED fields is not valid JSON"),
     (b"PING \xff", "not valid UTF-8"),
     (b"PING \xed\xa0\x80", "not valid UTF-8"),  # an encoded surrogate
     (b"PING \xc0\x80", "not valid UTF-8"),      # overlong NUL
@@ -380,6 +414,16 @@ def test_error_message_shows_truncated_line(wire_impl: ModuleType) -> None:
     with pytest.raises(ProtocolError) as info:
         wire_impl.parse_line(b"BOGUS " + b"x" * 500)
     assert "..." in str(info.value) and len(str(info.value)) < 300
+
+
+def test_many_names_decode_the_same(wire_impl: ModuleType) -> None:
+    # More names than the compiled twin's name cache holds, of every length it keys differently
+    # (under four bytes, under eight, up to sixteen, up to its 40-byte limit, past it): sets meet and evict.
+    names = [f"{'n' * (i % 45)}{i}" for i in range(300)] + ["receipts", "event_persister1", "typing", "events"]
+    for order in (names, names[::-1], names[::7] * 3):
+        for name in order:
+            cmd = wire_impl.parse_line(f"RDATA {name} {name[::-1]} 1 []".encode(), rows=True)
+            assert (cmd.stream_name, cmd.instance_name) == (name, name[::-1])
 
 
 @pytest.mark.parametrize(
@@ -594,6 +638,37 @@ ROWS_EDGE_CASES = [
     b"RDATA s w 1 [" + b",".join(b"%d" % i for i in range(40)) + b"]", b"RDATA s w 1 [" + b"[]," * 17 + b"[]]",
     b"RDATA s w batch [1]", b"RDATA s w x [1]", b"RDATA s w [1]", b"RDATA s w 1 \xff", b'RDATA s w 1 ["\xed\xa0\x80"]',
 ]
+
+
+def _escaped_texts() -> list[str]:
+    """Texts that canonical JSON writes with escapes: every str width, pairs, lone and misordered surrogates."""
+    pieces = ["\u00e9", "\u4e00", "\U0001f600", "\ud800", "\udc00", "\n", '"', "\\", "\x7f", "\x00", "\u0100"]
+    texts = []
+    for piece in pieces:
+        for count in (1, 2, 15, 16, 17, 40):
+            for plain in ("", "a", "abcdefghijklmnopq"):
+                texts.append(plain + (piece + plain) * count)
+    texts += ["\ud800\ud800\udc00", "\udc00\ud800", "\ud800A", "a\u00e9" * 9 + "\u4e00", "\u00ff" * 17 + "\U0001f600"]
+    return texts
+
+
+@pytest.mark.parametrize("rows", [True, False])
+def test_escaped_strings_decode_as_the_stdlib(wire_impl: ModuleType, rows: bool) -> None:
+    # The builders write an escaped string straight at its width; the str must equal (same width, same
+    # code points) what json.loads gives, as a row, a dict key, and through the decoder.
+    texts = _escaped_texts()
+    rows_in = [[text, {text: text}] for text in texts]
+    lines = [b"RDATA s w 1 " + json.dumps(row, separators=(",", ":")).encode() for row in rows_in]
+    expected = [json.loads(line[12:]) for line in lines]  # a high and a low surrogate escape read as one
+    for line, row in zip(lines, expected):
+        cmd = wire_impl.parse_line(line, rows=rows)
+        assert cmd.row == row
+        # equal str of the same width may still differ in CPython's ASCII flag, which isascii() reads
+        assert [cmd.row[0].isascii(), *(key.isascii() for key in cmd.row[1])] == [row[0].isascii()] * 2
+        assert wire_impl.encode(cmd) == line
+    fed = wire_impl.LineDecoder(rows=rows).feed(b"".join(line + b"\n" for line in lines))
+    assert [cmd.row for cmd in fed] == expected
+    assert expected[:6] == rows_in[:6]  # most texts are read back as they were
 
 
 @pytest.mark.parametrize("line", ROWS_EDGE_CASES, ids=range(len(ROWS_EDGE_CASES)))

@@ -51,6 +51,38 @@ cdef extern from *:
         b->held[b->nheld++] = o;
     }
 
+    /* fs_hold for a container just allocated (PyList_New, a command's
+       allocation): tracked, so no need to ask the collector. */
+    static inline void fs_hold_new(fs_builder *b, PyObject *o) {
+        if (!b->defer)
+            return;
+        if (b->nheld == b->capheld) {
+            fs_hold(b, o);  /* grows the array (or leaves o tracked) */
+            return;
+        }
+        PyObject_GC_UnTrack(o);
+        Py_INCREF(o);
+        b->held[b->nheld++] = o;
+    }
+
+    /* A list of items[:k], taking their references: PyList_New(k) would
+       zero its item array (calloc) only for the items to be copied over it. */
+    static inline PyObject *fs_b_list_of(PyObject **items, Py_ssize_t k) {
+        PyObject *out = PyList_New(0), **a;
+        if (out == NULL || k == 0)
+            return out;
+        a = (PyObject **)PyMem_Malloc((size_t)k * sizeof(PyObject *));
+        if (a == NULL) {
+            Py_DECREF(out);
+            return PyErr_NoMemory();  /* the items are still the caller's */
+        }
+        memcpy(a, items, (size_t)k * sizeof(PyObject *));
+        ((PyListObject *)out)->ob_item = a;
+        ((PyListObject *)out)->allocated = k;
+        Py_SET_SIZE(out, k);
+        return out;
+    }
+
     /* Track every held object again (those already tracked are left), then
        drop the references held: garbage of a failed build is freed here. */
     static void fs_release(fs_builder *b) {
@@ -174,6 +206,93 @@ cdef extern from *:
         return cp;
     }
 
+    /* One escape at p (p[0] is the backslash, the escape is complete and
+       well formed): its code point, and p moved past it. A \u high
+       surrogate followed by a \u low one is one code point (as fs_b_string). */
+    static inline Py_UCS4 fs_b_escape(const unsigned char **pp, const unsigned char *end) {
+        const unsigned char *p = *pp;
+        unsigned int cp, cp2;
+        switch (p[1]) {
+        case 'u':
+            cp = fs_b_hex4(p + 2);
+            p += 6;
+            if (cp >= 0xD800 && cp <= 0xDBFF && end - p >= 6 && p[0] == '\\' && p[1] == 'u') {
+                cp2 = fs_b_hex4(p + 2);
+                if (cp2 >= 0xDC00 && cp2 <= 0xDFFF) {
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (cp2 - 0xDC00);
+                    p += 6;
+                }
+            }
+            *pp = p;
+            return cp;
+        case 'b': cp = 8; break;
+        case 'f': cp = 12; break;
+        case 'n': cp = 10; break;
+        case 'r': cp = 13; break;
+        case 't': cp = 9; break;
+        default: cp = p[1];  /* " \ / */
+        }
+        *pp = p + 2;
+        return cp;
+    }
+
+    /* The text of start[:end] (a string's contents, without its quotes) that
+       has escapes but no byte past ASCII, which is how canonical JSON writes
+       any text: the same str fs_b_string builds, in two short passes (the
+       length and widest character, then the characters written at the
+       str's own width: runs between escapes copied whole). */
+    static PyObject *fs_b_escaped_ascii(const unsigned char *start, const unsigned char *end) {
+        const unsigned char *p = start, *q;
+        Py_ssize_t n = 0;
+        Py_UCS4 maxchar = 127, cp;
+        PyObject *text;
+        int kind;
+        void *data;
+        while ((q = (const unsigned char *)memchr(p, '\\', (size_t)(end - p))) != NULL) {
+            n += q - p;
+            cp = fs_b_escape(&q, end);
+            if (cp > maxchar)
+                maxchar = cp;
+            n++;
+            p = q;
+        }
+        n += end - p;
+        text = PyUnicode_New(n, maxchar);
+        if (text == NULL)
+            return NULL;
+        kind = PyUnicode_KIND(text);
+        data = PyUnicode_DATA(text);
+        p = start;
+        n = 0;
+        if (kind == PyUnicode_1BYTE_KIND) {
+            Py_UCS1 *out = (Py_UCS1 *)data;
+            while ((q = (const unsigned char *)memchr(p, '\\', (size_t)(end - p))) != NULL) {
+                memcpy(out + n, p, (size_t)(q - p));
+                n += q - p;
+                out[n++] = (Py_UCS1)fs_b_escape(&q, end);
+                p = q;
+            }
+            memcpy(out + n, p, (size_t)(end - p));
+        } else if (kind == PyUnicode_2BYTE_KIND) {
+            Py_UCS2 *out = (Py_UCS2 *)data;
+            while (p < end) {
+                if (*p == '\\')
+                    out[n++] = (Py_UCS2)fs_b_escape(&p, end);
+                else
+                    out[n++] = *p++;
+            }
+        } else {
+            Py_UCS4 *out = (Py_UCS4 *)data;
+            while (p < end) {
+                if (*p == '\\')
+                    out[n++] = fs_b_escape(&p, end);
+                else
+                    out[n++] = *p++;
+            }
+        }
+        return text;
+    }
+
     static PyObject *fs_b_string(fs_builder *b, const unsigned char **pp) {
         /* *pp is at the opening quote; the scanner accepted the string, so
            its closing quote is before end and every escape is complete. */
@@ -247,7 +366,9 @@ cdef extern from *:
                 return text;
             }
         }
-        /* Escapes: decode into code points (at most one per input byte). */
+        if (!(high & FS_B_HIGH))
+            return fs_b_escaped_ascii(start, p);  /* escapes in ASCII text: canonical JSON's only kind */
+        /* Escapes and UTF-8: decode into code points (at most one per input byte). */
         end = p;
         if (end - start + 1 > b->cap) {
             Py_UCS4 *nb = (Py_UCS4 *)PyMem_Realloc(b->buf, (size_t)(end - start + 1) * sizeof(Py_UCS4));
@@ -372,7 +493,7 @@ cdef extern from *:
             *pp = p + 1;
             out = PyList_New(0);
             if (out != NULL)
-                fs_hold(b, out);
+                fs_hold_new(b, out);
             return out;
         }
         for (;;) {
@@ -412,13 +533,11 @@ cdef extern from *:
             break;
         }
         if (out == NULL) {
-            out = PyList_New(k);
+            out = fs_b_list_of(items, k);  /* takes the items */
             if (out == NULL)
                 goto fail;
-            for (i = 0; i < k; i++)
-                PyList_SET_ITEM(out, i, items[i]);  /* steals */
         }
-        fs_hold(b, out);
+        fs_hold_new(b, out);
         return out;
     fail:
         for (i = 0; i < k; i++)
@@ -504,9 +623,23 @@ cdef extern from *:
     #define FS_V_GIVE_UP ((PyObject *)0)
     #define FS_V_MAX_DEPTH 512   /* the scanner's JSON_MAX_DEPTH (checked at import) */
 
-    static PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth);
+    /* A value is dispatched inline where it is read (a list's item, a dict's
+       value); only containers are calls: a row's strings, numbers and nulls
+       then cost no call of the container-sized function. */
+    #if defined(__GNUC__)
+    #define FS_V_INLINE static inline __attribute__((always_inline))
+    #define FS_V_NOINLINE static __attribute__((noinline))
+    #else
+    #define FS_V_INLINE static inline
+    #define FS_V_NOINLINE static
+    #endif
+    FS_V_INLINE PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth);
+    FS_V_NOINLINE PyObject *fs_v_list(fs_builder *b, const unsigned char **pp, int depth);
+    FS_V_NOINLINE PyObject *fs_v_dict(fs_builder *b, const unsigned char **pp, int depth);
 
     static inline const unsigned char *fs_v_ws(const fs_builder *b, const unsigned char *p) {
+        if (p < b->end && *p > ' ')  /* the compact form: nothing to skip */
+            return p;
         while (p < b->end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
             p++;
         return p;
@@ -519,6 +652,54 @@ cdef extern from *:
         return -1;
     }
 
+    #define FS_V_ESC 16  /* escapes a string's scan keeps the place and code point of */
+
+    static inline int fs_v_hex4(const unsigned char *p) {
+        int a = fs_v_hex(p[0]), b = fs_v_hex(p[1]), c = fs_v_hex(p[2]), d = fs_v_hex(p[3]);
+        if ((a | b | c | d) < 0)
+            return -1;
+        return (a << 12) | (b << 8) | (c << 4) | d;
+    }
+
+    /* The str of start[:end] (ASCII, escapes at esc_at[:nesc], ending at
+       esc_end, with code points esc_cp): n characters, the widest maxchar. */
+    static PyObject *fs_b_with_escapes(const unsigned char *start, const unsigned char *end, Py_ssize_t n,
+                                       Py_UCS4 maxchar, const unsigned char *const *esc_at,
+                                       const unsigned char *const *esc_end, const Py_UCS4 *esc_cp, Py_ssize_t nesc) {
+        PyObject *text = PyUnicode_New(n, maxchar);
+        const unsigned char *src = start, *stop;
+        Py_ssize_t e, o = 0, run, i;
+        int kind;
+        void *data;
+        if (text == NULL)
+            return NULL;
+        kind = PyUnicode_KIND(text);
+        data = PyUnicode_DATA(text);
+        for (e = 0; e <= nesc; e++) {
+            stop = e < nesc ? esc_at[e] : end;
+            run = stop - src;
+            if (kind == PyUnicode_1BYTE_KIND) {
+                memcpy((Py_UCS1 *)data + o, src, (size_t)run);
+                if (e < nesc)
+                    ((Py_UCS1 *)data)[o + run] = (Py_UCS1)esc_cp[e];
+            } else if (kind == PyUnicode_2BYTE_KIND) {
+                for (i = 0; i < run; i++)
+                    ((Py_UCS2 *)data)[o + i] = src[i];
+                if (e < nesc)
+                    ((Py_UCS2 *)data)[o + run] = (Py_UCS2)esc_cp[e];
+            } else {
+                for (i = 0; i < run; i++)
+                    ((Py_UCS4 *)data)[o + i] = src[i];
+                if (e < nesc)
+                    ((Py_UCS4 *)data)[o + run] = esc_cp[e];
+            }
+            o += run + 1;
+            if (e < nesc)
+                src = esc_end[e];
+        }
+        return text;
+    }
+
     static PyObject *fs_v_string(fs_builder *b, const unsigned char **pp) {
         /* *pp is at the opening quote. First find the closing quote, checking
            every byte the scanner checks; then build as fs_b_string does. */
@@ -527,6 +708,11 @@ cdef extern from *:
         const unsigned char *end = b->end;
         int simple = 1;
         uint64_t high = 0;
+        /* The escapes met (the first FS_V_ESC): where each starts and ends and
+           its code point, so that the str is written without reading them again. */
+        const unsigned char *esc_at[FS_V_ESC], *esc_end[FS_V_ESC];
+        Py_UCS4 esc_cp[FS_V_ESC], maxchar = 127;
+        Py_ssize_t nesc = 0, removed = 0;
         for (;;) {
     #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
             while (end - p >= 16) {
@@ -564,21 +750,45 @@ cdef extern from *:
             if (*p == '"')
                 break;
             if (*p == '\\') {
+                const unsigned char *q = p;
                 unsigned char c;
+                Py_UCS4 cp;
                 if (end - p < 2)
                     return FS_V_GIVE_UP;
                 c = p[1];
                 if (c == 'u') {
-                    if (end - p < 6 || fs_v_hex(p[2]) < 0 || fs_v_hex(p[3]) < 0 || fs_v_hex(p[4]) < 0
-                        || fs_v_hex(p[5]) < 0)
+                    int h;
+                    if (end - p < 6 || (h = fs_v_hex4(p + 2)) < 0)
                         return FS_V_GIVE_UP;
+                    cp = (Py_UCS4)h;
                     p += 6;
-                } else if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r'
-                           || c == 't') {
-                    p += 2;
+                    /* a high surrogate and a low one make one code point (as fs_b_escape) */
+                    if (cp >= 0xD800 && cp <= 0xDBFF && end - p >= 6 && p[0] == '\\' && p[1] == 'u'
+                        && (h = fs_v_hex4(p + 2)) >= 0xDC00 && h <= 0xDFFF) {
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + ((Py_UCS4)h - 0xDC00);
+                        p += 6;
+                    }
                 } else {
-                    return FS_V_GIVE_UP;
+                    switch (c) {
+                    case '"': case '\\': case '/': cp = c; break;
+                    case 'b': cp = 8; break;
+                    case 'f': cp = 12; break;
+                    case 'n': cp = 10; break;
+                    case 'r': cp = 13; break;
+                    case 't': cp = 9; break;
+                    default: return FS_V_GIVE_UP;
+                    }
+                    p += 2;
                 }
+                if (nesc < FS_V_ESC) {
+                    esc_at[nesc] = q;
+                    esc_end[nesc] = p;
+                    esc_cp[nesc] = cp;
+                }
+                nesc++;
+                if (cp > maxchar)
+                    maxchar = cp;
+                removed += (p - q) - 1;
                 simple = 0;
             } else if (*p < 0x20) {
                 return FS_V_GIVE_UP;  /* control character */
@@ -600,8 +810,15 @@ cdef extern from *:
                 return text;
             }
         }
-        /* Escapes, all checked complete and well-formed: fs_b_string decodes
-           from the opening quote (it reads nothing past the closing one). */
+        /* Escapes, all checked complete and well-formed. */
+        if (!(high & FS_B_HIGH)) {
+            *pp = p + 1;
+            if (nesc <= FS_V_ESC)
+                return fs_b_with_escapes(start, p, p - start - removed, maxchar, esc_at, esc_end, esc_cp, nesc);
+            return fs_b_escaped_ascii(start, p);
+        }
+        /* and bytes past ASCII (not canonical): fs_b_string decodes from the
+           opening quote (it reads nothing past the closing one). */
         *pp = start - 1;
         return fs_b_string(b, pp);
     }
@@ -610,17 +827,30 @@ cdef extern from *:
         const unsigned char *p = *pp;
         const unsigned char *end = b->end;
         const unsigned char *digits, *e_start;
-        int is_float = 0;
-        if (*p == '-')
+        unsigned long long v = 0;
+        unsigned int d;
+        int is_float = 0, neg = 0;
+        if (*p == '-') {
+            neg = 1;
             p++;
+        }
         if (p >= end || *p < '0' || *p > '9')
             return FS_V_GIVE_UP;  /* expecting value, or -Infinity */
         digits = p;
+        /* The usual number, an integer of up to 18 digits, is read and
+           valued in this one loop; a fraction, an exponent or a longer
+           integer goes the general way below (the same bytes, read again). */
         if (*p == '0')
             p++;
         else
-            while (p < end && *p >= '0' && *p <= '9')
+            while (p < end && (d = (unsigned int)(*p - '0')) <= 9) {
+                v = v * 10 + d;
                 p++;
+            }
+        if ((p >= end || (*p != '.' && *p != 'e' && *p != 'E')) && p - digits <= 18) {
+            *pp = p;
+            return PyLong_FromLongLong(neg ? -(long long)v : (long long)v);
+        }
         if (end - p >= 2 && p[0] == '.' && p[1] >= '0' && p[1] <= '9') {
             is_float = 1;
             p += 2;
@@ -645,7 +875,7 @@ cdef extern from *:
         return fs_b_number(b, pp);
     }
 
-    static PyObject *fs_v_list(fs_builder *b, const unsigned char **pp, int depth) {
+    FS_V_NOINLINE PyObject *fs_v_list(fs_builder *b, const unsigned char **pp, int depth) {
         PyObject *items[FS_B_LIST_STACK];
         Py_ssize_t k = 0, i;
         PyObject *out = NULL, *v;
@@ -654,7 +884,7 @@ cdef extern from *:
             *pp = p + 1;
             out = PyList_New(0);
             if (out != NULL)
-                fs_hold(b, out);
+                fs_hold_new(b, out);
             return out;
         }
         for (;;) {
@@ -697,13 +927,11 @@ cdef extern from *:
             goto fail;  /* expecting ',' or ']' */
         }
         if (out == NULL) {
-            out = PyList_New(k);
+            out = fs_b_list_of(items, k);  /* takes the items */
             if (out == NULL)
                 goto fail;
-            for (i = 0; i < k; i++)
-                PyList_SET_ITEM(out, i, items[i]);
         }
-        fs_hold(b, out);
+        fs_hold_new(b, out);
         return out;
     fail:
         for (i = 0; i < k; i++)
@@ -712,7 +940,7 @@ cdef extern from *:
         return NULL;
     }
 
-    static PyObject *fs_v_dict(fs_builder *b, const unsigned char **pp, int depth) {
+    FS_V_NOINLINE PyObject *fs_v_dict(fs_builder *b, const unsigned char **pp, int depth) {
         PyObject *out = PyDict_New(), *key, *v;
         const unsigned char *p;
         int rc;
@@ -763,7 +991,7 @@ cdef extern from *:
         return NULL;
     }
 
-    static PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth) {
+    FS_V_INLINE PyObject *fs_v_value(fs_builder *b, const unsigned char **pp, int depth) {
         const unsigned char *p = *pp;
         const unsigned char *end = b->end;
         if (p >= end)
@@ -820,6 +1048,7 @@ cdef extern from *:
         Py_ssize_t nheld
         Py_ssize_t capheld
     void fs_hold(fs_builder* b, PyObject* o)
+    void fs_hold_new(fs_builder* b, PyObject* o)
     void fs_release(fs_builder* b)
     object fs_build(fs_builder* b, const unsigned char* p, Py_ssize_t n)
     PyObject* fs_build_checked(fs_builder* b, const unsigned char* p, Py_ssize_t n)
@@ -854,7 +1083,7 @@ cdef class _Builder:
     cdef inline object build(self, const unsigned char* p, Py_ssize_t n):
         return fs_build(&self.b, p, n)
 
-    cdef object build_checked(self, const unsigned char* p, Py_ssize_t n, object line):
+    cdef object build_checked(self, const unsigned char* p, Py_ssize_t n, object line, str what="row"):
         """Validate and build in one pass; on any doubt the scanner runs (today's exact error) and then ``build``."""
         cdef PyObject* v = fs_build_checked(&self.b, p, n)
         cdef object value
@@ -864,7 +1093,7 @@ cdef class _Builder:
             Py_DECREF(value)  # <object> took a reference of its own
             return value
         PyErr_Clear()  # building failed (memory, a limit): the two-pass way raises or builds it again
-        _scan_json(p, n, &canonical, "row", line)
+        _scan_json(p, n, &canonical, what, line)
         return fs_build(&self.b, p, n)
 
 

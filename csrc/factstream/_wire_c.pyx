@@ -169,31 +169,104 @@ if type(RdataCommand.__dict__["row"]) is property:
 # Stream and instance names repeat on every line: the last few decoded ones
 # are kept, keyed by their bytes, and shared (str is immutable).
 
-cdef enum:
-    NAME_SLOTS = 64  # a power of two
-    NAME_MAX = 40
-cdef PyObject* _name_str[NAME_SLOTS]
-cdef unsigned char _name_bytes[NAME_SLOTS][NAME_MAX]
-cdef Py_ssize_t _name_len[NAME_SLOTS]
+cdef extern from *:
+    r"""
+    /* A field's text: valid UTF-8 (the line was checked); ASCII, the usual
+       case, is copied into the str without going through the decoder. */
+    static PyObject *fs_text(const unsigned char *p, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        uint64_t acc = 0, w;
+        unsigned char tail = 0;
+        PyObject *text;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&w, p + i, 8);
+            acc |= w;
+        }
+        for (; i < n; i++)
+            tail |= p[i];
+        if ((acc & 0x8080808080808080ULL) || (tail & 0x80))
+            return PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+        text = PyUnicode_New(n, 127);
+        if (text != NULL)
+            memcpy(PyUnicode_DATA(text), p, (size_t)n);
+        return text;
+    }
+
+    /* Stream and instance names repeat on every line: the last decoded names
+       are kept, keyed by their bytes (the first and the last eight, which
+       for up to sixteen bytes are all of them, and the rest when longer), and
+       shared (str is immutable). Two ways per set: two names whose hashes
+       meet both stay. */
+    #define FS_NAME_SETS 64   /* a power of two */
+    #define FS_NAME_MAX 40
+    typedef struct {
+        uint64_t w0, w1;
+        Py_ssize_t n;
+        PyObject *s;
+        unsigned char bytes[FS_NAME_MAX];
+    } fs_nameslot;
+    static fs_nameslot fs_names[FS_NAME_SETS][2];
+    static unsigned char fs_name_victim[FS_NAME_SETS];
+
+    static inline int fs_name_is(const fs_nameslot *slot, const unsigned char *p, Py_ssize_t n, uint64_t w0,
+                                 uint64_t w1) {
+        return slot->s != NULL && slot->n == n && slot->w0 == w0 && slot->w1 == w1
+               && (n <= 16 || memcmp(slot->bytes + 8, p + 8, (size_t)(n - 16)) == 0);
+    }
+
+    /* The str of p[:n] (0 < n), a new reference; NULL with an exception set. */
+    static PyObject *fs_name(const unsigned char *p, Py_ssize_t n) {
+        uint64_t w0 = 0, w1 = 0;
+        fs_nameslot *set, *slot;
+        unsigned int h;
+        PyObject *s;
+        Py_ssize_t i;
+        if (n > FS_NAME_MAX)
+            return fs_text(p, n);
+        if (n >= 8) {
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + n - 8, 8);
+        } else if (n >= 4) {  /* the first four and the last four: every byte */
+            uint32_t a, z;
+            memcpy(&a, p, 4);
+            memcpy(&z, p + n - 4, 4);
+            w0 = (uint64_t)a | ((uint64_t)z << 32);
+        } else {
+            for (i = 0; i < n; i++)
+                w0 |= (uint64_t)p[i] << (8 * i);
+        }
+        h = (unsigned int)(((w0 * 0x9E3779B97F4A7C15ULL) ^ (w1 * 0xC2B2AE3D27D4EB4FULL) ^ (uint64_t)n) >> 58);
+        set = fs_names[h];
+        if (fs_name_is(&set[0], p, n, w0, w1)) {
+            Py_INCREF(set[0].s);
+            return set[0].s;
+        }
+        if (fs_name_is(&set[1], p, n, w0, w1)) {
+            Py_INCREF(set[1].s);
+            return set[1].s;
+        }
+        s = fs_text(p, n);
+        if (s == NULL)
+            return NULL;
+        slot = &set[fs_name_victim[h]];  /* the two ways are replaced in turn */
+        fs_name_victim[h] ^= 1;
+        Py_INCREF(s);
+        Py_XSETREF(slot->s, s);
+        slot->w0 = w0;
+        slot->w1 = w1;
+        slot->n = n;
+        memcpy(slot->bytes, p, (size_t)n);
+        return s;
+    }
+    """
+    object fs_text(const unsigned char* p, Py_ssize_t n)
+    object fs_name(const unsigned char* p, Py_ssize_t n)
 
 
 cdef inline object _name(const unsigned char* p, Py_ssize_t n, str what, object line):
-    cdef unsigned int h
-    cdef object s
     if n == 0:
         raise ProtocolError(f"{what} is empty", line)
-    if n > NAME_MAX:
-        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
-    h = (<unsigned int>n * 31u + p[0] * 7u + p[n - 1] * 131u + p[n >> 1]) & (NAME_SLOTS - 1)
-    if _name_len[h] == n and memcmp(_name_bytes[h], p, n) == 0:
-        return <object>_name_str[h]
-    s = PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
-    Py_INCREF(s)
-    Py_XDECREF(_name_str[h])
-    _name_str[h] = <PyObject*>s
-    memcpy(_name_bytes[h], p, n)
-    _name_len[h] = n
-    return s
+    return fs_name(p, n)
 
 
 cdef int _scan_json(const unsigned char* p, Py_ssize_t n, bint* canonical, str what, object line) except -1:
@@ -267,43 +340,130 @@ cdef extern from *:
     #include <emmintrin.h>
     #endif
     /* One pass over a line: bit 1 when it holds a newline, bit 2 when a
-       byte is not ASCII (the two things every line is checked for). */
-    static inline int fs_line_flags(const unsigned char *p, Py_ssize_t n) {
+       byte is not ASCII (the two things every line is checked for), and
+       sp[0..FS_SPACES) set to its first spaces (NULL past the last): the
+       command name and the fields before an RDATA row (or the five of a
+       USER_SYNC) end at them, so no field is searched for a second time. */
+    #define FS_SPACES 5
+    static inline int fs_line_scan(const unsigned char *p, Py_ssize_t n, const unsigned char **sp) {
         const unsigned char *end = p + n;
         unsigned int nl = 0, hi = 0;
         uint64_t acc = 0;
+        int k = 0;
+        for (k = 0; k < FS_SPACES; k++)
+            sp[k] = NULL;
+        k = 0;
     #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
-        const __m128i lf = _mm_set1_epi8(10);
+        const __m128i lf = _mm_set1_epi8(10), space = _mm_set1_epi8(32);
         while (end - p >= 16) {
             __m128i v = _mm_loadu_si128((const __m128i *)p);
             nl |= (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
             hi |= (unsigned int)_mm_movemask_epi8(v);
+            if (k < FS_SPACES) {
+                unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space));
+                while (m && k < FS_SPACES) {
+                    sp[k++] = p + __builtin_ctz(m);
+                    m &= m - 1;
+                }
+            }
             p += 16;
+        }
+        if (p < end && n >= 16) {  /* the tail: the last sixteen bytes, overlapping ones already seen */
+            const unsigned char *t = end - 16;
+            unsigned int seen = (unsigned int)(p - t);
+            __m128i v = _mm_loadu_si128((const __m128i *)t);
+            nl |= (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
+            hi |= (unsigned int)_mm_movemask_epi8(v);
+            if (k < FS_SPACES) {
+                unsigned int m = ((unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space)) >> seen) << seen;
+                while (m && k < FS_SPACES) {
+                    sp[k++] = t + __builtin_ctz(m);
+                    m &= m - 1;
+                }
+            }
+            p = end;
         }
     #endif
         while (p < end) {
             nl |= *p == 10;
             acc |= *p;
+            if (*p == 32 && k < FS_SPACES)
+                sp[k++] = p;
             p++;
         }
         return (nl ? 1 : 0) | ((hi || (acc & 0x80)) ? 2 : 0);
     }
     """
-    int _line_flags "fs_line_flags"(const unsigned char* p, Py_ssize_t n) noexcept nogil
+    int _line_scan "fs_line_scan"(const unsigned char* p, Py_ssize_t n, const unsigned char** sp) noexcept nogil
+    enum: FS_SPACES
 
 cdef enum:
     LINE_NEWLINE = 1
     LINE_NON_ASCII = 2
 
 
+cdef extern from *:
+    """
+    /* The decoder's way through a buffer: from p, the next newline before
+       end (NULL when none), with what fs_line_scan tells of the line before
+       it (its first spaces; bit 2 of *flags when a byte is not ASCII), in the
+       same pass: a fed line is read once before it is parsed, not twice. */
+    static inline const unsigned char *fs_line_next(const unsigned char *p, const unsigned char *end,
+                                                    const unsigned char **sp, int *flags) {
+        const unsigned char *q = p;
+        unsigned int hi = 0;
+        int k;
+        for (k = 0; k < FS_SPACES; k++)
+            sp[k] = NULL;
+        k = 0;
+    #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
+        {
+            const __m128i lf = _mm_set1_epi8(10), space = _mm_set1_epi8(32);
+            while (end - q >= 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *)q);
+                unsigned int nl = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
+                unsigned int keep = nl ? (1u << __builtin_ctz(nl)) - 1 : 0xFFFFu;  /* the bytes before it */
+                hi |= (unsigned int)_mm_movemask_epi8(v) & keep;
+                if (k < FS_SPACES) {
+                    unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space)) & keep;
+                    while (m && k < FS_SPACES) {
+                        sp[k++] = q + __builtin_ctz(m);
+                        m &= m - 1;
+                    }
+                }
+                if (nl) {
+                    *flags = hi ? 2 : 0;
+                    return q + __builtin_ctz(nl);
+                }
+                q += 16;
+            }
+        }
+    #endif
+        while (q < end) {
+            if (*q == 10) {
+                *flags = hi ? 2 : 0;
+                return q;
+            }
+            hi |= *q & 0x80;
+            if (*q == 32 && k < FS_SPACES)
+                sp[k++] = q;
+            q++;
+        }
+        return NULL;
+    }
+    """
+    const unsigned char* _line_next "fs_line_next"(const unsigned char* p, const unsigned char* end,
+                                                   const unsigned char** sp, int* flags) noexcept nogil
+
+
 cdef inline str _text(const unsigned char* p, Py_ssize_t n):
-    return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    return fs_text(p, n)
 
 
 cdef inline object _word(const unsigned char* p, Py_ssize_t n, str what, object line):
     if n == 0:
         raise ProtocolError(f"{what} is empty", line)
-    return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    return fs_text(p, n)
 
 
 cdef object _int_field(const unsigned char* p, Py_ssize_t n, str what, object line):
@@ -337,16 +497,16 @@ cdef inline const unsigned char* _space(const unsigned char* p, const unsigned c
     return NULL
 
 
-cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, object line, bint rows):
-    cdef const unsigned char* s1 = _space(p, end)
-    cdef const unsigned char* s2
-    cdef const unsigned char* s3
+cdef object _parse_rdata(const unsigned char* p, const unsigned char** sp, const unsigned char* end, object line,
+                        bint rows):
+    # sp: the first three spaces after the command name (NULL past the line's last)
+    cdef const unsigned char* s1 = sp[0]
+    cdef const unsigned char* s2 = sp[1]
+    cdef const unsigned char* s3 = sp[2]
     cdef bint canonical
     cdef object cmd, token
     if s1 != NULL:
-        s2 = _space(s1 + 1, end)
         if s2 != NULL:
-            s3 = _space(s2 + 1, end)
             if s3 != NULL:
                 stream = _name(p, s1 - p, "stream_name", line)
                 instance = _name(s1 + 1, s2 - s1 - 1, "instance_name", line)
@@ -368,7 +528,7 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
                     if not PyObject_IS_GC(<PyObject*>value):
                         PyObject_GC_UnTrack(<PyObject*>cmd)  # atomic slots only
                     else:
-                        fs_hold(&_BUILDER.b, <PyObject*>cmd)  # held untracked with its row during a feed
+                        fs_hold_new(&_BUILDER.b, <PyObject*>cmd)  # held untracked with its row during a feed
                     return cmd
                 _scan_json(s3 + 1, end - s3 - 1, &canonical, "row", line)
                 cmd = _alloc(_RDATA)
@@ -384,15 +544,14 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char* end, objec
     raise ProtocolError("expected RDATA <stream_name> <instance_name> <token> <row_json>", line)
 
 
-cdef object _parse_position(const unsigned char* p, const unsigned char* end, object line):
-    cdef const unsigned char* s1 = _space(p, end)
-    cdef const unsigned char* s2
-    cdef const unsigned char* s3
+cdef object _parse_position(const unsigned char* p, const unsigned char** sp, const unsigned char* end, object line):
+    # sp: the first three spaces after the command name (NULL past the line's last)
+    cdef const unsigned char* s1 = sp[0]
+    cdef const unsigned char* s2 = sp[1]
+    cdef const unsigned char* s3 = sp[2]
     cdef object cmd
     if s1 != NULL:
-        s2 = _space(s1 + 1, end)
         if s2 != NULL:
-            s3 = _space(s2 + 1, end)
             if s3 != NULL:
                 stream = _name(p, s1 - p, "stream_name", line)
                 instance = _name(s1 + 1, s2 - s1 - 1, "instance_name", line)
@@ -408,17 +567,14 @@ cdef object _parse_position(const unsigned char* p, const unsigned char* end, ob
     raise ProtocolError("expected POSITION <stream_name> <instance_name> <prev_token> <new_token>", line)
 
 
-cdef object _parse_user_sync(const unsigned char* p, const unsigned char* end, object line):
-    cdef const unsigned char* s[4]
-    cdef const unsigned char* q = p
+cdef object _parse_user_sync(const unsigned char* p, const unsigned char** s, const unsigned char* end, object line):
+    # s: the first four spaces after the command name (NULL past the line's last)
     cdef int i
     for i in range(4):
-        s[i] = _space(q, end)
         if s[i] == NULL:
             raise ProtocolError(
                 "expected USER_SYNC <instance_id> <user_id> <device_id> <start|end> <last_sync_ms>", line
             )
-        q = s[i] + 1
     state = _text(s[2] + 1, s[3] - s[2] - 1)
     if state != "start" and state != "end":
         raise ProtocolError(f"USER_SYNC state must be 'start' or 'end', not {state!r}", line)
@@ -444,7 +600,7 @@ cdef object _parse_user_ip(const unsigned char* p, const unsigned char* end, obj
     cdef const unsigned char* s1 = _space(p, end)
     if s1 == NULL:
         raise ProtocolError("expected USER_IP <user_id> <json_array>", line)
-    fields = _loads_checked(s1 + 1, end - s1 - 1, "USER_IP fields", line)
+    fields = _BUILDER.build_checked(s1 + 1, end - s1 - 1, line, "USER_IP fields")
     if type(fields) is not list or len(fields) != 5:
         raise ProtocolError(
             "USER_IP fields must be a JSON array [access_token, ip, user_agent, device_id, last_seen]", line
@@ -453,7 +609,7 @@ cdef object _parse_user_ip(const unsigned char* p, const unsigned char* end, obj
 
 
 cdef object _parse_lock_released(const unsigned char* p, const unsigned char* end, object line):
-    fields = _loads_checked(p, end - p, "LOCK_RELEASED fields", line)
+    fields = _BUILDER.build_checked(p, end - p, line, "LOCK_RELEASED fields")
     if type(fields) is not list or len(fields) != 3:
         raise ProtocolError("LOCK_RELEASED body must be a JSON array [instance_name, lock_name, lock_key]", line)
     return LockReleasedCommand(*fields)
@@ -468,19 +624,26 @@ cdef dict _SIMPLE = {
 
 cdef object _parse(const unsigned char* p, Py_ssize_t n, object line, bint rows):
     """Parse one line (no newline); ``line`` is what error messages show; ``rows``: decode an RDATA row now."""
+    cdef const unsigned char* spaces[FS_SPACES]
+    cdef int flags = _line_scan(p, n, spaces)  # newline, non-ASCII, the first spaces
+    if flags & LINE_NEWLINE:
+        raise ProtocolError("line contains a newline", line)
+    return _parse_scanned(p, n, line, rows, flags, spaces)
+
+
+cdef inline object _parse_scanned(const unsigned char* p, Py_ssize_t n, object line, bint rows, int flags,
+                           const unsigned char** spaces):
+    """``_parse`` of a line already scanned: no newline, ``flags`` and ``spaces`` as ``fs_line_scan`` gives them."""
     cdef const unsigned char* end = p + n
     cdef const unsigned char* sp
     cdef const unsigned char* body
     cdef Py_ssize_t nlen
-    cdef int flags = _line_flags(p, n)  # newline, non-ASCII
-    if flags & LINE_NEWLINE:
-        raise ProtocolError("line contains a newline", line)
     if flags & LINE_NON_ASCII and not _utf8_valid(p, n):
         try:
             PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
         except UnicodeDecodeError as err:
             raise ProtocolError(f"line is not valid UTF-8 ({err.reason} at byte {err.start})", line) from None
-    sp = _space(p, end)
+    sp = spaces[0]
     if sp == NULL:
         nlen = n
         body = end
@@ -489,13 +652,13 @@ cdef object _parse(const unsigned char* p, Py_ssize_t n, object line, bint rows)
         body = sp + 1
     # Dispatch on length first: cheap and unambiguous for the hot commands.
     if nlen == 5 and memcmp(p, b"RDATA", 5) == 0:
-        return _parse_rdata(body, end, line, rows)
+        return _parse_rdata(body, &spaces[1], end, line, rows)
     if nlen == 8 and memcmp(p, b"POSITION", 8) == 0:
-        return _parse_position(body, end, line)
+        return _parse_position(body, &spaces[1], end, line)
     if nlen == 4 and memcmp(p, b"PING", 4) == 0:
         return _simple_cmd(_PING, body, end)
     if nlen == 9 and memcmp(p, b"USER_SYNC", 9) == 0:
-        return _parse_user_sync(body, end, line)
+        return _parse_user_sync(body, &spaces[1], end, line)
     if nlen == 7 and memcmp(p, b"USER_IP", 7) == 0:
         return _parse_user_ip(body, end, line)
     if nlen == 9 and memcmp(p, b"REPLICATE", 9) == 0:
@@ -553,6 +716,75 @@ def parse_line(line, *, rows=False) -> Command:
     return _parse(<const unsigned char*>PyBytes_AS_STRING(data), n, line, rows)
 
 
+# The common call, ``parse_line(line)`` or ``parse_line(line, rows=True)`` with
+# bytes, goes through a C function of the interpreter's fastest calling
+# convention rather than a Cython def: that one's argument handling cost
+# about as much as reading a PING line. Anything else (str, a keyword given
+# by name, rows not a bool, a trailing newline) is handed to the def above,
+# which stays the one definition of the behaviour.
+
+cdef extern from *:
+    r"""
+    typedef PyObject *(*fs_parse_fn)(const unsigned char *, Py_ssize_t, PyObject *, int);
+    static PyObject *fs_pl_general, *fs_pl_rows_name;
+    static fs_parse_fn fs_pl_parse;
+    static char *fs_pl_doc;
+
+    static PyObject *fs_parse_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+        PyObject *line;
+        Py_ssize_t n;
+        int rows = 0;
+        (void)self;
+        if (nargs != 1 || !PyBytes_CheckExact(args[0]))
+            goto general;
+        if (kwnames != NULL) {
+            if (PyTuple_GET_SIZE(kwnames) != 1 || PyTuple_GET_ITEM(kwnames, 0) != fs_pl_rows_name)
+                goto general;
+            if (args[1] == Py_True)
+                rows = 1;
+            else if (args[1] != Py_False)
+                goto general;
+        }
+        line = args[0];
+        n = PyBytes_GET_SIZE(line);
+        if (n && PyBytes_AS_STRING(line)[n - 1] == '\n')
+            goto general;
+        return fs_pl_parse((const unsigned char *)PyBytes_AS_STRING(line), n, line, rows);
+    general:
+        return PyObject_Vectorcall(fs_pl_general, args, (size_t)nargs, kwnames);
+    }
+
+    static PyMethodDef fs_pl_def = {"parse_line", (PyCFunction)(void (*)(void))fs_parse_line,
+                                    METH_FASTCALL | METH_KEYWORDS, NULL};
+
+    /* The function object; general: the def, doc: its docstring without the signature line. */
+    static PyObject *fs_parse_line_new(PyObject *general, fs_parse_fn parse, PyObject *module_name, const char *doc) {
+        static const char head[] = "parse_line(line, *, rows=False)\n--\n\n";
+        if (fs_pl_general == NULL) {
+            fs_pl_rows_name = PyUnicode_InternFromString("rows");
+            if (fs_pl_rows_name == NULL)
+                return NULL;
+            fs_pl_doc = (char *)PyMem_RawMalloc(sizeof(head) + strlen(doc));
+            if (fs_pl_doc == NULL)
+                return PyErr_NoMemory();
+            memcpy(fs_pl_doc, head, sizeof(head) - 1);
+            strcpy(fs_pl_doc + sizeof(head) - 1, doc);
+            fs_pl_def.ml_doc = fs_pl_doc;
+            Py_INCREF(general);
+            fs_pl_general = general;
+            fs_pl_parse = parse;
+        }
+        return PyCFunction_NewEx(&fs_pl_def, NULL, module_name);
+    }
+    """
+    ctypedef object (*fs_parse_fn)(const unsigned char*, Py_ssize_t, object, bint)
+    object fs_parse_line_new(object general, fs_parse_fn parse, object module_name, const char* doc)
+
+
+cdef bytes _PARSE_LINE_DOC = parse_line.__doc__.split("\n\n", 1)[1].encode()
+parse_line = fs_parse_line_new(parse_line, _parse, __name__, _PARSE_LINE_DOC)
+
+
 include "_wire_encode.pxi"
 
 
@@ -565,6 +797,10 @@ cdef inline bint _blank(const unsigned char* p, Py_ssize_t n) noexcept nogil:
         if not (p[i] == C_SPACE or C_TAB <= p[i] <= C_CR):
             return False
     return True
+
+
+cdef enum:
+    HOLD_MIN_BYTES = 16384  # a feed's piece from which its rows are held out of the collector (see feed)
 
 
 cdef class LineDecoder:
@@ -633,8 +869,10 @@ cdef class LineDecoder:
         cdef object cmd
         cdef Py_ssize_t start = at[0]
         cdef Py_ssize_t limit = self.max_line_length
+        cdef const unsigned char* spaces[FS_SPACES]
+        cdef int flags
         while True:
-            nl = <const char*>memchr(p + start, 10, n - start)
+            nl = <const char*>_line_next(<const unsigned char*>p + start, <const unsigned char*>p + n, spaces, &flags)
             if nl == NULL:
                 at[0] = start
                 return 0
@@ -648,8 +886,9 @@ cdef class LineDecoder:
                 return 1
             if not _blank(<const unsigned char*>p + start, ln):
                 at[0] = start
-                cmd = _parse(<const unsigned char*>p + start, ln, None, self.rows)
-                fs_hold(&_BUILDER.b, <PyObject*>cmd)  # a tracked command (PING, USER_SYNC...): held as its row
+                cmd = _parse_scanned(<const unsigned char*>p + start, ln, None, self.rows, flags, spaces)
+                if type(cmd) is not _RDATA and type(cmd) is not _POSITION:  # those two are held or untracked already
+                    fs_hold(&_BUILDER.b, <PyObject*>cmd)  # a tracked command (PING, USER_SYNC...): held as its row
                 out.append(cmd)
             start += ln + 1
 
@@ -659,6 +898,15 @@ cdef class LineDecoder:
         # collector's lists until it ends (fs_hold in _wire_build.pxi): the
         # young collections the feed's own allocations trigger then have
         # nothing of it to walk.
+        # A small piece is not held: its few hundred containers trigger no
+        # collection of their own before the caller drops them, and holding
+        # (untrack, keep, track again) would be all cost.
+        cdef bint hold
+        if type(data) is not bytes:
+            data = bytes(data)
+        hold = self.len + PyBytes_GET_SIZE(data) >= HOLD_MIN_BYTES
+        if not hold:
+            return self._feed(data)
         _BUILDER.b.defer += 1
         try:
             return self._feed(data)
@@ -667,23 +915,43 @@ cdef class LineDecoder:
             fs_release(&_BUILDER.b)
 
     cdef list _feed(self, data):
-        cdef bytes joined
+        cdef bytes head
         cdef const char* p
-        cdef Py_ssize_t n, ln
-        cdef Py_ssize_t start = 0
         cdef const char* nl
+        cdef Py_ssize_t n, ln
         cdef list out = []
-        cdef Py_ssize_t limit = self.max_line_length
-        cdef int too_long
         if type(data) is not bytes:
             data = bytes(data)
         if self.len:
-            joined = PyBytes_FromStringAndSize(self.buf, self.len) + <bytes>data
+            p = PyBytes_AS_STRING(data)
+            n = PyBytes_GET_SIZE(data)
+            nl = <const char*>memchr(p, 10, n)
+            if nl == NULL:  # the held line goes on
+                head = PyBytes_FromStringAndSize(self.buf, self.len) + <bytes>data
+                self.len = 0
+                return self._complete(head, 0, out)
+            # The held line ends in data: only it is joined, the rest is read where it is.
+            ln = nl - p + 1
+            head = PyBytes_FromStringAndSize(NULL, self.len + ln)
+            memcpy(PyBytes_AS_STRING(head), self.buf, self.len)
+            memcpy(PyBytes_AS_STRING(head) + self.len, p, ln)
             self.len = 0
-        else:
-            joined = <bytes>data
-        p = PyBytes_AS_STRING(joined)
-        n = PyBytes_GET_SIZE(joined)
+            try:
+                self._complete(head, 0, out)  # one whole line: nothing of it is left to keep
+            except ProtocolError:
+                self._keep(p + ln, n - ln)  # what follows it stays buffered, as in any piece
+                raise
+            return self._complete(<bytes>data, ln, out)
+        return self._complete(<bytes>data, 0, out)
+
+    cdef list _complete(self, bytes joined, Py_ssize_t start, list out):
+        """Parse the complete lines of ``joined[start:]`` into ``out``; keep (or refuse) the partial tail."""
+        cdef const char* p = PyBytes_AS_STRING(joined)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(joined)
+        cdef Py_ssize_t ln
+        cdef const char* nl
+        cdef Py_ssize_t limit = self.max_line_length
+        cdef int too_long
         try:
             too_long = self._lines(p, n, &start, out)
         except ProtocolError as err:
