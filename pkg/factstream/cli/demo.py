@@ -63,7 +63,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.role == "reader":
         return transport.run(lambda: reader_main(args))
-    return asyncio.run(orchestrate(args))
+    return transport.run(lambda: orchestrate(args), use_uvloop=False)
 
 
 

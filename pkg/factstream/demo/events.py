@@ -261,10 +261,13 @@ def run(args: argparse.Namespace) -> int:
         if report is not None:
             print(json.dumps(report), flush=True)
         return 0
+    from .. import transport
+
     with tempfile.TemporaryDirectory(prefix="factstream-events-demo-") as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'events.db'}"
-        summary = asyncio.run(_stopping_children(run_writer(url, readers=args.readers, rooms=args.rooms,
-                                                            events=args.events, users=args.users, seed=args.seed)))
+        summary = transport.run(lambda: _stopping_children(run_writer(
+            url, readers=args.readers, rooms=args.rooms, events=args.events, users=args.users, seed=args.seed,
+        )), use_uvloop=False)
     print(json.dumps(summary) if args.json else
           f"event store demo: {summary['events']} events, {len(summary['readers'])} readers, "
           f"{'all answers verified' if summary['ok'] else 'MISMATCH'}")
