@@ -25,6 +25,7 @@ from .sources import (
     read_chunk_blocks,
     read_chunk_lines,
 )
+from .session import session_cores
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,17 +41,22 @@ def plan(
     inputs: Sequence[str],
     fmt: str = "auto",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    parallelism: int | None = None,
 ) -> list[tuple[str, int, int, int, int, str]]:
-    """The task rows (see TASK_DDL) for ``inputs``: files found, formats detected, chunks numbered."""
+    """The task rows (see TASK_DDL) for ``inputs``: files found, formats detected, chunks numbered.
+
+    Files are cut for ``parallelism`` cores (default: the session's, see
+    :func:`.session.session_cores`) as :func:`.sources.plan_chunks` says.
+    """
     files = list_files(inputs)
     formats, _ = archive_formats(files, fmt)  # files in no known format are skipped with a warning
     files = [(path, size) for path, size in files if path in formats]
-    chunks: list[Chunk] = []
-    for path, size in files:
-        if formats[path] == "redis-raw":  # records span lines: never split
-            chunks.append(Chunk(path, 0, size, size))
-        else:
-            chunks.extend(plan_chunks([(path, size)], chunk_bytes))
+    splittable = [(path, size) for path, size in files if formats[path] != "redis-raw"]  # its records span lines
+    if parallelism is None and len(plan_chunks(splittable, chunk_bytes, 1)) != len(plan_chunks(splittable, chunk_bytes)):
+        parallelism = session_cores(spark)  # only when the cores make a difference: on a cluster this may wait
+    chunks = plan_chunks(splittable, chunk_bytes, parallelism)
+    chunks += [Chunk(path, 0, size, size) for path, size in files if formats[path] == "redis-raw"]
+    chunks.sort(key=lambda c: (c.path, c.start))
     # Line numbers of later chunks need the newlines before them: count them in parallel.
     # One task per core, not per chunk: counting is memchr-fast, a Python task's start-up is not.
     to_count = [c for c in chunks if not c.gzip and c.end < c.size]
@@ -156,14 +162,18 @@ def parse_archives(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     batch_rows: int = 16384,
+    parallelism: int | None = None,
 ) -> DataFrame:
     """Parse archive files, directories or globs into a DataFrame (one row per line; see docs/spark.md).
 
     Nothing is read on the executors until an action runs; listing, format
-    detection and line counting of split files happen here.
+    detection and line counting of split files happen here. Plain files are
+    cut into chunks of at least ``chunk_bytes`` (0: never), only as far as
+    ``parallelism`` cores need (default: the session's); one chunk is one
+    Python task.
     """
     options = options or ParseOptions()
-    rows = plan(spark, inputs, options.format, chunk_bytes)
+    rows = plan(spark, inputs, options.format, chunk_bytes, parallelism)
     # One partition per chunk, made by the JVM (spark.range): the plan travels in the function's closure, so
     # no Python pass turns driver-side rows into Spark rows before the parse (that was a second Python worker
     # round trip per task).
