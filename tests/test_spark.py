@@ -175,6 +175,12 @@ def test_files_are_cut_only_as_far_as_the_cores_need(spark: Any, archives: tuple
     rows = plan(spark, [str(tmp_path)], chunk_bytes=100, parallelism=8)  # 16 chunks: a count job numbers them
     assert len(rows) == 16 and len(sc.statusTracker().getJobIdsForGroup()) == jobs + 1
     assert [r[4] for r in rows[:2]] == [0, 100]
+    # more chunks than two per core: several go into one Python task, and the rows are the same
+    one_core = parse_archives(spark, [str(tmp_path)], chunk_bytes=100, parallelism=1)
+    many = parse_archives(spark, [str(tmp_path)], chunk_bytes=100, parallelism=8)
+    assert one_core.rdd.getNumPartitions() == 2 and many.rdd.getNumPartitions() == 16
+    got = one_core.sort(key).collect()
+    assert got == many.sort(key).collect() and len(got) == 1600
 
 
 def test_formats_named_explicitly_and_header_only(spark: Any, archives: tuple[str, dict[str, list[Any]]]) -> None:
