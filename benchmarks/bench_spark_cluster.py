@@ -2,7 +2,8 @@
 
 Parse: the same archive (benchmarks/gen_archive.py, plain, 8 files) through
 factstream's typed parse (parse_archives with the chunking ``logs parse``
-uses: files cut only as far as the cores need, so here one task per file)
+uses: files cut only as far as the cores need, at most two tasks per core;
+here four tasks of two whole files each)
 and through the native Spark SQL typed parse (bench_spark.native_typed,
 spark.sql.files.maxPartitionBytes 16 MiB), each materialised with the
 ``noop`` sink, first
@@ -151,7 +152,9 @@ def _switch(where: str, archive: str) -> Any:
         _write(CURRENT["spark"], archive, variant)
     from factstream.spark.pipeline import plan
 
-    CURRENT["tasks"] = len(plan(CURRENT["spark"], [archive]))  # factstream's parse tasks (chunks) in this place
+    # factstream's chunks and Python tasks in this place
+    CURRENT["chunks"] = len(plan(CURRENT["spark"], [archive]))
+    CURRENT["tasks"] = _make_df(CURRENT["spark"], archive, "factstream").rdd.getNumPartitions()
     return CURRENT["spark"]
 
 
@@ -224,7 +227,7 @@ def test_parse_cluster_vs_local_vs_native(benchmark: Any, archive: str, where: s
         RUNS[(where, rnd, variant)] = (LINES / seconds, cpu[-1])
         benchmark.extra_info.update(lines=LINES, rows_per_s=round(LINES / seconds), cpu_s=round(cpu[-1], 2))
         if variant == "factstream":
-            benchmark.extra_info["tasks"] = CURRENT["tasks"]
+            benchmark.extra_info.update(chunks=CURRENT["chunks"], tasks=CURRENT["tasks"])
         _notes(benchmark, where, rnd)
     finally:
         if (where, rnd, variant) == _order()[-1]:
