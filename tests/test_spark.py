@@ -132,8 +132,8 @@ def test_every_column_of_every_line(spark: Any, archives: tuple[str, dict[str, l
     from factstream.spark.pipeline import parse_archives
 
     root, expected = archives
-    # tiny chunks: plain files are split in many places, line numbers must still be exact
-    df = parse_archives(spark, [root], chunk_bytes=3000)
+    # tiny chunks, sized for 1000 cores: plain files are cut in many places, line numbers must still be exact
+    df = parse_archives(spark, [root], chunk_bytes=3000, parallelism=1000)
     got = {(r["source_file"], r["line_number"]): r.asDict() for r in df.collect()}
     want_keys = {(path, e.line_number) for path, exps in expected.items() for e in exps}
     assert set(got) == want_keys
@@ -151,6 +151,36 @@ def test_every_column_of_every_line(spark: Any, archives: tuple[str, dict[str, l
             checked += 1
             errors += want["error"] is not None
     assert checked > 1500 and errors > 50  # every format, and malformed lines among them
+
+
+def test_files_are_cut_only_as_far_as_the_cores_need(spark: Any, archives: tuple[str, dict[str, list[Any]]],
+                                                     tmp_path: Path) -> None:
+    from factstream.spark.pipeline import parse_archives, plan
+
+    root, _ = archives
+    sc = spark.sparkContext
+    # the session's two cores: fewer chunks than for 1000 cores, the same rows
+    cut, sized = plan(spark, [root], chunk_bytes=3000, parallelism=1000), plan(spark, [root], chunk_bytes=3000)
+    assert len({r[0] for r in sized}) < len(sized) < len(cut)
+    key = ["source_file", "line_number"]
+    assert parse_archives(spark, [root], chunk_bytes=3000).sort(key).collect() == parse_archives(
+        spark, [root], chunk_bytes=3000, parallelism=1000).sort(key).collect()
+    # eight equal files, two cores: one task per file, and no job counting lines before the parse
+    for i in range(8):
+        (tmp_path / f"cap{i}.log").write_text("".join(f"PING {100000 + i * 1000 + k}\n" for k in range(200)))  # 12-byte lines
+    jobs = len(sc.statusTracker().getJobIdsForGroup())
+    rows = plan(spark, [str(tmp_path)], chunk_bytes=100)
+    assert [(r[1], r[2] == r[3]) for r in rows] == [(0, True)] * 8
+    assert len(sc.statusTracker().getJobIdsForGroup()) == jobs
+    rows = plan(spark, [str(tmp_path)], chunk_bytes=100, parallelism=8)  # 16 chunks: a count job numbers them
+    assert len(rows) == 16 and len(sc.statusTracker().getJobIdsForGroup()) == jobs + 1
+    assert [r[4] for r in rows[:2]] == [0, 100]
+    # more chunks than two per core: several go into one Python task, and the rows are the same
+    one_core = parse_archives(spark, [str(tmp_path)], chunk_bytes=100, parallelism=1)
+    many = parse_archives(spark, [str(tmp_path)], chunk_bytes=100, parallelism=8)
+    assert one_core.rdd.getNumPartitions() == 2 and many.rdd.getNumPartitions() == 16
+    got = one_core.sort(key).collect()
+    assert got == many.sort(key).collect() and len(got) == 1600
 
 
 def test_formats_named_explicitly_and_header_only(spark: Any, archives: tuple[str, dict[str, list[Any]]]) -> None:
@@ -251,7 +281,9 @@ def test_report_figures_match_hand_computed(spark: Any, report_dir: str) -> None
 def test_cli_parse_and_report(tmp_path: Path, archives: tuple[str, dict[str, list[Any]]]) -> None:
     root, expected = archives
     out = str(tmp_path / "pq")
-    done = _cli("parse", root, "--out", out, "--chunk-mb", "0.002", "--progress", "always")
+    # sized for 100 cores, so that files are cut into chunks of 2 KB or more and numbered across them
+    done = _cli("parse", root, "--out", out, "--chunk-mb", "0.002", "--conf", "spark.default.parallelism=100",
+                "--progress", "always")
     assert done.returncode == 0, done.stderr
     assert "parsing:" in done.stderr and "task" in done.stderr  # the tqdm bar
     total = sum(len(v) for v in expected.values())

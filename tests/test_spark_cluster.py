@@ -125,7 +125,9 @@ def archive_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def local_parquet(archive_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     out = str(tmp_path_factory.mktemp("local") / "pq")
-    done = _cli("parse", archive_dir, "--out", out, "--chunk-mb", "0.004", master="local[2]")
+    # cut for 100 cores into chunks of 4 KB or more; the cluster run below cuts for its own two cores
+    done = _cli("parse", archive_dir, "--out", out, "--chunk-mb", "0.004", master="local[2]",
+                extra=("--conf", "spark.default.parallelism=100"))
     assert done.returncode == 0, done.stderr
     return out
 
@@ -134,7 +136,8 @@ def test_parse_and_report_on_the_cluster_equal_local_mode(
     cluster: Any, archive_dir: str, local_parquet: str, tmp_path: Path
 ) -> None:
     out = str(tmp_path / "pq")
-    # file:// URIs on the cluster, plain paths locally: the same source_file and rows
+    # file:// URIs on the cluster, plain paths locally: the same source_file and rows; here the files are cut
+    # for the executors' two cores (the driver waits for them to register), locally for 100
     done = _cli("parse", "file://" + archive_dir, "--out", out, "--chunk-mb", "0.004", "--ship-env",
                 master=cluster.url)
     assert done.returncode == 0, done.stderr
@@ -177,6 +180,26 @@ def test_executors_run_the_compiled_core_of_the_shipped_env(cluster: Any, worker
     assert all("/factstream_env/factstream/" in g[2] for g in got)
 
 
+def test_a_new_session_waits_for_its_executors_before_sizing_a_plan(cluster: Any, tmp_path: Path) -> None:
+    script = tmp_path / "cores.py"
+    script.write_text(
+        "from factstream.spark.session import make_session, session_cores, _executors\n"
+        f"spark = make_session({cluster.url!r}, conf={{'spark.ui.enabled': 'false', 'spark.executor.memory': '512m'}},"
+        " ship_env=True)\n"
+        "before = _executors(spark)\n"
+        "cores = session_cores(spark)\n"
+        "print('CORES', before, cores, _executors(spark), flush=True)\n"
+        "spark.stop()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    got = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("CORES ")]
+    assert len(got) == 1, done.stdout
+    before, cores, after = map(int, got[0])
+    # a session that has just started has fewer executors than it will have; after the wait, both
+    assert before < 2 and cores == 2 and after == 2, got
+
+
 def test_without_the_shipped_env_the_job_fails_with_a_hint(cluster: Any, archive_dir: str, tmp_path: Path) -> None:
     # On one machine the driver's site-packages is readable by the workers too: an empty executor
     # PYTHONPATH makes them what they are on other machines, Pythons without factstream.
@@ -208,8 +231,9 @@ def test_a_worker_killed_mid_job_does_not_change_the_result(cluster: Any, tmp_pa
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYTHONPATH")}
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
     proc = subprocess.Popen(
+        # sized for 64 cores: about 100 tasks of 0.1 MB, so that the kill lands mid-job
         [FACTSTREAM, "logs", "parse", str(inp), "--out", out, "--chunk-mb", "0.1", "--ship-env", "--progress", "always",
-         "--master", cluster.url, *SPARK_CONF],
+         "--master", cluster.url, *SPARK_CONF, "--conf", "spark.default.parallelism=64"],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
     )
     seen: list[bytes] = []

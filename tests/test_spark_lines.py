@@ -7,6 +7,7 @@ import gzip
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,6 +160,39 @@ def test_chunks_cover_every_line_once(tmp_path: Path, trailing_newline: bool) ->
                 got.extend((first + i, line) for i, line in enumerate(block))
             before += S.count_newlines(chunk)
         assert got == list(enumerate(want, 1)), (trial, data)
+
+
+def test_files_are_cut_only_as_far_as_the_cores_need() -> None:
+    mib = 1024 * 1024
+    eight = [(f"/a/{i}.log", 80 * mib) for i in range(8)]
+
+    def sizes(chunks: list[Any]) -> list[int]:
+        return [c.end - c.start for c in chunks]
+
+    # enough files for two chunks per core: one task per file, nothing cut
+    assert [(c.path, c.start, c.end) for c in S.plan_chunks(eight, 32 * mib, cores=2)] == [
+        (p, 0, n) for p, n in eight]
+    assert len(S.plan_chunks(eight, 32 * mib, cores=4)) == 8
+    # more cores: files are cut into equal chunks, never below chunk_bytes (80 MiB: two of 40, not three of 26.7)
+    assert sizes(S.plan_chunks(eight, 32 * mib, cores=8)) == [40 * mib] * 16
+    assert sizes(S.plan_chunks(eight, 32 * mib, cores=1000)) == [40 * mib] * 16
+    assert sizes(S.plan_chunks(eight, 16 * mib, cores=1000)) == [16 * mib] * 40
+    # without cores: as if there were plenty
+    assert S.plan_chunks(eight, 16 * mib) == S.plan_chunks(eight, 16 * mib, cores=10**6)
+    # one file, two cores: four equal chunks; the chunks cover the file exactly, in order
+    one = S.plan_chunks([("/b.log", 100 * mib + 3)], 8 * mib, cores=2)
+    assert [c.start for c in one] == [0, *(c.end for c in one[:-1])] and one[-1].end == 100 * mib + 3
+    assert max(sizes(one)) - min(sizes(one)) <= 1 and len(one) == 4
+    # a huge file on few cores: no chunk above MAX_CHUNK_BYTES, unless chunk_bytes asks for more
+    huge = [("/c.log", 10 * S.MAX_CHUNK_BYTES)]
+    assert sizes(S.plan_chunks(huge, 32 * mib, cores=1)) == [S.MAX_CHUNK_BYTES] * 10
+    assert sizes(S.plan_chunks(huge, 2 * S.MAX_CHUNK_BYTES, cores=1)) == [2 * S.MAX_CHUNK_BYTES] * 5
+    # uneven files: only the big one is cut; gzip files stay whole; chunk_bytes 0 cuts nothing
+    mixed = [("/d/big.log", 300 * mib), ("/d/small.log", 1 * mib), ("/d/x.log.gz", 500 * mib)]
+    assert [(c.path, c.end - c.start) for c in S.plan_chunks(mixed, 1 * mib, cores=2)] == [
+        ("/d/big.log", 75 * mib), ("/d/big.log", 75 * mib), ("/d/big.log", 75 * mib), ("/d/big.log", 75 * mib),
+        ("/d/small.log", 1 * mib), ("/d/x.log.gz", 500 * mib)]
+    assert len(S.plan_chunks(mixed, 0, cores=1000)) == 3
 
 
 def test_gzip_is_one_chunk_and_streams(tmp_path: Path) -> None:

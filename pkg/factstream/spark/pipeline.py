@@ -9,6 +9,7 @@ Arrow pandas UDF: BENCHMARKS.md). Columns are described in docs/spark.md.
 from __future__ import annotations
 
 import gc
+import heapq
 import itertools
 from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .lines import SPARK_DDL, ParseOptions, parse_block, parse_blocks
 from .sources import (
+    CHUNKS_PER_CORE,
     DEFAULT_CHUNK_BYTES,
     Chunk,
     archive_formats,
@@ -25,6 +27,7 @@ from .sources import (
     read_chunk_blocks,
     read_chunk_lines,
 )
+from .session import session_cores
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,17 +43,29 @@ def plan(
     inputs: Sequence[str],
     fmt: str = "auto",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    parallelism: int | None = None,
 ) -> list[tuple[str, int, int, int, int, str]]:
-    """The task rows (see TASK_DDL) for ``inputs``: files found, formats detected, chunks numbered."""
+    """The task rows (see TASK_DDL) for ``inputs``: files found, formats detected, chunks numbered.
+
+    Files are cut for ``parallelism`` cores (default: the session's, see
+    :func:`.session.session_cores`) as :func:`.sources.plan_chunks` says.
+    """
+    return _plan(spark, inputs, fmt, chunk_bytes, parallelism)[0]
+
+
+def _plan(
+    spark: SparkSession, inputs: Sequence[str], fmt: str, chunk_bytes: int, parallelism: int | None
+) -> tuple[list[tuple[str, int, int, int, int, str]], int | None]:
+    """:func:`plan`'s rows, and the cores they were planned for (None: unknown, or it made no difference)."""
     files = list_files(inputs)
     formats, _ = archive_formats(files, fmt)  # files in no known format are skipped with a warning
     files = [(path, size) for path, size in files if path in formats]
-    chunks: list[Chunk] = []
-    for path, size in files:
-        if formats[path] == "redis-raw":  # records span lines: never split
-            chunks.append(Chunk(path, 0, size, size))
-        else:
-            chunks.extend(plan_chunks([(path, size)], chunk_bytes))
+    splittable = [(path, size) for path, size in files if formats[path] != "redis-raw"]  # its records span lines
+    if parallelism is None and len(plan_chunks(splittable, chunk_bytes, 1)) != len(plan_chunks(splittable, chunk_bytes)):
+        parallelism = session_cores(spark)  # only when the cores make a difference: on a cluster this may wait
+    chunks = plan_chunks(splittable, chunk_bytes, parallelism)
+    chunks += [Chunk(path, 0, size, size) for path, size in files if formats[path] == "redis-raw"]
+    chunks.sort(key=lambda c: (c.path, c.start))
     # Line numbers of later chunks need the newlines before them: count them in parallel.
     # One task per core, not per chunk: counting is memchr-fast, a Python task's start-up is not.
     to_count = [c for c in chunks if not c.gzip and c.end < c.size]
@@ -71,13 +86,32 @@ def plan(
             before = 0
         rows.append((chunk.path, chunk.start, chunk.end, chunk.size, before, formats[chunk.path]))
         before += counts.get((chunk.path, chunk.start), 0)
-    return rows
+    return rows, parallelism
+
+
+def _groups(rows: Sequence[tuple[str, int, int, int, int, str]], cores: int | None) -> list[list[int]]:
+    """The chunks (indices into ``rows``) each Python task parses: CHUNKS_PER_CORE tasks per core at most.
+
+    Many small files would otherwise be as many tasks, each paying a Python
+    task's fixed cost; like Spark's file partitions, several go into one
+    task, the largest first into the least loaded (by bytes).
+    """
+    if cores is None or len(rows) <= CHUNKS_PER_CORE * cores:
+        return [[i] for i in range(len(rows))]
+    loads = [(0, k) for k in range(CHUNKS_PER_CORE * cores)]
+    groups: list[list[int]] = [[] for _ in loads]
+    for i in sorted(range(len(rows)), key=lambda i: rows[i][1] - rows[i][2]):
+        load, k = heapq.heappop(loads)
+        groups[k].append(i)
+        heapq.heappush(loads, (load + rows[i][2] - rows[i][1], k))
+    return [sorted(g) for g in groups if g]
 
 
 def _parse_tasks(  # type: ignore[no-untyped-def]
-    rows: Sequence[tuple[str, int, int, int, int, str]], typed: bool, batch_rows: int, session_time_zone: str
+    rows: Sequence[tuple[str, int, int, int, int, str]], groups: Sequence[Sequence[int]], typed: bool,
+    batch_rows: int, session_time_zone: str,
 ):
-    """The ``mapInArrow`` function: its input is the ``id`` of ``spark.range``, an index into ``rows`` (the plan)."""
+    """The ``mapInArrow`` function: its input is the ``id`` of ``spark.range``, an index into ``groups``."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with _no_gc():
@@ -85,7 +119,7 @@ def _parse_tasks(  # type: ignore[no-untyped-def]
 
     def _tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for index in batch.column(0).to_pylist():
+            for index in (i for g in batch.column(0).to_pylist() for i in groups[g]):
                 path, start, end, size, newlines_before, fmt = rows[index]
                 chunk = Chunk(path, start, end, size)
                 if fmt == "lines":  # the common case: the builder walks the bytes itself
@@ -156,20 +190,28 @@ def parse_archives(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     batch_rows: int = 16384,
+    parallelism: int | None = None,
 ) -> DataFrame:
     """Parse archive files, directories or globs into a DataFrame (one row per line; see docs/spark.md).
 
     Nothing is read on the executors until an action runs; listing, format
-    detection and line counting of split files happen here.
+    detection and line counting of split files happen here. Plain files are
+    cut into chunks of at least ``chunk_bytes`` (0: never), only as far as
+    ``parallelism`` cores need (default: the session's); one chunk is one
+    Python task.
     """
     options = options or ParseOptions()
-    rows = plan(spark, inputs, options.format, chunk_bytes)
-    # One partition per chunk, made by the JVM (spark.range): the plan travels in the function's closure, so
-    # no Python pass turns driver-side rows into Spark rows before the parse (that was a second Python worker
-    # round trip per task).
-    tasks = spark.range(0, len(rows), 1, max(1, len(rows)))
+    rows, cores = _plan(spark, inputs, options.format, chunk_bytes, parallelism)
+    if cores is None and len(rows) > CHUNKS_PER_CORE:
+        cores = parallelism or session_cores(spark)
+    groups = _groups(rows, cores)
+    # One partition per task (a group of chunks), made by the JVM (spark.range): the plan travels in the
+    # function's closure, so no Python pass turns driver-side rows into Spark rows before the parse (that was
+    # a second Python worker round trip per task).
+    tasks = spark.range(0, len(groups), 1, max(1, len(groups)))
     # The executors return finished columns (ts and date included): no projection on top.
-    return tasks.mapInArrow(_parse_tasks(rows, options.typed, batch_rows, _session_time_zone(spark)), SPARK_DDL)
+    parse = _parse_tasks(rows, groups, options.typed, batch_rows, _session_time_zone(spark))
+    return tasks.mapInArrow(parse, SPARK_DDL)
 
 
 def _parse_column(column: str, typed: bool, fmt: str, session_time_zone: str):  # type: ignore[no-untyped-def]

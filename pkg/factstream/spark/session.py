@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["make_session", "require_spark", "executor_pythonpath", "quiet_pyspark_warnings"]
+__all__ = ["make_session", "require_spark", "executor_pythonpath", "quiet_pyspark_warnings", "session_cores"]
+
+#: A cluster's executors are taken as all there when none has joined for this long (see session_cores).
+_SETTLE_S = 1.0
 
 
 def require_spark() -> None:
@@ -138,3 +142,50 @@ def make_session(
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def session_cores(spark: SparkSession) -> int | None:
+    """The cores this session's tasks run on, for sizing a plan; None when they cannot be known.
+
+    ``spark.default.parallelism`` if set, and in local mode, is Spark's
+    ``defaultParallelism``. On a cluster that figure counts the executors
+    registered so far, and a session that has just started has few or none:
+    executors join some seconds after the application starts, all at about
+    the same time. So this waits for the first one (tasks cannot start before
+    it anyway; at most ``spark.scheduler.maxRegisteredResourcesWaitingTime``,
+    30 s) and then until none has joined for a second; an application that
+    has run for longer than that wait is taken as settled. With dynamic
+    allocation executors come only for waiting tasks: None.
+    """
+    sc = spark.sparkContext
+    conf = sc.getConf()
+    if conf.get("spark.default.parallelism") or (sc.master or "").startswith("local"):
+        return int(sc.defaultParallelism)
+    if (conf.get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
+        return None
+    limit = _seconds(conf.get("spark.scheduler.maxRegisteredResourcesWaitingTime") or "30s")
+    start = time.monotonic()
+    seen, since = _executors(spark), start
+    settled = seen > 0 and time.time() - sc.startTime / 1000 > limit
+    while not settled and time.monotonic() - start < limit:
+        time.sleep(0.1)
+        now = _executors(spark)
+        if now != seen:
+            seen, since = now, time.monotonic()
+        settled = seen > 0 and time.monotonic() - since >= _SETTLE_S
+    return int(sc.defaultParallelism) if seen > 0 else None
+
+
+def _executors(spark: SparkSession) -> int:
+    """Executors registered with the driver (its block managers, less the driver's own)."""
+    jsc: Any = spark.sparkContext._jsc
+    return max(0, int(jsc.sc().getExecutorMemoryStatus().size()) - 1)
+
+
+def _seconds(value: str) -> float:
+    """A Spark duration in seconds: "30s", "500ms", "2min", "1h", or a bare number of milliseconds."""
+    value = value.strip().lower()
+    for suffix, scale in (("ms", 0.001), ("min", 60.0), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * scale
+    return float(value) / 1000

@@ -3,10 +3,12 @@
 Files are read by the executors themselves through ``pyarrow.fs`` (local or
 shared paths, or URIs pyarrow understands: ``s3://``, ``gs://``, ``hdfs://``),
 not through Spark's text source, because only a reader that knows byte
-offsets can number lines exactly. Plain files are cut into chunks of about
-``chunk_bytes`` at any byte; a chunk owns the lines that *start* inside it, so
-a line is never split or read twice. gzip files are not splittable and are one
-chunk each, decompressed as a stream.
+offsets can number lines exactly. Plain files are cut into chunks at any
+byte, only as far as the cores need (:func:`plan_chunks`): every chunk is one
+Python task, and a Python task has a fixed cost of its own (BENCHMARKS.md).
+A chunk owns the lines that *start* inside it, so a line is never split or
+read twice. gzip files are not splittable and are one chunk each,
+decompressed as a stream.
 
 Which files are archives: everything found except hidden files (``.x``,
 ``_SUCCESS``), the recorder's in-progress ``*.part`` files, and (with format
@@ -30,6 +32,8 @@ import pyarrow.fs as pafs
 from .formats import READ_ERRORS, detect_format, read_problem
 
 __all__ = [
+    "CHUNKS_PER_CORE",
+    "MAX_CHUNK_BYTES",
     "Chunk",
     "archive_formats",
     "count_newlines",
@@ -43,9 +47,13 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: Default plain-file chunk size: small enough to spread work over cores,
-#: large enough that per-task overhead stays small.
+#: Default smallest chunk of a plain file: a Python task's fixed cost (tens of ms) stays small against it.
 DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
+#: Chunks per core a plan aims for when files must be cut: some slack for uneven files and busy cores.
+CHUNKS_PER_CORE = 2
+#: Chunks cut for the cores' sake stay below this (unless ``chunk_bytes`` is larger): a retried
+#: or straggling task redoes at most this much.
+MAX_CHUNK_BYTES = 512 * 1024 * 1024
 _READ = 8 * 1024 * 1024
 #: Decompressed bytes per read of a gzip file: where it breaks, what was read is kept to within this.
 _PIECE = 64 * 1024
@@ -128,16 +136,37 @@ def list_files(inputs: Sequence[str]) -> list[tuple[str, int]]:
     return sorted(found.items())
 
 
-def plan_chunks(files: Sequence[tuple[str, int]], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Chunk]:
-    """Cut plain files into chunks of about ``chunk_bytes``; gzip files stay whole."""
+def plan_chunks(
+    files: Sequence[tuple[str, int]], chunk_bytes: int = DEFAULT_CHUNK_BYTES, cores: int | None = None
+) -> list[Chunk]:
+    """Cut plain files into chunks of equal size, never smaller than ``chunk_bytes``; gzip files stay whole.
+
+    With ``cores``, files are cut only as far as needed for CHUNKS_PER_CORE
+    chunks per core over the plain bytes of ``files``: a file no larger than
+    its share stays whole (an archive of many files is then one task per
+    file), a larger one is cut into equal chunks of at most that share, and
+    none into chunks larger than MAX_CHUNK_BYTES (or ``chunk_bytes``, if
+    larger). Without ``cores`` (as if there were plenty): as many chunks as
+    ``chunk_bytes`` allows, each between ``chunk_bytes`` and twice that.
+    ``chunk_bytes`` <= 0: no file is cut.
+    """
+    plain = [size for path, size in files if not Chunk(path, 0, size, size).gzip]
+    share = 1
+    if cores is not None and plain:
+        share = max(1, -(-sum(plain) // (CHUNKS_PER_CORE * max(1, cores))))
+    cap = max(chunk_bytes, MAX_CHUNK_BYTES)
     chunks = []
     for path, size in files:
         probe = Chunk(path, 0, size, size)
-        if probe.gzip or size <= chunk_bytes or chunk_bytes <= 0:
+        pieces = 1
+        if not probe.gzip and chunk_bytes > 0:
+            pieces = max(-(-size // share), -(-size // cap))  # at most the share, at most the cap ...
+            pieces = max(1, min(pieces, size // chunk_bytes))  # ... but never smaller than chunk_bytes
+        if pieces == 1:
             chunks.append(probe)
             continue
-        for i, start in enumerate(range(0, size, chunk_bytes)):
-            chunks.append(Chunk(path, start, min(start + chunk_bytes, size), size, i))
+        bounds = [size * i // pieces for i in range(pieces + 1)]
+        chunks.extend(Chunk(path, bounds[i], bounds[i + 1], size, i) for i in range(pieces))
     return chunks
 
 
