@@ -83,7 +83,9 @@ def register(subparsers: Any) -> None:
     )
     parse.add_argument("--header-only", action="store_true", help="skip the typed events/caches columns (faster)")
     parse.add_argument(
-        "--chunk-mb", type=float, default=32.0, metavar="MB", help="split plain files into chunks of this size (default 32)"
+        "--chunk-mb", type=float, default=32.0, metavar="MB",
+        help="smallest chunk a plain file is cut into; files are cut only as far as the cores need "
+        "(default 32; 0: never cut)",
     )
     parse.set_defaults(func=run_parse)
 
