@@ -50,6 +50,7 @@ from typing import Any
 import pytest
 
 from conftest import twin
+from tcp_writer import rows
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
 from factstream.replication import MemoryUpdateSource
 from factstream.transport.tcp import TcpClient, TcpServer
@@ -57,10 +58,7 @@ from factstream.transport.tcp import TcpClient, TcpServer
 CONFIGS = [pytest.param(("uvloop", "c"), id="uvloop-c"), pytest.param(("asyncio", "py"), id="asyncio-py")]
 GRID = [pytest.param((loop, impl), id=f"{loop}-{impl}") for loop in ("uvloop", "asyncio") for impl in ("c", "py")]
 N_ROWS = {1: 40_000, 8: 10_000}
-ROWS = [
-    ["ev", [f"$ev{i}abcdefghij:bench.hs", f"!room{i % 50}:bench.hs", "m.room.message", None, None, None, None, False, False]]
-    for i in range(max(N_ROWS.values()))
-]
+ROWS = rows(max(N_ROWS.values()))
 #: The same rows as one-row facts, for ``LocalStream.write_many``.
 FACTS = [(row,) for row in ROWS]
 #: Facts written per event-loop turn (one ``write_many`` call, or as many ``write`` calls).
