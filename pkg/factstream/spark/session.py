@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["make_session", "require_spark", "executor_pythonpath", "quiet_pyspark_warnings", "session_cores"]
 
-#: A cluster's executors are taken as all there when none has joined for this long (see session_cores).
+#: A cluster's executors are taken as all there when none has joined for this long, or for half the
+#: time the first one took to join if that is longer (see session_cores).
 _SETTLE_S = 1.0
 
 
@@ -153,9 +154,11 @@ def session_cores(spark: SparkSession) -> int | None:
     executors join some seconds after the application starts, all at about
     the same time. So this waits for the first one (tasks cannot start before
     it anyway; at most ``spark.scheduler.maxRegisteredResourcesWaitingTime``,
-    30 s) and then until none has joined for a second; an application that
-    has run for longer than that wait is taken as settled. With dynamic
-    allocation executors come only for waiting tasks: None.
+    30 s) and then until none has joined for a second, or for half the time
+    the first one took if that is longer: on a loaded machine executors start
+    slowly and their arrivals spread with it. An application that has run for
+    longer than that wait is taken as settled. With dynamic allocation
+    executors come only for waiting tasks: None.
     """
     sc = spark.sparkContext
     conf = sc.getConf()
@@ -165,14 +168,16 @@ def session_cores(spark: SparkSession) -> int | None:
         return None
     limit = _seconds(conf.get("spark.scheduler.maxRegisteredResourcesWaitingTime") or "30s")
     start = time.monotonic()
-    seen, since = _executors(spark), start
+    seen, since, window = _executors(spark), start, _SETTLE_S
     settled = seen > 0 and time.time() - sc.startTime / 1000 > limit
     while not settled and time.monotonic() - start < limit:
         time.sleep(0.1)
         now = _executors(spark)
         if now != seen:
+            if seen == 0:
+                window = max(_SETTLE_S, (time.time() - sc.startTime / 1000) / 2)
             seen, since = now, time.monotonic()
-        settled = seen > 0 and time.monotonic() - since >= _SETTLE_S
+        settled = seen > 0 and time.monotonic() - since >= window
     return int(sc.defaultParallelism) if seen > 0 else None
 
 
