@@ -196,8 +196,9 @@ def test_a_new_session_waits_for_its_executors_before_sizing_a_plan(cluster: Any
     got = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("CORES ")]
     assert len(got) == 1, done.stdout
     before, cores, after = map(int, got[0])
-    # a session that has just started has fewer executors than it will have; after the wait, both
-    assert before < 2 and cores == 2 and after == 2, got
+    # A session that has just started usually has fewer executors than it will have (on a loaded
+    # machine starting the session can take as long as the executors do); after the wait, both.
+    assert 0 <= before <= 2 and cores == 2 and after == 2, got
 
 
 def test_without_the_shipped_env_the_job_fails_with_a_hint(cluster: Any, archive_dir: str, tmp_path: Path) -> None:
