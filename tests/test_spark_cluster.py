@@ -154,26 +154,31 @@ def test_parse_and_report_on_the_cluster_equal_local_mode(
     assert json.loads(rep_cluster.stdout) == json.loads(rep_local.stdout)
 
 
-def test_executors_run_the_compiled_core_of_the_shipped_env(cluster: Any, worker_python: str, tmp_path: Path) -> None:
-    script = tmp_path / "probe.py"
+def _driver(cluster: Any, tmp_path: Path, body: str) -> str:
+    """Run ``body`` as a driver program with a session on ``cluster`` (shipped env); its ``OUT`` line."""
+    script = tmp_path / "driver.py"
     script.write_text(
-        "import sys\n"
-        "from factstream.spark.session import make_session\n"
+        "from factstream.spark.session import make_session, session_cores, _executors\n"
         f"spark = make_session({cluster.url!r}, conf={{'spark.ui.enabled': 'false', 'spark.executor.memory': '512m'}},"
-        " ship_env=True)\n"
-        "def probe(_):\n"
-        "    import factstream, factstream.spark._archive_c, sys\n"
-        "    return (factstream.IMPL, sys.prefix, factstream.__file__)\n"
-        "got = spark.sparkContext.parallelize(range(4), 4).map(probe).collect()\n"
-        "print('PROBE', repr(got), flush=True)\n"
-        "spark.stop()\n"
+        " ship_env=True)\n" + body + "spark.stop()\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     # The JVM may print a line of its own to stdout while stopping: take ours by its marker.
-    probe = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
-    assert len(probe) == 1, done.stdout
-    got = eval(probe[0].removeprefix("PROBE "))  # noqa: S307 - our own repr
+    out = [line for line in done.stdout.splitlines() if line.startswith("OUT ")]
+    assert len(out) == 1, done.stdout
+    return out[0].removeprefix("OUT ")
+
+
+def test_executors_run_the_compiled_core_of_the_shipped_env(cluster: Any, worker_python: str, tmp_path: Path) -> None:
+    body = (
+        "def probe(_):\n"
+        "    import factstream, factstream.spark._archive_c, sys\n"
+        "    return (factstream.IMPL, sys.prefix, factstream.__file__)\n"
+        "got = spark.sparkContext.parallelize(range(4), 4).map(probe).collect()\n"
+        "print('OUT', repr(got), flush=True)\n"
+    )
+    got = eval(_driver(cluster, tmp_path, body))
     venv = os.path.dirname(os.path.dirname(worker_python))
     assert {g[0] for g in got} == {"c"}
     assert {g[1] for g in got} == {venv}
@@ -181,21 +186,13 @@ def test_executors_run_the_compiled_core_of_the_shipped_env(cluster: Any, worker
 
 
 def test_a_new_session_waits_for_its_executors_before_sizing_a_plan(cluster: Any, tmp_path: Path) -> None:
-    script = tmp_path / "cores.py"
-    script.write_text(
-        "from factstream.spark.session import make_session, session_cores, _executors\n"
-        f"spark = make_session({cluster.url!r}, conf={{'spark.ui.enabled': 'false', 'spark.executor.memory': '512m'}},"
-        " ship_env=True)\n"
+    body = (
         "before = _executors(spark)\n"
         "cores = session_cores(spark)\n"
-        "print('CORES', before, cores, _executors(spark), flush=True)\n"
-        "spark.stop()\n"
+        "print('OUT', before, cores, _executors(spark), flush=True)\n"
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    got = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("CORES ")]
-    assert len(got) == 1, done.stdout
-    before, cores, after = map(int, got[0])
+    got = _driver(cluster, tmp_path, body).split()
+    before, cores, after = map(int, got)
     # A session that has just started usually has fewer executors than it will have (on a loaded
     # machine starting the session can take as long as the executors do); after the wait, both.
     assert 0 <= before <= 2 and cores == 2 and after == 2, got

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["make_session", "require_spark", "executor_pythonpath", "quiet_pyspark_warnings", "session_cores"]
+__all__ = ["executor_pythonpath", "make_session", "quiet_pyspark_warnings", "require_spark", "session_cores"]
 
 #: A cluster's executors are taken as all there when none has joined for this long, or for half the
 #: time the first one took to join if that is longer (see session_cores).
