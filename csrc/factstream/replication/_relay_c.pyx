@@ -8,11 +8,12 @@ slot offsets, as the compiled codec does.
 """
 
 cimport cython
-from cpython.object cimport PyObject, PyTypeObject, PyObject_GenericSetAttr
+from cpython.object cimport PyObject, PyTypeObject, PyObject_GenericSetAttr, Py_TYPE
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError
+from cpython.method cimport PyMethod_Check, PyMethod_GET_FUNCTION, PyMethod_GET_SELF
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
 from factstream._wire_c cimport decode_row
@@ -51,14 +52,14 @@ cdef inline void _set(object obj, Py_ssize_t offset, object value) noexcept:
 
 cdef inline object _rdata(object stream, object instance, object token, object row):
     # RdataCommand(stream, instance, token, row) without running __init__.
-    cdef object cmd = _alloc(_RDATA)
-    _set(cmd, R_STREAM, stream)
-    _set(cmd, R_INSTANCE, instance)
-    _set(cmd, R_TOKEN, token)
-    _set(cmd, R_ROW, row)
-    _set(cmd, R_RAW, None)
-    _set(cmd, R_CANONICAL, False)
-    _set(cmd, R_LOADS, None)
+    cdef object cmd = _alloc(_RDATA)  # every slot empty: filled without releasing anything
+    _put(cmd, R_STREAM, stream)
+    _put(cmd, R_INSTANCE, instance)
+    _put(cmd, R_TOKEN, token)
+    _put(cmd, R_ROW, row)
+    _put(cmd, R_RAW, None)
+    _put(cmd, R_CANONICAL, False)
+    _put(cmd, R_LOADS, None)
     return cmd
 
 
@@ -69,9 +70,22 @@ cdef inline void _track(object cmd) noexcept:
 
 
 cdef inline object _wire(object row):
+    if type(row) is list or type(row) is tuple:
+        return row  # what a writer usually hands in: no isinstance walk per row
     if isinstance(row, _ROW):
         return row.to_wire()
     return row
+
+
+cdef inline PyObject* _bound_to(object bound, object func, object cls) noexcept:
+    # The instance of exactly ``cls`` that ``bound`` is ``func`` bound to (borrowed), else NULL: such a call
+    # goes to the method's C body without a Python call (a subclass or any other callable is called).
+    cdef PyObject* owner
+    if PyMethod_Check(bound) and PyMethod_GET_FUNCTION(bound) == <PyObject*>func:
+        owner = PyMethod_GET_SELF(bound)
+        if <PyObject*>Py_TYPE(<object>owner) == <PyObject*>cls:
+            return owner
+    return NULL
 
 
 cdef inline object _row_of(object cmd):
@@ -153,10 +167,13 @@ cdef class RowWindow:
         self._last = log
         return log
 
-    @cython.boundscheck(False)  # list indices below are kept in range by the loop conditions
-    @cython.wraparound(False)
     def add(self, instance_name, token, row):
         """Record ``row`` written by ``instance_name`` at ``token`` (before the token completes)."""
+        self._add(instance_name, token, row)
+
+    @cython.boundscheck(False)  # list indices below are kept in range by the loop conditions
+    @cython.wraparound(False)
+    cdef int _add(self, object instance_name, object token, object row) except -1:
         cdef _Log log = self._find(instance_name, True)
         cdef list tokens = log.tokens
         cdef list rows = log.rows
@@ -177,6 +194,7 @@ cdef class RowWindow:
             log.floor = tokens[cut - 1]
             del tokens[:cut]
             del rows[:cut]
+        return 0
 
     def get_updates_now(self, instance_name, from_token, upto_token, limit):
         """Rows of ``instance_name`` in ``(from_token, upto_token]``, paged by ``limit``."""
@@ -231,16 +249,26 @@ cdef class LocalWriter:
 
     def write(self, rows):
         """Write ``rows`` at the next token and complete it; returns the token."""
+        cdef PyObject* window
+        cdef PyObject* router
         if PyList_GET_SIZE(self.pending):
             return self.fallback(rows)
         token = self.next = self.next + 1
         add, inst = self.add, self.instance
+        window = _bound_to(add, _WINDOW_ADD, RowWindow)  # a MemoryUpdateSource's add: its C body directly
         for row in rows:
-            add(inst, token, row)
+            if window != NULL:
+                (<RowWindow>window)._add(inst, token, row)
+            else:
+                add(inst, token, row)
         old = self.position
         self.position = token
         for cb in self.listeners:
-            cb(self.name, inst, old, token)
+            router = _bound_to(cb, _ROUTER_NOTIFY, Router)  # a Publisher's notify: its C body directly
+            if router != NULL:
+                (<Router>router)._notify(self.name, inst, old, token)
+            else:
+                cb(self.name, inst, old, token)
         return token
 
     def write_many(self, facts):
@@ -274,7 +302,7 @@ cdef class StreamEmitter:
     cdef public object source
     cdef public object sent
     cdef public object target
-    cdef public object rows
+    cdef public long long rows  # a C counter: no int object made per row published
     cdef public object sync_get
     cdef public list sinks
     cdef public object page_limit
@@ -338,6 +366,10 @@ cdef class StreamEmitter:
 
     cpdef publish_now(self):
         """Publish ``(sent, target]`` from the synchronous source into every sink, in pages."""
+        self._publish()
+
+    cdef int _publish(self) except -1:
+        # publish_now's body: the Router of an exact StreamEmitter calls it without the cpdef dispatch.
         cdef list cmds
         sync_get = self.sync_get
         if sync_get is None:
@@ -358,6 +390,7 @@ cdef class StreamEmitter:
             if cmds:
                 for sink in self.sinks:
                     sink(cmds)
+        return 0
 
     cdef object _just_added(self):
         # The writer's hot path, read from the window itself: the one row just added completes ``target``.
@@ -388,6 +421,9 @@ cdef class StreamEmitter:
         return cmd
 
 
+cdef object _WINDOW_ADD = RowWindow.__dict__["add"]
+
+
 cdef RowWindow _window_of(object sync_get):
     # The compiled RowWindow whose bound get_updates_now ``sync_get`` is, else None.
     window = getattr(sync_get, "__self__", None)
@@ -410,28 +446,35 @@ cdef class Router:
 
     def notify(self, stream_name, instance_name, old, new):
         """Id-generator listener: ``instance_name``'s position in ``stream_name`` moved to ``new``."""
+        self._notify(stream_name, instance_name, old, new)
+
+    cdef int _notify(self, object stream_name, object instance_name, object old, object new) except -1:
         cdef StreamEmitter st
         em = self.streams.get(stream_name)
         if em is None or instance_name != self.instance:
-            return
+            return 0
         if type(em) is not StreamEmitter:
             # Not ours (a test double): go through its Python attributes.
             if new <= em.target:
-                return
+                return 0
             em.target = new
             if em.sync_get is not None:
                 em.publish_now()
             else:
                 self.on_async(stream_name)
-            return
+            return 0
         st = <StreamEmitter>em
         if new <= st.target:
-            return
+            return 0
         st.target = new
         if st.sync_get is not None:
-            st.publish_now()
+            st._publish()
         else:
             self.on_async(stream_name)
+        return 0
+
+
+cdef object _ROUTER_NOTIFY = Router.__dict__["notify"]
 
 
 cdef class Broadcast:
@@ -675,7 +718,7 @@ cdef class RowParser:
                 kind = <object>items[0]  # held: what follows may run code
                 data = <object>items[1]
                 if _items(data, &m) != NULL:
-                    found = PyDict_GetItem(self._kinds, kind)
+                    found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
                     if found != NULL:
                         kind_cls = <object>found
                         sub = self._sub(kind_cls)
@@ -686,9 +729,10 @@ cdef class RowParser:
         return self.fallback(row)
 
     cdef _Plain _sub(self, object kind_cls):
-        sub = self._subs.get(kind_cls, False)
-        if sub is False:
-            sub = self._subs[kind_cls] = _plain(kind_cls)
+        cdef PyObject* found = PyDict_GetItemWithError(self._subs, kind_cls)  # a class: hashed by identity
+        if found != NULL:
+            return <_Plain>found
+        sub = self._subs[kind_cls] = _plain(kind_cls)
         return <_Plain>sub
 
 
@@ -746,14 +790,18 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, li
             row = parse(_peek_row(cmd))
         else:
             row = _row_of(cmd)
-        batch.append(row)
         t = _get(cmd, R_TOKEN)
         token = <object>t if t != NULL else cmd.token
         i += 1
         if token is None:
+            batch.append(row)
             continue
-        rows = batch
-        batch = []
+        if PyList_GET_SIZE(batch):
+            batch.append(row)
+            rows = batch
+            batch = []
+        else:
+            rows = [row]  # the usual fact, one row: nothing waited, ``batch`` stays the empty list it is
         if keep_all:
             facts.append((token, rows))
         elif token > position:
