@@ -952,3 +952,126 @@ def test_same_source_twins_agree(cmds: list[Command]) -> None:
         return  # the caller checks the first command is a fact first
     results = [twin("replication._relay", impl).same_source(cmds) for impl in ("c", "py")]
     assert results[0] == results[1]
+
+
+# ---------------------------------------------------------------- direct paths (compiled: C bodies, slots)
+
+
+def test_row_window_capacity_changed_later_trims_at_the_new_size(relay_impl: ModuleType) -> None:
+    win = relay_impl.RowWindow(100)
+    for t in range(1, 6):
+        win.add("w", t, [t])
+    win.capacity = 2  # 5 rows > 2 * 2: the next add trims down to 2, floor at the last dropped token
+    win.add("w", 6, [6])
+    assert win.capacity == 2 and win.get_updates_now("w", 4, 6, 10) == ([(5, [5]), (6, [6])], 6, False)
+    with pytest.raises(UpdatesUnavailable, match="after 3 are no longer in memory"):
+        win.get_updates_now("w", 3, 6, 10)
+    win.capacity = 10**30  # bigger than any list: nothing is ever trimmed
+    for t in range(7, 30):
+        win.add("w", t, [t])
+    assert len(win.get_updates_now("w", 4, 29, 100)[0]) == 25
+
+
+def test_local_writer_through_a_window_and_a_router_matches_any_other_callables(relay_impl: ModuleType) -> None:
+    """A MemoryUpdateSource's add and a Publisher's notify (the compiled twin calls their C bodies) give the
+    same rows and commands as the same work done through plain callables; subclasses keep their overrides."""
+
+    def run(wrap: bool, window_cls: Any, router_cls: Any) -> tuple[list[str], list[Any]]:
+        win = window_cls(100)
+        got: list[Command] = []
+        streams = {"s": relay_impl.StreamEmitter("s", "m", win, 0, win.get_updates_now, [got.extend], 10)}
+        router = router_cls("m", streams, lambda name: None)
+        add = (lambda i, t, r: win.add(i, t, r)) if wrap else win.add
+        notify = (lambda *a: router.notify(*a)) if wrap else router.notify
+        w = relay_impl.LocalWriter("s", "m", add, [notify], [], lambda rows: -1, 0)
+        for rows in ([["a"]], [["b"], ["c"]], [], [["d"]]):
+            w.write(rows)
+        return _lines(got), win.get_updates_now("m", 0, 10, 100)[0]
+
+    class Window(relay_impl.RowWindow):  # type: ignore[misc,name-defined]
+        def add(self, instance: str, token: int, row: Any) -> None:
+            super().add(instance, token, row + ["!"])
+
+    class Quiet(relay_impl.Router):  # type: ignore[misc,name-defined]
+        def notify(self, stream: str, instance: str, old: int, new: int) -> None:
+            if new != 2:  # token 2 is never announced: its rows go out with the next move
+                super().notify(stream, instance, old, new)
+
+    plain = run(True, relay_impl.RowWindow, relay_impl.Router)
+    assert run(False, relay_impl.RowWindow, relay_impl.Router) == plain
+    assert plain[0] == ['RDATA s m 1 ["a"]', 'RDATA s m batch ["b"]', 'RDATA s m 2 ["c"]', "POSITION s m 2 3",
+                        'RDATA s m 4 ["d"]']
+    rows, kept = run(False, Window, Quiet)
+    assert rows == ['RDATA s m 1 ["a","!"]', 'RDATA s m batch ["b","!"]', 'RDATA s m 2 ["c","!"]',
+                    "POSITION s m 2 3", 'RDATA s m 4 ["d","!"]']
+    assert kept == [(1, ["a", "!"]), (2, ["b", "!"]), (2, ["c", "!"]), (4, ["d", "!"])]
+
+
+def test_broadcast_reads_send_queue_of_every_kind_of_connection(relay_impl: ModuleType) -> None:
+    """A send_queue in a slot (TcpConnection's), unset, in the instance dict, a property, or behind a
+    __getattribute__ of its own: each connection is handed the commands as getattr would see them."""
+
+    class Base:
+        def __init__(self) -> None:
+            self.calls: list[list[Any]] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.calls.append([c.token for c in cmds])  # type: ignore[attr-defined]
+
+    class Slotted(Base):
+        __slots__ = ("send_queue",)
+
+    class Plain(Base):
+        send_queue: list[Command] | None = None
+
+    class Prop(Base):
+        @property
+        def send_queue(self) -> list[Command] | None:
+            return self.__dict__.get("q")
+
+    class Odd(Slotted):
+        def __getattribute__(self, name: str) -> Any:
+            if name == "send_queue":
+                return None  # never a queue: always send_many
+            return object.__getattribute__(self, name)
+
+    unset = Slotted()  # the slot never assigned: as getattr's default, None
+    a, b, c, d = Slotted(), Plain(), Prop(), Odd()
+    a.send_queue, b.send_queue, d.send_queue = [], [], []
+    c.__dict__["q"] = []
+    broadcast = relay_impl.Broadcast([a, unset, b, c, d, a])
+    broadcast([R(1, "x")])
+    wr = relay_impl.RowWindow(10)
+    em = relay_impl.StreamEmitter("s", "w", wr, 0, wr.get_updates_now, [broadcast], 10)
+    wr.add("w", 2, ["y"])
+    em.target = 2
+    em.publish_now()  # one row: Broadcast's single-command path
+    assert [x.token for x in a.send_queue] == [1, 1, 2, 2] and a.calls == []
+    assert [x.token for x in b.send_queue] == [1, 2] and [x.token for x in c.__dict__["q"]] == [1, 2]
+    assert unset.calls == [[1], [2]] and d.calls == [[1], [2]] and d.__dict__ == {"calls": [[1], [2]]}
+    a.send_queue = None
+    broadcast([R(3, "z")])
+    assert a.calls == [[3], [3]]
+
+
+def test_row_parser_in_gather_sees_a_kind_replaced_between_runs(relay_impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = relay_impl.RowParser(R_.EventsRow)
+    cmds = [R(1, ["custom", [1, 2]]), R(2, ["custom", [3, 4]])]
+    monkeypatch.setitem(R_.EVENT_ROW_KINDS, "custom", _Pair)
+    facts = relay_impl.gather(cmds, 0, None, [], parser)[1]
+    assert facts == [(1, [R_.EventsRow("custom", _Pair(1, 2))]), (2, [R_.EventsRow("custom", _Pair(3, 4))])]
+    monkeypatch.setitem(R_.EVENT_ROW_KINDS, "custom", _Custom)  # replaced: the next run builds the new class
+    cmds = [R(3, ["custom", [1, 2]]), R(4, ["custom", [3, 4]])]
+    facts = relay_impl.gather(cmds, 0, None, [], parser)[1]
+    assert facts == [(3, [R_.EventsRow("custom", _Custom(2, 1))]), (4, [R_.EventsRow("custom", _Custom(4, 3))])]
+
+
+def test_gather_one_row_facts_and_waiting_batches(relay_impl: ModuleType) -> None:
+    waiting = [["early"]]
+    cmds = [R(None, ["a"]), R(5, ["b"]), R(6, ["c"]), R(None, ["d"])]
+    end, facts, batch, stale = relay_impl.gather(cmds, 0, None, waiting, None)
+    assert (end, stale) == (4, 0) and facts == [(5, [["early"], ["a"], ["b"]]), (6, [["c"]])]
+    assert facts[0][1] is waiting and batch == [["d"]] and batch is not waiting  # the waiting rows became a fact
+    empty: list[Any] = []
+    end, facts, batch, _ = relay_impl.gather([R(7, ["e"]), R(8, ["f"])], 0, None, empty, None)
+    assert facts == [(7, [["e"]]), (8, [["f"]])] and batch == [] and facts[0][1] is not facts[1][1]

@@ -15,6 +15,7 @@ from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
 from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError
 from cpython.method cimport PyMethod_Check, PyMethod_GET_FUNCTION, PyMethod_GET_SELF
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
 from factstream._wire_c cimport decode_row
 
@@ -141,7 +142,9 @@ cdef class _Log:
 cdef class RowWindow:
     """The recent rows of one in-memory stream, per writer instance (see ``_relay_py.RowWindow``)."""
 
-    cdef public object capacity
+    cdef object _capacity
+    # Twice the capacity when it is an int that fits: add compares a log's length with it in C.
+    cdef Py_ssize_t _most
     cdef dict _logs
     # The instance asked last and its log: a writer asks for itself every time.
     cdef object _last_name
@@ -152,6 +155,18 @@ cdef class RowWindow:
         self._logs = {}
         self._last_name = None
         self._last = None
+
+    @property
+    def capacity(self):
+        """Rows kept per writer instance (up to twice as many before the oldest are forgotten)."""
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, value):
+        self._capacity = value
+        self._most = -1
+        if type(value) is int and 0 <= value <= (PY_SSIZE_T_MAX // 2):
+            self._most = 2 * <Py_ssize_t>value
 
     cdef _Log _find(self, object name, bint create):
         cdef _Log log
@@ -178,7 +193,7 @@ cdef class RowWindow:
         cdef list tokens = log.tokens
         cdef list rows = log.rows
         cdef Py_ssize_t n = PyList_GET_SIZE(tokens)
-        cdef Py_ssize_t i, cut
+        cdef Py_ssize_t i
         if n and token < <object>PyList_GET_ITEM(tokens, n - 1):
             i = bisect_right(tokens, token)
             tokens.insert(i, token)
@@ -187,13 +202,22 @@ cdef class RowWindow:
             tokens.append(token)
             rows.append(row)
         n = PyList_GET_SIZE(tokens)
-        if n > self.capacity * 2:
-            cut = n - self.capacity
-            while cut < n and tokens[cut] == tokens[cut - 1]:
-                cut += 1
-            log.floor = tokens[cut - 1]
-            del tokens[:cut]
-            del rows[:cut]
+        if self._most >= 0:
+            if n > self._most:
+                self._forget(log, n)
+        elif n > self._capacity * 2:
+            self._forget(log, n)
+        return 0
+
+    cdef int _forget(self, _Log log, Py_ssize_t n) except -1:
+        # Drop the oldest rows down to capacity, never splitting a token; the last dropped token is the floor.
+        cdef list tokens = log.tokens
+        cdef Py_ssize_t cut = n - self._capacity
+        while cut < n and tokens[cut] == tokens[cut - 1]:
+            cut += 1
+        log.floor = tokens[cut - 1]
+        del tokens[:cut]
+        del log.rows[:cut]
         return 0
 
     def get_updates_now(self, instance_name, from_token, upto_token, limit):
@@ -481,13 +505,36 @@ cdef class Broadcast:
     """A publisher's sink handing each batch to every replicating connection (see ``_relay_py.Broadcast``)."""
 
     cdef public list targets
+    # The connection class seen last and the offset of its send_queue slot (-1: read it with getattr).
+    cdef object _conn_type
+    cdef Py_ssize_t _queue_at
 
     def __init__(self, list targets not None):
         self.targets = targets
+        self._conn_type = None
+        self._queue_at = -1
+
+    cdef inline object _queue(self, object conn):
+        # getattr(conn, "send_queue", None); a class with plain attribute access that keeps send_queue in a
+        # slot (TcpConnection) is read at the slot's offset, without a Python attribute lookup per command.
+        cdef PyObject* queue
+        if type(conn) is not self._conn_type:
+            self._learn(type(conn))
+        if self._queue_at >= 0:
+            queue = _get(conn, self._queue_at)
+            return <object>queue if queue != NULL else None
+        return getattr(conn, "send_queue", None)
+
+    cdef int _learn(self, object kind) except -1:
+        self._conn_type = kind
+        self._queue_at = -1
+        if kind.__getattribute__ is object.__getattribute__:
+            self._queue_at = _member_offset_or(kind, "send_queue")
+        return 0
 
     def __call__(self, cmds):
         for conn in self.targets:
-            queue = getattr(conn, "send_queue", None)
+            queue = self._queue(conn)
             if type(queue) is list:
                 (<list>queue).extend(cmds)  # what its send_many would do, without the call
             else:
@@ -496,7 +543,7 @@ cdef class Broadcast:
     cdef send_one(self, cmd):
         # self([cmd]), with the list made only for a connection without a send queue open.
         for conn in self.targets:
-            queue = getattr(conn, "send_queue", None)
+            queue = self._queue(conn)
             if type(queue) is list:
                 (<list>queue).append(cmd)  # encoded at the end of the loop turn, then dropped
             else:
@@ -684,6 +731,10 @@ cdef class RowParser:
     cdef object _kinds
     cdef dict _subs
     cdef object _pair  # the (type, data) builder of an events-style class
+    # The kind name met last (the exact str object), its class and builder, kept only within one
+    # gather call (see forget) so a kind replaced in the live mapping is seen by the next call.
+    cdef object _last_kind
+    cdef _Plain _last_sub
 
     def __init__(self, row_type, fallback=None):
         self.row_type = row_type
@@ -701,7 +752,12 @@ cdef class RowParser:
             self._kinds = None  # not a dict: leave every row to from_wire
 
     def __call__(self, row):
+        self.forget()
         return self.parse(row)
+
+    cdef inline void forget(self) noexcept:
+        self._last_kind = None
+        self._last_sub = None
 
     cdef object parse(self, object row):
         cdef Py_ssize_t n, m
@@ -718,14 +774,21 @@ cdef class RowParser:
                 kind = <object>items[0]  # held: what follows may run code
                 data = <object>items[1]
                 if _items(data, &m) != NULL:
-                    found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
-                    if found != NULL:
-                        kind_cls = <object>found
-                        sub = self._sub(kind_cls)
-                        if sub is not None and m == sub.n:
-                            inner = _fill(sub, data)
-                            if inner is not None:
-                                return _fill_pair(<_Plain>self._pair, kind, inner)
+                    if kind is self._last_kind:
+                        sub = self._last_sub  # the same name object as the row before: its kind class's builder
+                    else:
+                        found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
+                        sub = None
+                        if found != NULL:
+                            kind_cls = <object>found
+                            sub = self._sub(kind_cls)
+                            self._last_kind = kind
+                            self._last_sub = sub
+                    if sub is not None and m == sub.n:
+                        inner = _fill(sub, data)
+                        if inner is not None:
+                            return _fill_pair(<_Plain>self._pair, kind, inner)
+        self.forget()  # the fallback runs Python code: it may change the mapping
         return self.fallback(row)
 
     cdef _Plain _sub(self, object kind_cls):
@@ -765,6 +828,8 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, li
     cdef Py_ssize_t stale = 0
     cdef bint keep_all = position is None
     cdef RowParser parser = parse if type(parse) is RowParser else None
+    if parser is not None:
+        parser.forget()
     cdef PyObject* s
     cdef PyObject* w
     cdef PyObject* t
