@@ -1075,3 +1075,54 @@ def test_gather_one_row_facts_and_waiting_batches(relay_impl: ModuleType) -> Non
     empty: list[Any] = []
     end, facts, batch, _ = relay_impl.gather([R(7, ["e"]), R(8, ["f"])], 0, None, empty, None)
     assert facts == [(7, [["e"]]), (8, [["f"]])] and batch == [] and facts[0][1] is not facts[1][1]
+
+
+_HELD_ROWS = [
+    # events-style rows: [kind, fields] of every shape the parser meets, odd ones included
+    ("events", '["ev",["$e:hs","!r:hs","m.room.message",null,null,null,null,false,false]]'),
+    ("events", '[ "ev" , [ "$e:hs" , "!r:hs" , "m.room.message" , null , "s" , "@u:hs" , null , true , false ] ]'),
+    ("events", '["ev",["$e:hs","!r:hs","m.room.message",null,null,null,null,false]]'),  # a field short
+    ("events", '["ev",["$e:hs","!r:hs","m.room.message",null,null,null,null,false,false,"x"]]'),  # one too many
+    ("events", '["state-all",["!r:hs"]]'),
+    ("events", '["custom",[1,{"a":[2]}]]'),  # a kind with a from_wire of its own
+    ("events", '["nope",[1]]'),  # an unknown kind
+    ("events", '[7,["$e:hs"]]'),  # a kind that is not a str
+    ("events", '["ev",{"a":1}]'),  # fields that are not an array
+    ("events", '["ev",[]]'),
+    ("events", '["ev"]'),
+    ("events", '["ev",[1],2]'),
+    ("events", "[]"),
+    ("events", '{"ev":[1]}'),
+    ("events", '"ev"'),
+    ("events", '["ev",[' + ",".join(["1"] * 40) + "]]"),  # more fields than any class has
+    # plain rows: the class's field count, fewer, more, containers inside
+    ("caches", '["get_user",["@u:hs"],1700000000000]'),
+    ("caches", '["get_user",null,1]'),
+    ("caches", '["get_user",["@u:hs"]]'),
+    ("caches", '["get_user",["@u:hs"],1,2]'),
+    ("caches", '{"cache_func":"x"}'),
+    ("to_device", '["@a:hs"]'),
+    ("to_device", '["@a:hs","extra"]'),
+    ("to_device", "[]"),
+]
+
+
+@pytest.mark.parametrize("stream", sorted({s for s, _ in _HELD_ROWS}))
+def test_gather_builds_typed_rows_from_held_bytes_as_from_decoded_rows(
+    relay_impl: ModuleType, wire_impl: ModuleType, stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows the codec holds as bytes (the compiled twin fills the row class from the JSON array's values)
+    come out as the parser makes them of the decoded rows, malformed shapes through the same fallback."""
+    import json
+
+    monkeypatch.setitem(R_.EVENT_ROW_KINDS, "custom", _Custom)
+    cls = {"events": R_.EventsRow, "caches": R_.CachesRow, "to_device": R_.ToDeviceRow}[stream]
+    texts = [t for s, t in _HELD_ROWS if s == stream]
+    data = b"".join(f"RDATA {stream} m {i + 1} {t}\n".encode() for i, t in enumerate(texts))
+    cmds = wire_impl.LineDecoder().feed(data)
+    parser = relay_impl.RowParser(cls, lambda row: ("untyped", row))
+    reference = twin("replication._relay", "py").RowParser(cls, lambda row: ("untyped", row))
+    facts = relay_impl.gather(cmds, 0, None, [], parser)[1]
+    assert facts == [(i + 1, [reference(json.loads(t))]) for i, t in enumerate(texts)]
+    assert [type(rows[0]) for _, rows in facts] == [type(reference(json.loads(t))) for t in texts]
+    assert wire_impl.encode_lines(cmds) == wire_impl.encode_lines(wire_impl.LineDecoder().feed(data))  # as received

@@ -17,7 +17,8 @@ from cpython.method cimport PyMethod_Check, PyMethod_GET_FUNCTION, PyMethod_GET_
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
-from factstream._wire_c cimport decode_row
+from factstream._wire_c cimport decode_row, decode_row_items
+from cpython.list cimport PyList_New, PyList_SET_ITEM
 
 from bisect import bisect_right
 
@@ -125,6 +126,23 @@ cdef inline object _peek_row(object cmd):
             data = <object>raw
             return decode_row(decode, data)
     return _row_of(cmd)
+
+
+cdef inline object _parse_typed(RowParser parser, object cmd):
+    # parser.parse(_peek_row(cmd)); held bytes go to the row class without being decoded into lists first.
+    cdef PyObject* raw
+    cdef PyObject* loads
+    if _get(cmd, R_ROW) == <PyObject*>_UNSET:
+        raw = _get(cmd, R_RAW)
+        loads = _get(cmd, R_LOADS)
+        if raw != NULL and loads != NULL and raw != <PyObject*>None and loads != <PyObject*>None:
+            decode = <object>loads  # held: what follows may run code
+            data = <object>raw
+            row = parser.parse_held(decode, data)
+            if row is not _NOT_HELD:
+                return row
+            return parser.parse(decode_row(decode, data))
+    return parser.parse(_peek_row(cmd))
 
 
 cdef class _Log:
@@ -714,6 +732,54 @@ cdef object _fill_pair(_Plain plain, object kind, object inner):
     return obj
 
 
+cdef object _fill_taking(_Plain plain, PyObject** items, Py_ssize_t n):
+    # cls(*items) for a plain class of n fields from a C array of new references, which it takes (all of
+    # them released if the allocation fails): _fill without a list to read them from.
+    cdef object obj
+    cdef Py_ssize_t i
+    cdef bint atomic = True
+    try:
+        obj = _alloc(plain.cls)
+    except BaseException:
+        _release(items, n)
+        raise
+    for i in range(n):
+        (<PyObject**>((<char*><PyObject*>obj) + plain.offsets[i]))[0] = items[i]  # the reference moves in
+        if atomic and _may_hold_cycles(items[i]):
+            atomic = False
+    if atomic and PyObject_GC_IsTracked(obj):
+        PyObject_GC_UnTrack(<PyObject*>obj)  # as _fill: frozen and holding no container
+    return obj
+
+
+cdef inline void _release(PyObject** items, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        Py_XDECREF(items[i])
+
+
+cdef object _list_taking(PyObject** items, Py_ssize_t n):
+    # A list of n new references from a C array, which it takes (released if the list cannot be made).
+    cdef PyObject* out
+    cdef Py_ssize_t i
+    try:
+        value = PyList_New(n)
+    except BaseException:
+        _release(items, n)
+        raise
+    out = <PyObject*>value
+    for i in range(n):
+        PyList_SET_ITEM(<list>out, i, <object>items[i])  # steals: the reference moves in
+    return value
+
+
+cdef enum:
+    HELD_ITEMS = 32  # fields of a row class built straight from held bytes (more: decoded into lists first)
+
+
+cdef object _NOT_HELD = object()  # RowParser.parse_held: not this way, decode and parse
+
+
 cdef inline PyObject** _items(object seq, Py_ssize_t* n) noexcept:
     # The items of an exact list or tuple (borrowed) and their count; NULL for anything else.
     if type(seq) is list or type(seq) is tuple:
@@ -791,6 +857,52 @@ cdef class RowParser:
         self.forget()  # the fallback runs Python code: it may change the mapping
         return self.fallback(row)
 
+    cdef object parse_held(self, object loads, object raw):
+        # parse(decode_row(loads, raw)) for a codec's held bytes, the row class filled from the JSON array's
+        # values with no list made for the array (nor for the nested one of an events-style row). Another
+        # shape of the same array is handed to parse as the lists decode_row makes; _NOT_HELD when the bytes
+        # are not an array of at most the class's field count (the caller decodes them and calls parse).
+        cdef PyObject* items[HELD_ITEMS]
+        cdef PyObject* inner[HELD_ITEMS]
+        cdef Py_ssize_t k, m = 0
+        cdef _Plain plain = self._plain
+        cdef _Plain sub
+        cdef PyObject* found
+        if plain is not None:
+            if plain.n > HELD_ITEMS:
+                return _NOT_HELD
+            k = decode_row_items(loads, raw, items, plain.n, -1, NULL, 0, NULL)
+            if k < 0:
+                return _NOT_HELD
+            if k == plain.n:
+                return _fill_taking(plain, items, k)
+            return self.parse(_list_taking(items, k))  # fewer values than fields: parse decides, as before
+        if self._pair is None:
+            return _NOT_HELD
+        k = decode_row_items(loads, raw, items, 2, 1, inner, HELD_ITEMS, &m)
+        if k < 0:
+            return _NOT_HELD
+        # items[0]: the kind (a new reference), items[1] NULL, inner[:m]: the fields
+        kind = <object>items[0]
+        Py_DECREF(kind)  # the array's reference: ``kind`` holds the value now
+        if type(kind) is str:
+            if kind is self._last_kind:
+                sub = self._last_sub
+            else:
+                found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
+                sub = None
+                if found != NULL:
+                    try:
+                        sub = self._sub(<object>found)
+                    except BaseException:
+                        _release(inner, m)
+                        raise
+                    self._last_kind = kind
+                    self._last_sub = sub
+            if sub is not None and m == sub.n:
+                return _fill_pair(<_Plain>self._pair, kind, _fill_taking(sub, inner, m))
+        return self.parse([kind, _list_taking(inner, m)])  # any other shape: parse decides, as before
+
     cdef _Plain _sub(self, object kind_cls):
         cdef PyObject* found = PyDict_GetItemWithError(self._subs, kind_cls)  # a class: hashed by identity
         if found != NULL:
@@ -850,7 +962,7 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, li
         if w != <PyObject*>writer and <object>w != writer:
             break
         if parser is not None:
-            row = parser.parse(_peek_row(cmd))  # no Python call per row
+            row = _parse_typed(parser, cmd)  # no Python call per row
         elif parse is not None:
             row = parse(_peek_row(cmd))
         else:
