@@ -1126,3 +1126,51 @@ def test_gather_builds_typed_rows_from_held_bytes_as_from_decoded_rows(
     assert facts == [(i + 1, [reference(json.loads(t))]) for i, t in enumerate(texts)]
     assert [type(rows[0]) for _, rows in facts] == [type(reference(json.loads(t))) for t in texts]
     assert wire_impl.encode_lines(cmds) == wire_impl.encode_lines(wire_impl.LineDecoder().feed(data))  # as received
+
+
+def test_commands_and_their_subclasses_free_what_they_hold(relay_impl: ModuleType) -> None:
+    """Importing the compiled relay gives RdataCommand and PositionCommand a deallocator of their own: every
+    slot's value is released, in a subclass too (with a __dict__, a __weakref__, slots of its own), and a
+    cycle through a command is still collected."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    class Sub(RdataCommand):
+        pass
+
+    class Slotted(RdataCommand):
+        __slots__ = ("extra",)
+
+    assert relay_impl.RowWindow is not None  # the twin is imported (the compiled one installs the deallocator)
+    makers = [
+        lambda v: RdataCommand("s", "w", 1, v),
+        lambda v: PositionCommand("s", "w", 1, v),
+        lambda v: Slotted("s", "w", 1, v),
+    ]
+    for make in makers:
+        held = Held()
+        gone = weakref.ref(held)
+        cmd = make(held)
+        del held
+        assert gone() is not None
+        del cmd
+        assert gone() is None
+    held = Held()
+    gone = weakref.ref(held)
+    sub = Sub("s", "w", 1, [held])
+    sub.note = held  # type: ignore[attr-defined]  # in its __dict__
+    seen: list[int] = []
+    ref = weakref.ref(sub, lambda _r: seen.append(1))
+    del held, sub
+    assert gone() is None and seen == [1] and ref() is None
+    cyc = Slotted("s", "w", 1, None)
+    cyc.extra = [cyc]
+    probe = Held()
+    cyc.token = probe  # type: ignore[assignment]
+    gone = weakref.ref(probe)
+    del probe, cyc
+    gc.collect()
+    assert gone() is None

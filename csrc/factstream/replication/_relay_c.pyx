@@ -1034,3 +1034,95 @@ def tally(cmds):
     if rdata:
         counts["RDATA"] = counts.get("RDATA", 0) + rdata
     return counts
+
+
+
+# ---------------------------------------------------------------- deallocation of commands
+#
+# Every row is one RdataCommand on the writer and one on the reader, and CPython's generic deallocator
+# for a class instance (subtype_dealloc: finalizer, weakref and __dict__ checks, a walk of every class's
+# slots, the trashcan) cost more than the rest of freeing one. RdataCommand and PositionCommand have
+# object slots only, so they are freed here as that walk would free them.
+
+cdef extern from *:
+    r"""
+    #define FS_FAST_TYPES 4
+    static PyTypeObject *fs_fast_type[FS_FAST_TYPES];
+    static Py_ssize_t fs_fast_first[FS_FAST_TYPES], fs_fast_end[FS_FAST_TYPES];
+    static int fs_nfast = 0;
+
+    /* The dealloc of a registered slot-only class, and the base dealloc subtype_dealloc calls for an
+       instance of a subclass (which has by then cleared the subclass's own slots, __dict__ and weakrefs,
+       and tracked the instance again): untrack, clear the class's object slots, free, release the type
+       (an instance of a heap type holds a reference to it). */
+    static void fs_slots_dealloc(PyObject *self) {
+        PyTypeObject *tp = Py_TYPE(self);
+        PyObject **at, **end;
+        int i = 0;
+        while (i < fs_nfast && fs_fast_type[i] != tp)
+            i++;
+        if (i == fs_nfast) {  /* a subclass: its registered base's slots */
+            for (i = 0; i < fs_nfast && !PyType_IsSubtype(tp, fs_fast_type[i]); i++)
+                ;
+        }
+        PyObject_GC_UnTrack(self);
+        at = (PyObject **)((char *)self + fs_fast_first[i]);
+        end = (PyObject **)((char *)self + fs_fast_end[i]);
+        for (; at < end; at++)
+            Py_CLEAR(*at);
+        tp->tp_free(self);
+        Py_DECREF(tp);
+    }
+
+    /* Install it on t, whose object slots are [first, end) and nothing else (checked by the caller). */
+    static int fs_fast_dealloc(PyTypeObject *t, Py_ssize_t first, Py_ssize_t end) {
+        if (fs_nfast == FS_FAST_TYPES || t->tp_dealloc == fs_slots_dealloc)
+            return 0;
+        if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE) || !(t->tp_flags & Py_TPFLAGS_HAVE_GC) || t->tp_itemsize
+            || t->tp_dictoffset || t->tp_weaklistoffset || t->tp_finalize || t->tp_del
+            || t->tp_free != PyObject_GC_Del)
+            return 0;
+    #ifdef Py_TPFLAGS_MANAGED_DICT
+        if (t->tp_flags & Py_TPFLAGS_MANAGED_DICT)
+            return 0;
+    #endif
+    #ifdef Py_TPFLAGS_MANAGED_WEAKREF
+        if (t->tp_flags & Py_TPFLAGS_MANAGED_WEAKREF)
+            return 0;
+    #endif
+        fs_fast_type[fs_nfast] = t;
+        fs_fast_first[fs_nfast] = first;
+        fs_fast_end[fs_nfast] = end;
+        fs_nfast++;
+        Py_INCREF(t);  /* registered for the life of the process */
+        t->tp_dealloc = fs_slots_dealloc;
+        return 1;
+    }
+    """
+    int fs_fast_dealloc(PyTypeObject* t, Py_ssize_t first, Py_ssize_t end)
+
+
+cdef int _fast_dealloc(object cls) except -1:
+    # The class's object slots must tile its instance after the object header, each a __slots__ member of
+    # a class in its MRO, with no __dict__, __weakref__ or __del__ anywhere: then its instances are freed
+    # by fs_slots_dealloc. Anything else keeps CPython's deallocator (returns 0).
+    cdef Py_ssize_t first = sizeof(PyObject), end = cls.__basicsize__
+    offsets = set()
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        if "__del__" in klass.__dict__ or "__slots__" not in klass.__dict__:
+            return 0
+        for name in klass.__dict__["__slots__"] if not isinstance(klass.__dict__["__slots__"], str) else ():
+            descr = klass.__dict__.get(name)
+            if descr is None or not _object_slot(descr):
+                return 0
+            offsets.add((<PyMemberDescrObject*><PyObject*>descr).d_member.offset)
+    if offsets != set(range(first, end, sizeof(PyObject*))):
+        return 0
+    return fs_fast_dealloc(<PyTypeObject*>cls, first, end)
+
+
+_fast_dealloc(RdataCommand)
+_fast_dealloc(PositionCommand)
+
