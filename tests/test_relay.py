@@ -1174,3 +1174,32 @@ def test_commands_and_their_subclasses_free_what_they_hold(relay_impl: ModuleTyp
     del probe, cyc
     gc.collect()
     assert gone() is None
+
+
+def test_rows_a_parser_builds_free_what_they_hold(relay_impl: ModuleType) -> None:
+    """A RowParser's row classes get the commands' deallocator (compiled twin): rows it builds, rows made
+    by hand and rows of a subclass release every value."""
+    import weakref
+
+    class Held:
+        pass
+
+    class Sub(R_.CachesRow):
+        pass
+
+    relay_impl.RowParser(R_.EventsRow)
+    relay_impl.RowParser(R_.CachesRow)
+    parser = relay_impl.RowParser(R_.CachesRow)
+    for make in (
+        lambda v: parser(["f", [v], 1]),
+        lambda v: R_.CachesRow("f", [v], 1),
+        lambda v: Sub("f", [v], 1),
+        lambda v: R_.EventsRow("ev", v),
+    ):
+        held = Held()
+        gone = weakref.ref(held)
+        row = make(held)
+        del held
+        assert gone() is not None
+        del row
+        assert gone() is None

@@ -694,6 +694,7 @@ cdef _Plain _plain(object cls):
         raise MemoryError()
     for i in range(n):
         plain.offsets[i] = _member_offset(cls, names[i])
+    _fast_dealloc(cls)  # its rows, one or two per fact on a reader, freed without the generic walk
     return plain
 
 
@@ -920,6 +921,7 @@ cdef _Plain _pair_of(object cls):
         raise MemoryError()
     plain.offsets[0] = _member_offset(cls, "type")
     plain.offsets[1] = _member_offset(cls, "data")
+    _fast_dealloc(cls)
     return plain
 
 
@@ -1042,11 +1044,12 @@ def tally(cmds):
 # Every row is one RdataCommand on the writer and one on the reader, and CPython's generic deallocator
 # for a class instance (subtype_dealloc: finalizer, weakref and __dict__ checks, a walk of every class's
 # slots, the trashcan) cost more than the rest of freeing one. RdataCommand and PositionCommand have
-# object slots only, so they are freed here as that walk would free them.
+# object slots only, so they are freed here as that walk would free them; so are the row classes a
+# RowParser builds, when they too have object slots only.
 
 cdef extern from *:
     r"""
-    #define FS_FAST_TYPES 4
+    #define FS_FAST_TYPES 64  /* the commands and the row classes RowParser builds */
     static PyTypeObject *fs_fast_type[FS_FAST_TYPES];
     static Py_ssize_t fs_fast_first[FS_FAST_TYPES], fs_fast_end[FS_FAST_TYPES];
     static int fs_nfast = 0;
