@@ -54,7 +54,14 @@ cdef inline void _set(object obj, Py_ssize_t offset, object value) noexcept:
 
 cdef inline object _rdata(object stream, object instance, object token, object row):
     # RdataCommand(stream, instance, token, row) without running __init__.
-    cdef object cmd = _alloc(_RDATA)  # every slot empty: filled without releasing anything
+    cmd = _rdata_untracked(stream, instance, token, row)
+    _track_new(cmd)
+    return cmd
+
+
+cdef inline object _rdata_untracked(object stream, object instance, object token, object row):
+    # _rdata, left out of the collector's lists (see StreamEmitter._just_added).
+    cdef object cmd = _alloc_untracked(_RDATA)  # every slot empty: filled without releasing anything
     _put(cmd, R_STREAM, stream)
     _put(cmd, R_INSTANCE, instance)
     _put(cmd, R_TOKEN, token)
@@ -67,8 +74,7 @@ cdef inline object _rdata(object stream, object instance, object token, object r
 
 cdef inline void _track(object cmd) noexcept:
     # Back into the collector's lists (see StreamEmitter._just_added).
-    if not PyObject_GC_IsTracked(cmd):
-        PyObject_GC_Track(<PyObject*>cmd)
+    _track_new(cmd)
 
 
 cdef inline object _wire(object row):
@@ -454,13 +460,11 @@ cdef class StreamEmitter:
             return None
         self.sent = self.target
         self.rows = self.rows + 1
-        cmd = _rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))
         # Out of the collector's lists while only links' send queues hold it (publish_now and
-        # Broadcast.send_one put it back before anything else sees it): it lives until the
+        # Broadcast.send_one put it there before anything else sees it): it lives until the
         # loop turn's encode, and a writer's turn of 256 of them made every young collection
         # walk them (a third of the collector's time on the TCP path).
-        PyObject_GC_UnTrack(<PyObject*>cmd)
-        return cmd
+        return _rdata_untracked(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))
 
 
 cdef object _WINDOW_ADD = RowWindow.__dict__["add"]
@@ -707,7 +711,7 @@ cdef object _fill(_Plain plain, object seq):
     # cls(*seq) for a plain class: its generated __init__ does no more than store each value. None when
     # ``seq`` (an exact list or tuple) no longer has the class's field count once the row is allocated
     # (an allocation may run a collection, and a finalizer any code): the caller then falls back.
-    cdef object obj = _alloc(plain.cls)
+    cdef object obj = _alloc_untracked(plain.cls)
     cdef Py_ssize_t i, n
     cdef PyObject** items = _items(seq, &n)  # read after the allocation, with nothing running in between
     cdef bint atomic = True
@@ -717,19 +721,19 @@ cdef object _fill(_Plain plain, object seq):
         _put(obj, plain.offsets[i], <object>items[i])
         if atomic and _may_hold_cycles(items[i]):
             atomic = False
-    if atomic and PyObject_GC_IsTracked(obj):
-        # Frozen and holding no container: it cannot be part of a cycle, so the collector need not track it.
-        PyObject_GC_UnTrack(<PyObject*>obj)
+    if not atomic:
+        # Tracked only when holding a container: frozen and holding none, it cannot be part of a cycle.
+        _track_new(obj)
     return obj
 
 
 cdef object _fill_pair(_Plain plain, object kind, object inner):
     # cls(kind, inner) for an events-style class; untracked when ``inner`` is a row left untracked here.
-    cdef object obj = _alloc(plain.cls)
+    cdef object obj = _alloc_untracked(plain.cls)
     _put(obj, plain.offsets[0], kind)
     _put(obj, plain.offsets[1], inner)
-    if not PyObject_GC_IsTracked(inner) and not _may_hold_cycles(<PyObject*>kind) and PyObject_GC_IsTracked(obj):
-        PyObject_GC_UnTrack(<PyObject*>obj)
+    if PyObject_GC_IsTracked(inner) or _may_hold_cycles(<PyObject*>kind):
+        _track_new(obj)
     return obj
 
 
@@ -740,7 +744,7 @@ cdef object _fill_taking(_Plain plain, PyObject** items, Py_ssize_t n):
     cdef Py_ssize_t i
     cdef bint atomic = True
     try:
-        obj = _alloc(plain.cls)
+        obj = _alloc_untracked(plain.cls)
     except BaseException:
         _release(items, n)
         raise
@@ -748,8 +752,8 @@ cdef object _fill_taking(_Plain plain, PyObject** items, Py_ssize_t n):
         (<PyObject**>((<char*><PyObject*>obj) + plain.offsets[i]))[0] = items[i]  # the reference moves in
         if atomic and _may_hold_cycles(items[i]):
             atomic = False
-    if atomic and PyObject_GC_IsTracked(obj):
-        PyObject_GC_UnTrack(<PyObject*>obj)  # as _fill: frozen and holding no container
+    if not atomic:
+        _track_new(obj)  # as _fill: tracked only when holding a container
     return obj
 
 
