@@ -4,7 +4,6 @@
 # It uses the names _wire_c.pyx cimports and the slot helpers of _slots.pxi.
 
 cimport cython
-from libc.string cimport memset
 from factstream._json_scan cimport _first_flagged16, _string_special16
 
 # ------------------------------------------------------------------ encoding
@@ -71,17 +70,24 @@ cdef const char* _HEX = b"0123456789abcdef"
 cdef inline Py_ssize_t _plain_ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil:
     # How many leading bytes of an ASCII string need no escape (``n``: none
     # does). Sixteen at a time with SSE2, the last sixteen re-read so that no
-    # byte past the string is loaded, a short string through a padded copy.
+    # byte past the string is loaded; under sixteen, two overlapping words or bytes.
     cdef Py_ssize_t i = 0
     cdef unsigned int m
-    cdef unsigned char pad[16]
     cdef uint64_t mask
+    if n < 16:
+        # Short strings (a row's kinds and types): two overlapping eight-byte words, or a byte loop.
+        if n >= 8:
+            mask = _string_special8(_load8(p))
+            if mask:
+                return _first_flagged(mask)
+            mask = _string_special8(_load8(p + n - 8))
+            if mask:
+                return n - 8 + _first_flagged(mask)
+            return n
+        while i < n and 0x20 <= p[i] < 0x7f and p[i] != C_QUOTE and p[i] != C_BACKSLASH:
+            i += 1
+        return i
     if _HAVE_SSE2:
-        if n < 16:
-            memset(pad, 97, 16)
-            memcpy(pad, p, n)
-            m = _string_special16(pad)
-            return _first_flagged16(m) if m else n
         while i + 16 <= n:
             m = _string_special16(p + i)
             if m:
