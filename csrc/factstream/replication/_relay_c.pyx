@@ -422,7 +422,7 @@ cdef class StreamEmitter:
         sync_get = self.sync_get
         if sync_get is None:
             raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
-        while self.sent < self.target:
+        while self.sent is not self.target and self.sent < self.target:  # the same token object: done
             cmd = self._just_added()
             if cmd is not None:
                 # One command: a Broadcast appends it to each link's queue without a list of its own.
@@ -454,9 +454,10 @@ cdef class StreamEmitter:
         if n == 0:
             return None
         last = <object>PyList_GET_ITEM(log.tokens, n - 1)
-        if not (last == self.target and last > self.sent):
+        if not ((last is self.target or last == self.target) and last > self.sent):  # (is: the writer's own token)
             return None
-        if n > 1 and not (<object>PyList_GET_ITEM(log.tokens, n - 2) <= self.sent):
+        prev = <object>PyList_GET_ITEM(log.tokens, n - 2) if n > 1 else None
+        if n > 1 and prev is not self.sent and not (prev <= self.sent):
             return None
         self.sent = self.target
         self.rows = self.rows + 1
@@ -497,7 +498,7 @@ cdef class Router:
     cdef int _notify(self, object stream_name, object instance_name, object old, object new) except -1:
         cdef StreamEmitter st
         em = self.streams.get(stream_name)
-        if em is None or instance_name != self.instance:
+        if em is None or (instance_name is not self.instance and instance_name != self.instance):
             return 0
         if type(em) is not StreamEmitter:
             # Not ours (a test double): go through its Python attributes.
