@@ -952,3 +952,254 @@ def test_same_source_twins_agree(cmds: list[Command]) -> None:
         return  # the caller checks the first command is a fact first
     results = [twin("replication._relay", impl).same_source(cmds) for impl in ("c", "py")]
     assert results[0] == results[1]
+
+
+# ---------------------------------------------------------------- direct paths (compiled: C bodies, slots)
+
+
+def test_row_window_capacity_changed_later_trims_at_the_new_size(relay_impl: ModuleType) -> None:
+    win = relay_impl.RowWindow(100)
+    for t in range(1, 6):
+        win.add("w", t, [t])
+    win.capacity = 2  # 5 rows > 2 * 2: the next add trims down to 2, floor at the last dropped token
+    win.add("w", 6, [6])
+    assert win.capacity == 2 and win.get_updates_now("w", 4, 6, 10) == ([(5, [5]), (6, [6])], 6, False)
+    with pytest.raises(UpdatesUnavailable, match="after 3 are no longer in memory"):
+        win.get_updates_now("w", 3, 6, 10)
+    win.capacity = 10**30  # bigger than any list: nothing is ever trimmed
+    for t in range(7, 30):
+        win.add("w", t, [t])
+    assert len(win.get_updates_now("w", 4, 29, 100)[0]) == 25
+
+
+def test_local_writer_through_a_window_and_a_router_matches_any_other_callables(relay_impl: ModuleType) -> None:
+    """A MemoryUpdateSource's add and a Publisher's notify (the compiled twin calls their C bodies) give the
+    same rows and commands as the same work done through plain callables; subclasses keep their overrides."""
+
+    def run(wrap: bool, window_cls: Any, router_cls: Any) -> tuple[list[str], list[Any]]:
+        win = window_cls(100)
+        got: list[Command] = []
+        streams = {"s": relay_impl.StreamEmitter("s", "m", win, 0, win.get_updates_now, [got.extend], 10)}
+        router = router_cls("m", streams, lambda name: None)
+        add = (lambda i, t, r: win.add(i, t, r)) if wrap else win.add
+        notify = (lambda *a: router.notify(*a)) if wrap else router.notify
+        w = relay_impl.LocalWriter("s", "m", add, [notify], [], lambda rows: -1, 0)
+        for rows in ([["a"]], [["b"], ["c"]], [], [["d"]]):
+            w.write(rows)
+        return _lines(got), win.get_updates_now("m", 0, 10, 100)[0]
+
+    class Window(relay_impl.RowWindow):  # type: ignore[misc,name-defined]
+        def add(self, instance: str, token: int, row: Any) -> None:
+            super().add(instance, token, row + ["!"])
+
+    class Quiet(relay_impl.Router):  # type: ignore[misc,name-defined]
+        def notify(self, stream: str, instance: str, old: int, new: int) -> None:
+            if new != 2:  # token 2 is never announced: its rows go out with the next move
+                super().notify(stream, instance, old, new)
+
+    plain = run(True, relay_impl.RowWindow, relay_impl.Router)
+    assert run(False, relay_impl.RowWindow, relay_impl.Router) == plain
+    assert plain[0] == ['RDATA s m 1 ["a"]', 'RDATA s m batch ["b"]', 'RDATA s m 2 ["c"]', "POSITION s m 2 3",
+                        'RDATA s m 4 ["d"]']
+    rows, kept = run(False, Window, Quiet)
+    assert rows == ['RDATA s m 1 ["a","!"]', 'RDATA s m batch ["b","!"]', 'RDATA s m 2 ["c","!"]',
+                    "POSITION s m 2 3", 'RDATA s m 4 ["d","!"]']
+    assert kept == [(1, ["a", "!"]), (2, ["b", "!"]), (2, ["c", "!"]), (4, ["d", "!"])]
+
+
+def test_broadcast_reads_send_queue_of_every_kind_of_connection(relay_impl: ModuleType) -> None:
+    """A send_queue in a slot (TcpConnection's), unset, in the instance dict, a property, or behind a
+    __getattribute__ of its own: each connection is handed the commands as getattr would see them."""
+
+    class Base:
+        def __init__(self) -> None:
+            self.calls: list[list[Any]] = []
+
+        def send_many(self, cmds: list[Command]) -> None:
+            self.calls.append([c.token for c in cmds])  # type: ignore[attr-defined]
+
+    class Slotted(Base):
+        __slots__ = ("send_queue",)
+
+    class Plain(Base):
+        send_queue: list[Command] | None = None
+
+    class Prop(Base):
+        @property
+        def send_queue(self) -> list[Command] | None:
+            return self.__dict__.get("q")
+
+    class Odd(Slotted):
+        def __getattribute__(self, name: str) -> Any:
+            if name == "send_queue":
+                return None  # never a queue: always send_many
+            return object.__getattribute__(self, name)
+
+    unset = Slotted()  # the slot never assigned: as getattr's default, None
+    a, b, c, d = Slotted(), Plain(), Prop(), Odd()
+    a.send_queue, b.send_queue, d.send_queue = [], [], []
+    c.__dict__["q"] = []
+    broadcast = relay_impl.Broadcast([a, unset, b, c, d, a])
+    broadcast([R(1, "x")])
+    wr = relay_impl.RowWindow(10)
+    em = relay_impl.StreamEmitter("s", "w", wr, 0, wr.get_updates_now, [broadcast], 10)
+    wr.add("w", 2, ["y"])
+    em.target = 2
+    em.publish_now()  # one row: Broadcast's single-command path
+    assert [x.token for x in a.send_queue] == [1, 1, 2, 2] and a.calls == []
+    assert [x.token for x in b.send_queue] == [1, 2] and [x.token for x in c.__dict__["q"]] == [1, 2]
+    assert unset.calls == [[1], [2]] and d.calls == [[1], [2]] and d.__dict__ == {"calls": [[1], [2]]}
+    a.send_queue = None
+    broadcast([R(3, "z")])
+    assert a.calls == [[3], [3]]
+
+
+def test_row_parser_in_gather_sees_a_kind_replaced_between_runs(relay_impl: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = relay_impl.RowParser(R_.EventsRow)
+    cmds = [R(1, ["custom", [1, 2]]), R(2, ["custom", [3, 4]])]
+    monkeypatch.setitem(R_.EVENT_ROW_KINDS, "custom", _Pair)
+    facts = relay_impl.gather(cmds, 0, None, [], parser)[1]
+    assert facts == [(1, [R_.EventsRow("custom", _Pair(1, 2))]), (2, [R_.EventsRow("custom", _Pair(3, 4))])]
+    monkeypatch.setitem(R_.EVENT_ROW_KINDS, "custom", _Custom)  # replaced: the next run builds the new class
+    cmds = [R(3, ["custom", [1, 2]]), R(4, ["custom", [3, 4]])]
+    facts = relay_impl.gather(cmds, 0, None, [], parser)[1]
+    assert facts == [(3, [R_.EventsRow("custom", _Custom(2, 1))]), (4, [R_.EventsRow("custom", _Custom(4, 3))])]
+
+
+def test_gather_one_row_facts_and_waiting_batches(relay_impl: ModuleType) -> None:
+    waiting = [["early"]]
+    cmds = [R(None, ["a"]), R(5, ["b"]), R(6, ["c"]), R(None, ["d"])]
+    end, facts, batch, stale = relay_impl.gather(cmds, 0, None, waiting, None)
+    assert (end, stale) == (4, 0) and facts == [(5, [["early"], ["a"], ["b"]]), (6, [["c"]])]
+    assert facts[0][1] is waiting and batch == [["d"]] and batch is not waiting  # the waiting rows became a fact
+    empty: list[Any] = []
+    end, facts, batch, _ = relay_impl.gather([R(7, ["e"]), R(8, ["f"])], 0, None, empty, None)
+    assert facts == [(7, [["e"]]), (8, [["f"]])] and batch == [] and facts[0][1] is not facts[1][1]
+
+
+_HELD_ROWS = [
+    # events-style rows: [kind, fields] of every shape the parser meets, odd ones included
+    ("events", '["ev",["$e:hs","!r:hs","m.room.message",null,null,null,null,false,false]]'),
+    ("events", '[ "ev" , [ "$e:hs" , "!r:hs" , "m.room.message" , null , "s" , "@u:hs" , null , true , false ] ]'),
+    ("events", '["ev",["$e:hs","!r:hs","m.room.message",null,null,null,null,false]]'),  # a field short
+    ("events", '["ev",["$e:hs","!r:hs","m.room.message",null,null,null,null,false,false,"x"]]'),  # one too many
+    ("events", '["state-all",["!r:hs"]]'),
+    ("events", '["custom",[1,{"a":[2]}]]'),  # a kind with a from_wire of its own
+    ("events", '["nope",[1]]'),  # an unknown kind
+    ("events", '[7,["$e:hs"]]'),  # a kind that is not a str
+    ("events", '["ev",{"a":1}]'),  # fields that are not an array
+    ("events", '["ev",[]]'),
+    ("events", '["ev"]'),
+    ("events", '["ev",[1],2]'),
+    ("events", "[]"),
+    ("events", '{"ev":[1]}'),
+    ("events", '"ev"'),
+    ("events", '["ev",[' + ",".join(["1"] * 40) + "]]"),  # more fields than any class has
+    # plain rows: the class's field count, fewer, more, containers inside
+    ("caches", '["get_user",["@u:hs"],1700000000000]'),
+    ("caches", '["get_user",null,1]'),
+    ("caches", '["get_user",["@u:hs"]]'),
+    ("caches", '["get_user",["@u:hs"],1,2]'),
+    ("caches", '{"cache_func":"x"}'),
+    ("to_device", '["@a:hs"]'),
+    ("to_device", '["@a:hs","extra"]'),
+    ("to_device", "[]"),
+]
+
+
+@pytest.mark.parametrize("stream", sorted({s for s, _ in _HELD_ROWS}))
+def test_gather_builds_typed_rows_from_held_bytes_as_from_decoded_rows(
+    relay_impl: ModuleType, wire_impl: ModuleType, stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows the codec holds as bytes (the compiled twin fills the row class from the JSON array's values)
+    come out as the parser makes them of the decoded rows, malformed shapes through the same fallback."""
+    import json
+
+    monkeypatch.setitem(R_.EVENT_ROW_KINDS, "custom", _Custom)
+    cls = {"events": R_.EventsRow, "caches": R_.CachesRow, "to_device": R_.ToDeviceRow}[stream]
+    texts = [t for s, t in _HELD_ROWS if s == stream]
+    data = b"".join(f"RDATA {stream} m {i + 1} {t}\n".encode() for i, t in enumerate(texts))
+    cmds = wire_impl.LineDecoder().feed(data)
+    parser = relay_impl.RowParser(cls, lambda row: ("untyped", row))
+    reference = twin("replication._relay", "py").RowParser(cls, lambda row: ("untyped", row))
+    facts = relay_impl.gather(cmds, 0, None, [], parser)[1]
+    assert facts == [(i + 1, [reference(json.loads(t))]) for i, t in enumerate(texts)]
+    assert [type(rows[0]) for _, rows in facts] == [type(reference(json.loads(t))) for t in texts]
+    assert wire_impl.encode_lines(cmds) == wire_impl.encode_lines(wire_impl.LineDecoder().feed(data))  # as received
+
+
+def test_commands_and_their_subclasses_free_what_they_hold(relay_impl: ModuleType) -> None:
+    """Importing the compiled relay gives RdataCommand and PositionCommand a deallocator of their own: every
+    slot's value is released, in a subclass too (with a __dict__, a __weakref__, slots of its own), and a
+    cycle through a command is still collected."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    class Sub(RdataCommand):
+        pass
+
+    class Slotted(RdataCommand):
+        __slots__ = ("extra",)
+
+    assert relay_impl.RowWindow is not None  # the twin is imported (the compiled one installs the deallocator)
+    makers = [
+        lambda v: RdataCommand("s", "w", 1, v),
+        lambda v: PositionCommand("s", "w", 1, v),
+        lambda v: Slotted("s", "w", 1, v),
+    ]
+    for make in makers:
+        held = Held()
+        gone = weakref.ref(held)
+        cmd = make(held)
+        del held
+        assert gone() is not None
+        del cmd
+        assert gone() is None
+    held = Held()
+    gone = weakref.ref(held)
+    sub = Sub("s", "w", 1, [held])
+    sub.note = held  # type: ignore[attr-defined]  # in its __dict__
+    seen: list[int] = []
+    ref = weakref.ref(sub, lambda _r: seen.append(1))
+    del held, sub
+    assert gone() is None and seen == [1] and ref() is None
+    cyc = Slotted("s", "w", 1, None)
+    cyc.extra = [cyc]
+    probe = Held()
+    cyc.token = probe  # type: ignore[assignment]
+    gone = weakref.ref(probe)
+    del probe, cyc
+    gc.collect()
+    assert gone() is None
+
+
+def test_rows_a_parser_builds_free_what_they_hold(relay_impl: ModuleType) -> None:
+    """A RowParser's row classes get the commands' deallocator (compiled twin): rows it builds, rows made
+    by hand and rows of a subclass release every value."""
+    import weakref
+
+    class Held:
+        pass
+
+    class Sub(R_.CachesRow):
+        pass
+
+    relay_impl.RowParser(R_.EventsRow)
+    relay_impl.RowParser(R_.CachesRow)
+    parser = relay_impl.RowParser(R_.CachesRow)
+    for make in (
+        lambda v: parser(["f", [v], 1]),
+        lambda v: R_.CachesRow("f", [v], 1),
+        lambda v: Sub("f", [v], 1),
+        lambda v: R_.EventsRow("ev", v),
+    ):
+        held = Held()
+        gone = weakref.ref(held)
+        row = make(held)
+        del held
+        assert gone() is not None
+        del row
+        assert gone() is None

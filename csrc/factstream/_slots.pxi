@@ -33,6 +33,39 @@ cdef inline object _alloc(object cls):
     return obj
 
 
+cdef extern from *:
+    r"""
+    /* A fresh instance of the slot class t, every field NULL, not yet tracked by the cycle collector
+       (the caller tracks it once it holds something a cycle could run through, or never): no
+       track-then-untrack for the many that hold only strings and numbers. A class whose instances are not
+       collected at all, or that has variable-size instances, gets PyType_GenericAlloc's. */
+    static PyObject *fs_alloc_untracked(PyTypeObject *t) {
+        PyObject *o;
+        if (!PyType_IS_GC(t) || t->tp_itemsize != 0)
+            return PyType_GenericAlloc(t, 0);
+        o = _PyObject_GC_New(t);
+        if (o != NULL)
+            memset((char *)o + sizeof(PyObject), 0, (size_t)(t->tp_basicsize - (Py_ssize_t)sizeof(PyObject)));
+        return o;
+    }
+    """
+    PyObject* fs_alloc_untracked(_SlotTypeObject* t) except NULL
+
+
+cdef inline object _alloc_untracked(object cls):
+    """``_alloc`` without the collector tracking the instance yet (see ``_track_new``)."""
+    cdef PyObject* o = fs_alloc_untracked(<_SlotTypeObject*>cls)
+    cdef object obj = <object>o
+    Py_DECREF(obj)  # <object> took a reference of its own
+    return obj
+
+
+cdef inline void _track_new(object obj) noexcept:
+    # Put an instance from _alloc_untracked in the collector's lists (a collected class only).
+    if PyObject_IS_GC(<PyObject*>obj) and not PyObject_GC_IsTracked(obj):
+        PyObject_GC_Track(<PyObject*>obj)
+
+
 cdef inline void _put(object obj, Py_ssize_t offset, object value) noexcept:
     # The slot is empty (fresh allocation); it takes its own reference.
     Py_INCREF(value)

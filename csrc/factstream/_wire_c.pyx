@@ -984,3 +984,6 @@ cdef class LineDecoder:
         else:
             self._keep(p + start, n - start)
         return out
+
+
+include "_wire_rows.pxi"

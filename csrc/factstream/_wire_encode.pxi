@@ -3,11 +3,12 @@
 # separators and escapes; ``encode`` and ``encode_lines``.
 # It uses the names _wire_c.pyx cimports and the slot helpers of _slots.pxi.
 
-from libc.string cimport memset
+cimport cython
 from factstream._json_scan cimport _first_flagged16, _string_special16
 
 # ------------------------------------------------------------------ encoding
 
+@cython.final  # its methods called directly (no vtable), so the C compiler inlines them
 cdef class _Out:
     """A growable byte buffer."""
 
@@ -51,12 +52,16 @@ cdef class _Out:
         self.len += 1
         return 0
 
+    cdef inline int word4(self, const char* data) except -1:
+        # Four bytes (``null``, ``true``): a fixed-size copy the compiler turns into one store.
+        if self.len + 4 > self.cap:
+            self.reserve(4)
+        memcpy(self.buf + self.len, data, 4)
+        self.len += 4
+        return 0
+
     cdef bytes take(self):
         return PyBytes_FromStringAndSize(self.buf, self.len)
-
-
-class _Fallback(Exception):
-    """Raised inside the fast encoder for anything only the stdlib encoder handles exactly."""
 
 
 cdef const char* _HEX = b"0123456789abcdef"
@@ -65,17 +70,24 @@ cdef const char* _HEX = b"0123456789abcdef"
 cdef inline Py_ssize_t _plain_ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil:
     # How many leading bytes of an ASCII string need no escape (``n``: none
     # does). Sixteen at a time with SSE2, the last sixteen re-read so that no
-    # byte past the string is loaded, a short string through a padded copy.
+    # byte past the string is loaded; under sixteen, two overlapping words or bytes.
     cdef Py_ssize_t i = 0
     cdef unsigned int m
-    cdef unsigned char pad[16]
     cdef uint64_t mask
+    if n < 16:
+        # Short strings (a row's kinds and types): two overlapping eight-byte words, or a byte loop.
+        if n >= 8:
+            mask = _string_special8(_load8(p))
+            if mask:
+                return _first_flagged(mask)
+            mask = _string_special8(_load8(p + n - 8))
+            if mask:
+                return n - 8 + _first_flagged(mask)
+            return n
+        while i < n and 0x20 <= p[i] < 0x7f and p[i] != C_QUOTE and p[i] != C_BACKSLASH:
+            i += 1
+        return i
     if _HAVE_SSE2:
-        if n < 16:
-            memset(pad, 97, 16)
-            memcpy(pad, p, n)
-            m = _string_special16(pad)
-            return _first_flagged16(m) if m else n
         while i + 16 <= n:
             m = _string_special16(p + i)
             if m:
@@ -190,15 +202,19 @@ cdef int _enc_char(_Out out, unsigned int c) except -1:
 cdef int _enc_int(_Out out, object o) except -1:
     cdef int overflow = 0
     cdef long long v = PyLong_AsLongLongAndOverflow(o, &overflow)
-    cdef char digits[24]
-    cdef int i = 24
-    cdef unsigned long long u
     cdef bytes text
     if overflow:
         text = int.__repr__(o).encode("ascii")
         out.write(PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
         return 0
-    u = <unsigned long long>(-v) if v < 0 else <unsigned long long>v
+    return _enc_ll(out, v)
+
+
+cdef inline int _enc_ll(_Out out, long long v) except -1:
+    cdef char digits[24]
+    cdef int i = 24
+    cdef unsigned long long u
+    u = (0ULL - <unsigned long long>v) if v < 0 else <unsigned long long>v
     while True:
         i -= 1
         digits[i] = <char>(48 + u % 10)
@@ -212,90 +228,121 @@ cdef int _enc_int(_Out out, object o) except -1:
     return 0
 
 
+cdef enum:
+    ENC_FALLBACK = -2  # _enc_value: a value only the stdlib encoder handles exactly (nothing raised)
+
+
+cdef inline int _enc_leaf(_Out out, object o) except -1:
+    # Writes ``o`` and returns 1 when it is a str, None, a bool or an exact int (a row's usual values,
+    # written without a call of their own); 0, nothing written, for anything else.
+    if type(o) is str:
+        _enc_str(out, <str>o)
+        return 1
+    if o is None:
+        out.word4(b"null")
+        return 1
+    if o is False:
+        out.write(b"false", 5)
+        return 1
+    if o is True:
+        out.word4(b"true")
+        return 1
+    if type(o) is int:
+        _enc_int(out, o)
+        return 1
+    return 0
+
+
 cdef int _enc_value(_Out out, object o, int depth) except -1:
+    # 0 when written; ENC_FALLBACK (the caller rewinds) for what only the stdlib encodes exactly: deep or
+    # cyclic containers, non-str keys, floats out of range, other types. No exception for that: the usual
+    # row costs no try block.
     cdef Py_ssize_t i, n, pos
     cdef PyObject* kp
     cdef PyObject* vp
     cdef bint first
     cdef bytes text
     cdef double d
-    t = type(o)
-    if t is str:
-        return _enc_str(out, <str>o)
-    if o is None:
-        out.write(b"null", 4)
+    if _enc_leaf(out, o):
         return 0
-    if o is True:
-        out.write(b"true", 4)
-        return 0
-    if o is False:
-        out.write(b"false", 5)
-        return 0
-    if t is int:
-        return _enc_int(out, o)
     if depth >= MAX_DEPTH:
-        raise _Fallback()  # deep or cyclic: let the stdlib decide
-    if t is list:
+        return ENC_FALLBACK  # deep or cyclic: let the stdlib decide
+    if type(o) is list:
         n = PyList_GET_SIZE(o)
         out.byte(91)
         for i in range(n):
             if i:
                 out.byte(44)
-            _enc_value(out, <object>PyList_GET_ITEM(o, i), depth + 1)
+            item = <object>PyList_GET_ITEM(o, i)
+            if not _enc_leaf(out, item) and _enc_value(out, item, depth + 1) == ENC_FALLBACK:
+                return ENC_FALLBACK
         out.byte(93)
         return 0
-    if t is tuple:
+    if type(o) is tuple:
         n = PyTuple_GET_SIZE(o)
         out.byte(91)
         for i in range(n):
             if i:
                 out.byte(44)
-            _enc_value(out, <object>PyTuple_GET_ITEM(o, i), depth + 1)
+            item = <object>PyTuple_GET_ITEM(o, i)
+            if not _enc_leaf(out, item) and _enc_value(out, item, depth + 1) == ENC_FALLBACK:
+                return ENC_FALLBACK
         out.byte(93)
         return 0
-    if t is dict:
+    if type(o) is dict:
         out.byte(123)
         pos = 0
         first = True
         while PyDict_Next(o, &pos, &kp, &vp):
             if type(<object>kp) is not str:
-                raise _Fallback()
+                return ENC_FALLBACK
             if not first:
                 out.byte(44)
             first = False
             _enc_str(out, <str><object>kp)
             out.byte(58)
-            _enc_value(out, <object>vp, depth + 1)
+            if _enc_value(out, <object>vp, depth + 1) == ENC_FALLBACK:
+                return ENC_FALLBACK
         out.byte(125)
         return 0
-    if t is float:
+    if type(o) is float:
         d = o
         if not isfinite(d):
-            raise _Fallback()  # refused; the stdlib gives the error
+            return ENC_FALLBACK  # refused; the stdlib gives the error
         text = float.__repr__(o).encode("ascii")
         out.write(PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
         return 0
-    raise _Fallback()
+    return ENC_FALLBACK
 
 
 cdef int _enc_json(_Out out, object value, str what, str cmd) except -1:
     cdef Py_ssize_t mark = out.len
+    if _enc_value(out, value, 0) != ENC_FALLBACK:
+        return 0
+    out.len = mark
     try:
-        _enc_value(out, value, 0)
-    except _Fallback:
-        out.len = mark
-        try:
-            text = _dumps(value)
-        except (ValueError, TypeError, RecursionError) as err:
-            raise ProtocolError(f"cannot encode {cmd}: {what} is not JSON Synapse can carry ({err})") from None
-        data = (<str>text).encode("ascii")
-        out.write(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+        text = _dumps(value)
+    except (ValueError, TypeError, RecursionError) as err:
+        raise ProtocolError(f"cannot encode {cmd}: {what} is not JSON Synapse can carry ({err})") from None
+    data = (<str>text).encode("ascii")
+    out.write(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
     return 0
+
+
+# The last words (stream and instance names) written: each str once checked, then copied (a reference is
+# held, so an identical pointer is the same immutable str).
+cdef object _word_a = None
+cdef object _word_b = None
 
 
 cdef int _enc_word(_Out out, object value, str what, str cmd) except -1:
     cdef Py_ssize_t n, i
     cdef const char* s
+    global _word_a, _word_b
+    if (value is _word_a or value is _word_b) and value is not None:
+        n = PyUnicode_GET_LENGTH(value)  # ASCII (only such words are kept): its bytes are its text
+        out.write(<const char*>PyUnicode_DATA(value), n)
+        return 0
     if type(value) is not str:
         if not isinstance(value, str):
             raise ProtocolError(f"cannot encode {cmd}: {what} must be str, not {type(value).__name__}")
@@ -306,18 +353,22 @@ cdef int _enc_word(_Out out, object value, str what, str cmd) except -1:
     if n == 0 or memchr(s, 32, n) != NULL or memchr(s, 10, n) != NULL:
         raise ProtocolError(f"cannot encode {cmd}: {what} must be non-empty with no spaces or newlines", value)
     out.write(s, n)
+    if type(value) is str and PyUnicode_IS_ASCII(value):
+        _word_b = _word_a
+        _word_a = value
     return 0
 
 
 cdef int _enc_token(_Out out, object value, str what, str cmd) except -1:
     cdef int overflow = 0
+    cdef long long v
     if type(value) is not int:
         if type(value) is bool or not isinstance(value, int):
             raise ProtocolError(f"cannot encode {cmd}: {what} must be int, not {type(value).__name__}")
-    PyLong_AsLongLongAndOverflow(value, &overflow)
+    v = PyLong_AsLongLongAndOverflow(value, &overflow)
     if overflow:
         raise ProtocolError(f"cannot encode {cmd}: {what} {value} does not fit in 64 bits")
-    return _enc_int(out, value)
+    return _enc_ll(out, v)
 
 
 cdef inline object _slot_or_attr(object cmd, Py_ssize_t offset, str name):

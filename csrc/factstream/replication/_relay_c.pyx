@@ -8,14 +8,17 @@ slot offsets, as the compiled codec does.
 """
 
 cimport cython
-from cpython.object cimport PyObject, PyTypeObject, PyObject_GenericSetAttr
+from cpython.object cimport PyObject, PyTypeObject, PyObject_GenericSetAttr, Py_TYPE
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from cpython.list cimport PyList_GET_SIZE, PyList_GET_ITEM
 from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_GetItemWithError
+from cpython.method cimport PyMethod_Check, PyMethod_GET_FUNCTION, PyMethod_GET_SELF
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
-from factstream._wire_c cimport decode_row
+from factstream._wire_c cimport decode_row, decode_row_items
+from cpython.list cimport PyList_New, PyList_SET_ITEM
 
 from bisect import bisect_right
 
@@ -51,27 +54,46 @@ cdef inline void _set(object obj, Py_ssize_t offset, object value) noexcept:
 
 cdef inline object _rdata(object stream, object instance, object token, object row):
     # RdataCommand(stream, instance, token, row) without running __init__.
-    cdef object cmd = _alloc(_RDATA)
-    _set(cmd, R_STREAM, stream)
-    _set(cmd, R_INSTANCE, instance)
-    _set(cmd, R_TOKEN, token)
-    _set(cmd, R_ROW, row)
-    _set(cmd, R_RAW, None)
-    _set(cmd, R_CANONICAL, False)
-    _set(cmd, R_LOADS, None)
+    cmd = _rdata_untracked(stream, instance, token, row)
+    _track_new(cmd)
+    return cmd
+
+
+cdef inline object _rdata_untracked(object stream, object instance, object token, object row):
+    # _rdata, left out of the collector's lists (see StreamEmitter._just_added).
+    cdef object cmd = _alloc_untracked(_RDATA)  # every slot empty: filled without releasing anything
+    _put(cmd, R_STREAM, stream)
+    _put(cmd, R_INSTANCE, instance)
+    _put(cmd, R_TOKEN, token)
+    _put(cmd, R_ROW, row)
+    _put(cmd, R_RAW, None)
+    _put(cmd, R_CANONICAL, False)
+    _put(cmd, R_LOADS, None)
     return cmd
 
 
 cdef inline void _track(object cmd) noexcept:
     # Back into the collector's lists (see StreamEmitter._just_added).
-    if not PyObject_GC_IsTracked(cmd):
-        PyObject_GC_Track(<PyObject*>cmd)
+    _track_new(cmd)
 
 
 cdef inline object _wire(object row):
+    if type(row) is list or type(row) is tuple:
+        return row  # what a writer usually hands in: no isinstance walk per row
     if isinstance(row, _ROW):
         return row.to_wire()
     return row
+
+
+cdef inline PyObject* _bound_to(object bound, object func, object cls) noexcept:
+    # The instance of exactly ``cls`` that ``bound`` is ``func`` bound to (borrowed), else NULL: such a call
+    # goes to the method's C body without a Python call (a subclass or any other callable is called).
+    cdef PyObject* owner
+    if PyMethod_Check(bound) and PyMethod_GET_FUNCTION(bound) == <PyObject*>func:
+        owner = PyMethod_GET_SELF(bound)
+        if <PyObject*>Py_TYPE(<object>owner) == <PyObject*>cls:
+            return owner
+    return NULL
 
 
 cdef inline object _row_of(object cmd):
@@ -112,6 +134,23 @@ cdef inline object _peek_row(object cmd):
     return _row_of(cmd)
 
 
+cdef inline object _parse_typed(RowParser parser, object cmd):
+    # parser.parse(_peek_row(cmd)); held bytes go to the row class without being decoded into lists first.
+    cdef PyObject* raw
+    cdef PyObject* loads
+    if _get(cmd, R_ROW) == <PyObject*>_UNSET:
+        raw = _get(cmd, R_RAW)
+        loads = _get(cmd, R_LOADS)
+        if raw != NULL and loads != NULL and raw != <PyObject*>None and loads != <PyObject*>None:
+            decode = <object>loads  # held: what follows may run code
+            data = <object>raw
+            row = parser.parse_held(decode, data)
+            if row is not _NOT_HELD:
+                return row
+            return parser.parse(decode_row(decode, data))
+    return parser.parse(_peek_row(cmd))
+
+
 cdef class _Log:
     # One instance's rows, sorted by token; floor is None until rows were forgotten.
     cdef list tokens
@@ -127,7 +166,9 @@ cdef class _Log:
 cdef class RowWindow:
     """The recent rows of one in-memory stream, per writer instance (see ``_relay_py.RowWindow``)."""
 
-    cdef public object capacity
+    cdef object _capacity
+    # Twice the capacity when it is an int that fits: add compares a log's length with it in C.
+    cdef Py_ssize_t _most
     cdef dict _logs
     # The instance asked last and its log: a writer asks for itself every time.
     cdef object _last_name
@@ -138,6 +179,18 @@ cdef class RowWindow:
         self._logs = {}
         self._last_name = None
         self._last = None
+
+    @property
+    def capacity(self):
+        """Rows kept per writer instance (up to twice as many before the oldest are forgotten)."""
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, value):
+        self._capacity = value
+        self._most = -1
+        if type(value) is int and 0 <= value <= (PY_SSIZE_T_MAX // 2):
+            self._most = 2 * <Py_ssize_t>value
 
     cdef _Log _find(self, object name, bint create):
         cdef _Log log
@@ -153,15 +206,18 @@ cdef class RowWindow:
         self._last = log
         return log
 
-    @cython.boundscheck(False)  # list indices below are kept in range by the loop conditions
-    @cython.wraparound(False)
     def add(self, instance_name, token, row):
         """Record ``row`` written by ``instance_name`` at ``token`` (before the token completes)."""
+        self._add(instance_name, token, row)
+
+    @cython.boundscheck(False)  # list indices below are kept in range by the loop conditions
+    @cython.wraparound(False)
+    cdef int _add(self, object instance_name, object token, object row) except -1:
         cdef _Log log = self._find(instance_name, True)
         cdef list tokens = log.tokens
         cdef list rows = log.rows
         cdef Py_ssize_t n = PyList_GET_SIZE(tokens)
-        cdef Py_ssize_t i, cut
+        cdef Py_ssize_t i
         if n and token < <object>PyList_GET_ITEM(tokens, n - 1):
             i = bisect_right(tokens, token)
             tokens.insert(i, token)
@@ -170,13 +226,23 @@ cdef class RowWindow:
             tokens.append(token)
             rows.append(row)
         n = PyList_GET_SIZE(tokens)
-        if n > self.capacity * 2:
-            cut = n - self.capacity
-            while cut < n and tokens[cut] == tokens[cut - 1]:
-                cut += 1
-            log.floor = tokens[cut - 1]
-            del tokens[:cut]
-            del rows[:cut]
+        if self._most >= 0:
+            if n > self._most:
+                self._forget(log, n)
+        elif n > self._capacity * 2:
+            self._forget(log, n)
+        return 0
+
+    cdef int _forget(self, _Log log, Py_ssize_t n) except -1:
+        # Drop the oldest rows down to capacity, never splitting a token; the last dropped token is the floor.
+        cdef list tokens = log.tokens
+        cdef Py_ssize_t cut = n - self._capacity
+        while cut < n and tokens[cut] == tokens[cut - 1]:
+            cut += 1
+        log.floor = tokens[cut - 1]
+        del tokens[:cut]
+        del log.rows[:cut]
+        return 0
 
     def get_updates_now(self, instance_name, from_token, upto_token, limit):
         """Rows of ``instance_name`` in ``(from_token, upto_token]``, paged by ``limit``."""
@@ -231,16 +297,26 @@ cdef class LocalWriter:
 
     def write(self, rows):
         """Write ``rows`` at the next token and complete it; returns the token."""
+        cdef PyObject* window
+        cdef PyObject* router
         if PyList_GET_SIZE(self.pending):
             return self.fallback(rows)
         token = self.next = self.next + 1
         add, inst = self.add, self.instance
+        window = _bound_to(add, _WINDOW_ADD, RowWindow)  # a MemoryUpdateSource's add: its C body directly
         for row in rows:
-            add(inst, token, row)
+            if window != NULL:
+                (<RowWindow>window)._add(inst, token, row)
+            else:
+                add(inst, token, row)
         old = self.position
         self.position = token
         for cb in self.listeners:
-            cb(self.name, inst, old, token)
+            router = _bound_to(cb, _ROUTER_NOTIFY, Router)  # a Publisher's notify: its C body directly
+            if router != NULL:
+                (<Router>router)._notify(self.name, inst, old, token)
+            else:
+                cb(self.name, inst, old, token)
         return token
 
     def write_many(self, facts):
@@ -274,7 +350,7 @@ cdef class StreamEmitter:
     cdef public object source
     cdef public object sent
     cdef public object target
-    cdef public object rows
+    cdef public long long rows  # a C counter: no int object made per row published
     cdef public object sync_get
     cdef public list sinks
     cdef public object page_limit
@@ -338,11 +414,15 @@ cdef class StreamEmitter:
 
     cpdef publish_now(self):
         """Publish ``(sent, target]`` from the synchronous source into every sink, in pages."""
+        self._publish()
+
+    cdef int _publish(self) except -1:
+        # publish_now's body: the Router of an exact StreamEmitter calls it without the cpdef dispatch.
         cdef list cmds
         sync_get = self.sync_get
         if sync_get is None:
             raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
-        while self.sent < self.target:
+        while self.sent is not self.target and self.sent < self.target:  # the same token object: done
             cmd = self._just_added()
             if cmd is not None:
                 # One command: a Broadcast appends it to each link's queue without a list of its own.
@@ -358,6 +438,7 @@ cdef class StreamEmitter:
             if cmds:
                 for sink in self.sinks:
                     sink(cmds)
+        return 0
 
     cdef object _just_added(self):
         # The writer's hot path, read from the window itself: the one row just added completes ``target``.
@@ -373,19 +454,21 @@ cdef class StreamEmitter:
         if n == 0:
             return None
         last = <object>PyList_GET_ITEM(log.tokens, n - 1)
-        if not (last == self.target and last > self.sent):
+        if not ((last is self.target or last == self.target) and last > self.sent):  # (is: the writer's own token)
             return None
-        if n > 1 and not (<object>PyList_GET_ITEM(log.tokens, n - 2) <= self.sent):
+        prev = <object>PyList_GET_ITEM(log.tokens, n - 2) if n > 1 else None
+        if n > 1 and prev is not self.sent and not (prev <= self.sent):
             return None
         self.sent = self.target
         self.rows = self.rows + 1
-        cmd = _rdata(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))
         # Out of the collector's lists while only links' send queues hold it (publish_now and
-        # Broadcast.send_one put it back before anything else sees it): it lives until the
+        # Broadcast.send_one put it there before anything else sees it): it lives until the
         # loop turn's encode, and a writer's turn of 256 of them made every young collection
         # walk them (a third of the collector's time on the TCP path).
-        PyObject_GC_UnTrack(<PyObject*>cmd)
-        return cmd
+        return _rdata_untracked(self.name, self.instance, self.sent, _wire(<object>PyList_GET_ITEM(log.rows, n - 1)))
+
+
+cdef object _WINDOW_ADD = RowWindow.__dict__["add"]
 
 
 cdef RowWindow _window_of(object sync_get):
@@ -410,41 +493,71 @@ cdef class Router:
 
     def notify(self, stream_name, instance_name, old, new):
         """Id-generator listener: ``instance_name``'s position in ``stream_name`` moved to ``new``."""
+        self._notify(stream_name, instance_name, old, new)
+
+    cdef int _notify(self, object stream_name, object instance_name, object old, object new) except -1:
         cdef StreamEmitter st
         em = self.streams.get(stream_name)
-        if em is None or instance_name != self.instance:
-            return
+        if em is None or (instance_name is not self.instance and instance_name != self.instance):
+            return 0
         if type(em) is not StreamEmitter:
             # Not ours (a test double): go through its Python attributes.
             if new <= em.target:
-                return
+                return 0
             em.target = new
             if em.sync_get is not None:
                 em.publish_now()
             else:
                 self.on_async(stream_name)
-            return
+            return 0
         st = <StreamEmitter>em
         if new <= st.target:
-            return
+            return 0
         st.target = new
         if st.sync_get is not None:
-            st.publish_now()
+            st._publish()
         else:
             self.on_async(stream_name)
+        return 0
+
+
+cdef object _ROUTER_NOTIFY = Router.__dict__["notify"]
 
 
 cdef class Broadcast:
     """A publisher's sink handing each batch to every replicating connection (see ``_relay_py.Broadcast``)."""
 
     cdef public list targets
+    # The connection class seen last and the offset of its send_queue slot (-1: read it with getattr).
+    cdef object _conn_type
+    cdef Py_ssize_t _queue_at
 
     def __init__(self, list targets not None):
         self.targets = targets
+        self._conn_type = None
+        self._queue_at = -1
+
+    cdef inline object _queue(self, object conn):
+        # getattr(conn, "send_queue", None); a class with plain attribute access that keeps send_queue in a
+        # slot (TcpConnection) is read at the slot's offset, without a Python attribute lookup per command.
+        cdef PyObject* queue
+        if type(conn) is not self._conn_type:
+            self._learn(type(conn))
+        if self._queue_at >= 0:
+            queue = _get(conn, self._queue_at)
+            return <object>queue if queue != NULL else None
+        return getattr(conn, "send_queue", None)
+
+    cdef int _learn(self, object kind) except -1:
+        self._conn_type = kind
+        self._queue_at = -1
+        if kind.__getattribute__ is object.__getattribute__:
+            self._queue_at = _member_offset_or(kind, "send_queue")
+        return 0
 
     def __call__(self, cmds):
         for conn in self.targets:
-            queue = getattr(conn, "send_queue", None)
+            queue = self._queue(conn)
             if type(queue) is list:
                 (<list>queue).extend(cmds)  # what its send_many would do, without the call
             else:
@@ -453,7 +566,7 @@ cdef class Broadcast:
     cdef send_one(self, cmd):
         # self([cmd]), with the list made only for a connection without a send queue open.
         for conn in self.targets:
-            queue = getattr(conn, "send_queue", None)
+            queue = self._queue(conn)
             if type(queue) is list:
                 (<list>queue).append(cmd)  # encoded at the end of the loop turn, then dropped
             else:
@@ -586,6 +699,7 @@ cdef _Plain _plain(object cls):
         raise MemoryError()
     for i in range(n):
         plain.offsets[i] = _member_offset(cls, names[i])
+    _fast_dealloc(cls)  # its rows, one or two per fact on a reader, freed without the generic walk
     return plain
 
 
@@ -598,7 +712,7 @@ cdef object _fill(_Plain plain, object seq):
     # cls(*seq) for a plain class: its generated __init__ does no more than store each value. None when
     # ``seq`` (an exact list or tuple) no longer has the class's field count once the row is allocated
     # (an allocation may run a collection, and a finalizer any code): the caller then falls back.
-    cdef object obj = _alloc(plain.cls)
+    cdef object obj = _alloc_untracked(plain.cls)
     cdef Py_ssize_t i, n
     cdef PyObject** items = _items(seq, &n)  # read after the allocation, with nothing running in between
     cdef bint atomic = True
@@ -608,20 +722,68 @@ cdef object _fill(_Plain plain, object seq):
         _put(obj, plain.offsets[i], <object>items[i])
         if atomic and _may_hold_cycles(items[i]):
             atomic = False
-    if atomic and PyObject_GC_IsTracked(obj):
-        # Frozen and holding no container: it cannot be part of a cycle, so the collector need not track it.
-        PyObject_GC_UnTrack(<PyObject*>obj)
+    if not atomic:
+        # Tracked only when holding a container: frozen and holding none, it cannot be part of a cycle.
+        _track_new(obj)
     return obj
 
 
 cdef object _fill_pair(_Plain plain, object kind, object inner):
     # cls(kind, inner) for an events-style class; untracked when ``inner`` is a row left untracked here.
-    cdef object obj = _alloc(plain.cls)
+    cdef object obj = _alloc_untracked(plain.cls)
     _put(obj, plain.offsets[0], kind)
     _put(obj, plain.offsets[1], inner)
-    if not PyObject_GC_IsTracked(inner) and not _may_hold_cycles(<PyObject*>kind) and PyObject_GC_IsTracked(obj):
-        PyObject_GC_UnTrack(<PyObject*>obj)
+    if PyObject_GC_IsTracked(inner) or _may_hold_cycles(<PyObject*>kind):
+        _track_new(obj)
     return obj
+
+
+cdef object _fill_taking(_Plain plain, PyObject** items, Py_ssize_t n):
+    # cls(*items) for a plain class of n fields from a C array of new references, which it takes (all of
+    # them released if the allocation fails): _fill without a list to read them from.
+    cdef object obj
+    cdef Py_ssize_t i
+    cdef bint atomic = True
+    try:
+        obj = _alloc_untracked(plain.cls)
+    except BaseException:
+        _release(items, n)
+        raise
+    for i in range(n):
+        (<PyObject**>((<char*><PyObject*>obj) + plain.offsets[i]))[0] = items[i]  # the reference moves in
+        if atomic and _may_hold_cycles(items[i]):
+            atomic = False
+    if not atomic:
+        _track_new(obj)  # as _fill: tracked only when holding a container
+    return obj
+
+
+cdef inline void _release(PyObject** items, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        Py_XDECREF(items[i])
+
+
+cdef object _list_taking(PyObject** items, Py_ssize_t n):
+    # A list of n new references from a C array, which it takes (released if the list cannot be made).
+    cdef PyObject* out
+    cdef Py_ssize_t i
+    try:
+        value = PyList_New(n)
+    except BaseException:
+        _release(items, n)
+        raise
+    out = <PyObject*>value
+    for i in range(n):
+        PyList_SET_ITEM(<list>out, i, <object>items[i])  # steals: the reference moves in
+    return value
+
+
+cdef enum:
+    HELD_ITEMS = 32  # fields of a row class built straight from held bytes (more: decoded into lists first)
+
+
+cdef object _NOT_HELD = object()  # RowParser.parse_held: not this way, decode and parse
 
 
 cdef inline PyObject** _items(object seq, Py_ssize_t* n) noexcept:
@@ -641,6 +803,10 @@ cdef class RowParser:
     cdef object _kinds
     cdef dict _subs
     cdef object _pair  # the (type, data) builder of an events-style class
+    # The kind name met last (the exact str object), its class and builder, kept only within one
+    # gather call (see forget) so a kind replaced in the live mapping is seen by the next call.
+    cdef object _last_kind
+    cdef _Plain _last_sub
 
     def __init__(self, row_type, fallback=None):
         self.row_type = row_type
@@ -658,7 +824,12 @@ cdef class RowParser:
             self._kinds = None  # not a dict: leave every row to from_wire
 
     def __call__(self, row):
+        self.forget()
         return self.parse(row)
+
+    cdef inline void forget(self) noexcept:
+        self._last_kind = None
+        self._last_sub = None
 
     cdef object parse(self, object row):
         cdef Py_ssize_t n, m
@@ -675,20 +846,74 @@ cdef class RowParser:
                 kind = <object>items[0]  # held: what follows may run code
                 data = <object>items[1]
                 if _items(data, &m) != NULL:
-                    found = PyDict_GetItem(self._kinds, kind)
-                    if found != NULL:
-                        kind_cls = <object>found
-                        sub = self._sub(kind_cls)
-                        if sub is not None and m == sub.n:
-                            inner = _fill(sub, data)
-                            if inner is not None:
-                                return _fill_pair(<_Plain>self._pair, kind, inner)
+                    if kind is self._last_kind:
+                        sub = self._last_sub  # the same name object as the row before: its kind class's builder
+                    else:
+                        found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
+                        sub = None
+                        if found != NULL:
+                            kind_cls = <object>found
+                            sub = self._sub(kind_cls)
+                            self._last_kind = kind
+                            self._last_sub = sub
+                    if sub is not None and m == sub.n:
+                        inner = _fill(sub, data)
+                        if inner is not None:
+                            return _fill_pair(<_Plain>self._pair, kind, inner)
+        self.forget()  # the fallback runs Python code: it may change the mapping
         return self.fallback(row)
 
+    cdef object parse_held(self, object loads, object raw):
+        # parse(decode_row(loads, raw)) for a codec's held bytes, the row class filled from the JSON array's
+        # values with no list made for the array (nor for the nested one of an events-style row). Another
+        # shape of the same array is handed to parse as the lists decode_row makes; _NOT_HELD when the bytes
+        # are not an array of at most the class's field count (the caller decodes them and calls parse).
+        cdef PyObject* items[HELD_ITEMS]
+        cdef PyObject* inner[HELD_ITEMS]
+        cdef Py_ssize_t k, m = 0
+        cdef _Plain plain = self._plain
+        cdef _Plain sub
+        cdef PyObject* found
+        if plain is not None:
+            if plain.n > HELD_ITEMS:
+                return _NOT_HELD
+            k = decode_row_items(loads, raw, items, plain.n, -1, NULL, 0, NULL)
+            if k < 0:
+                return _NOT_HELD
+            if k == plain.n:
+                return _fill_taking(plain, items, k)
+            return self.parse(_list_taking(items, k))  # fewer values than fields: parse decides, as before
+        if self._pair is None:
+            return _NOT_HELD
+        k = decode_row_items(loads, raw, items, 2, 1, inner, HELD_ITEMS, &m)
+        if k < 0:
+            return _NOT_HELD
+        # items[0]: the kind (a new reference), items[1] NULL, inner[:m]: the fields
+        kind = <object>items[0]
+        Py_DECREF(kind)  # the array's reference: ``kind`` holds the value now
+        if type(kind) is str:
+            if kind is self._last_kind:
+                sub = self._last_sub
+            else:
+                found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
+                sub = None
+                if found != NULL:
+                    try:
+                        sub = self._sub(<object>found)
+                    except BaseException:
+                        _release(inner, m)
+                        raise
+                    self._last_kind = kind
+                    self._last_sub = sub
+            if sub is not None and m == sub.n:
+                return _fill_pair(<_Plain>self._pair, kind, _fill_taking(sub, inner, m))
+        return self.parse([kind, _list_taking(inner, m)])  # any other shape: parse decides, as before
+
     cdef _Plain _sub(self, object kind_cls):
-        sub = self._subs.get(kind_cls, False)
-        if sub is False:
-            sub = self._subs[kind_cls] = _plain(kind_cls)
+        cdef PyObject* found = PyDict_GetItemWithError(self._subs, kind_cls)  # a class: hashed by identity
+        if found != NULL:
+            return <_Plain>found
+        sub = self._subs[kind_cls] = _plain(kind_cls)
         return <_Plain>sub
 
 
@@ -701,6 +926,7 @@ cdef _Plain _pair_of(object cls):
         raise MemoryError()
     plain.offsets[0] = _member_offset(cls, "type")
     plain.offsets[1] = _member_offset(cls, "data")
+    _fast_dealloc(cls)
     return plain
 
 
@@ -721,6 +947,8 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, li
     cdef Py_ssize_t stale = 0
     cdef bint keep_all = position is None
     cdef RowParser parser = parse if type(parse) is RowParser else None
+    if parser is not None:
+        parser.forget()
     cdef PyObject* s
     cdef PyObject* w
     cdef PyObject* t
@@ -741,19 +969,23 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, li
         if w != <PyObject*>writer and <object>w != writer:
             break
         if parser is not None:
-            row = parser.parse(_peek_row(cmd))  # no Python call per row
+            row = _parse_typed(parser, cmd)  # no Python call per row
         elif parse is not None:
             row = parse(_peek_row(cmd))
         else:
             row = _row_of(cmd)
-        batch.append(row)
         t = _get(cmd, R_TOKEN)
         token = <object>t if t != NULL else cmd.token
         i += 1
         if token is None:
+            batch.append(row)
             continue
-        rows = batch
-        batch = []
+        if PyList_GET_SIZE(batch):
+            batch.append(row)
+            rows = batch
+            batch = []
+        else:
+            rows = [row]  # the usual fact, one row: nothing waited, ``batch`` stays the empty list it is
         if keep_all:
             facts.append((token, rows))
         elif token > position:
@@ -809,3 +1041,96 @@ def tally(cmds):
     if rdata:
         counts["RDATA"] = counts.get("RDATA", 0) + rdata
     return counts
+
+
+
+# ---------------------------------------------------------------- deallocation of commands
+#
+# Every row is one RdataCommand on the writer and one on the reader, and CPython's generic deallocator
+# for a class instance (subtype_dealloc: finalizer, weakref and __dict__ checks, a walk of every class's
+# slots, the trashcan) cost more than the rest of freeing one. RdataCommand and PositionCommand have
+# object slots only, so they are freed here as that walk would free them; so are the row classes a
+# RowParser builds, when they too have object slots only.
+
+cdef extern from *:
+    r"""
+    #define FS_FAST_TYPES 64  /* the commands and the row classes RowParser builds */
+    static PyTypeObject *fs_fast_type[FS_FAST_TYPES];
+    static Py_ssize_t fs_fast_first[FS_FAST_TYPES], fs_fast_end[FS_FAST_TYPES];
+    static int fs_nfast = 0;
+
+    /* The dealloc of a registered slot-only class, and the base dealloc subtype_dealloc calls for an
+       instance of a subclass (which has by then cleared the subclass's own slots, __dict__ and weakrefs,
+       and tracked the instance again): untrack, clear the class's object slots, free, release the type
+       (an instance of a heap type holds a reference to it). */
+    static void fs_slots_dealloc(PyObject *self) {
+        PyTypeObject *tp = Py_TYPE(self);
+        PyObject **at, **end;
+        int i = 0;
+        while (i < fs_nfast && fs_fast_type[i] != tp)
+            i++;
+        if (i == fs_nfast) {  /* a subclass: its registered base's slots */
+            for (i = 0; i < fs_nfast && !PyType_IsSubtype(tp, fs_fast_type[i]); i++)
+                ;
+        }
+        PyObject_GC_UnTrack(self);
+        at = (PyObject **)((char *)self + fs_fast_first[i]);
+        end = (PyObject **)((char *)self + fs_fast_end[i]);
+        for (; at < end; at++)
+            Py_CLEAR(*at);
+        tp->tp_free(self);
+        Py_DECREF(tp);
+    }
+
+    /* Install it on t, whose object slots are [first, end) and nothing else (checked by the caller). */
+    static int fs_fast_dealloc(PyTypeObject *t, Py_ssize_t first, Py_ssize_t end) {
+        if (fs_nfast == FS_FAST_TYPES || t->tp_dealloc == fs_slots_dealloc)
+            return 0;
+        if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE) || !(t->tp_flags & Py_TPFLAGS_HAVE_GC) || t->tp_itemsize
+            || t->tp_dictoffset || t->tp_weaklistoffset || t->tp_finalize || t->tp_del
+            || t->tp_free != PyObject_GC_Del)
+            return 0;
+    #ifdef Py_TPFLAGS_MANAGED_DICT
+        if (t->tp_flags & Py_TPFLAGS_MANAGED_DICT)
+            return 0;
+    #endif
+    #ifdef Py_TPFLAGS_MANAGED_WEAKREF
+        if (t->tp_flags & Py_TPFLAGS_MANAGED_WEAKREF)
+            return 0;
+    #endif
+        fs_fast_type[fs_nfast] = t;
+        fs_fast_first[fs_nfast] = first;
+        fs_fast_end[fs_nfast] = end;
+        fs_nfast++;
+        Py_INCREF(t);  /* registered for the life of the process */
+        t->tp_dealloc = fs_slots_dealloc;
+        return 1;
+    }
+    """
+    int fs_fast_dealloc(PyTypeObject* t, Py_ssize_t first, Py_ssize_t end)
+
+
+cdef int _fast_dealloc(object cls) except -1:
+    # The class's object slots must tile its instance after the object header, each a __slots__ member of
+    # a class in its MRO, with no __dict__, __weakref__ or __del__ anywhere: then its instances are freed
+    # by fs_slots_dealloc. Anything else keeps CPython's deallocator (returns 0).
+    cdef Py_ssize_t first = sizeof(PyObject), end = cls.__basicsize__
+    offsets = set()
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        if "__del__" in klass.__dict__ or "__slots__" not in klass.__dict__:
+            return 0
+        for name in klass.__dict__["__slots__"] if not isinstance(klass.__dict__["__slots__"], str) else ():
+            descr = klass.__dict__.get(name)
+            if descr is None or not _object_slot(descr):
+                return 0
+            offsets.add((<PyMemberDescrObject*><PyObject*>descr).d_member.offset)
+    if offsets != set(range(first, end, sizeof(PyObject*))):
+        return 0
+    return fs_fast_dealloc(<PyTypeObject*>cls, first, end)
+
+
+_fast_dealloc(RdataCommand)
+_fast_dealloc(PositionCommand)
+

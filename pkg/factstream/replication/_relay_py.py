@@ -466,7 +466,7 @@ def gather(
 
     Returns ``(end, facts, batch, stale)``: ``end`` is the index after the
     run, ``facts`` the kept facts in order, ``batch`` the rows still waiting
-    for their token (a new list whenever a fact was closed) and ``stale`` the
+    for their token (a new list whenever a fact closed rows that were waiting) and ``stale`` the
     number of dropped rows.
     """
     first = cmds[start]
@@ -484,12 +484,16 @@ def gather(
         if type(cmd) is not RdataCommand or cmd.stream_name != stream or cmd.instance_name != writer:
             break
         row = cmd.row if parse is None else parse(_peek(cmd))
-        batch.append(row)
         token = cmd.token
         i += 1
         if token is None:
+            batch.append(row)
             continue
-        rows, batch = batch, []
+        if batch:
+            batch.append(row)
+            rows, batch = batch, []
+        else:
+            rows = [row]  # nothing waited: ``batch`` stays the empty list it is
         if position is None:
             facts.append((token, rows))
         elif token > position:

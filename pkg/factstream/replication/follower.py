@@ -117,8 +117,10 @@ class Follower:
 
     #: RDATA folded and delivered at a time by :meth:`on_rdata_many`: a long run (a page of a thousand rows)
     #: is handed on in pieces, so its facts are gone before the cycle collector's young passes promote them
-    #: (promoted objects are what sets off its full passes).
-    run_limit = 256
+    #: (promoted objects are what sets off its full passes). 64: a piece's facts, lists and typed rows (some
+    #: 250 allocations) stay under the young generation's threshold of 700 with a socket read's commands
+    #: alive beside them, so delivering a read rarely sets off a pass at all (256 set off about two per read).
+    run_limit = 64
 
     def __init__(
         self,

@@ -86,6 +86,9 @@ class TcpConnection(asyncio.Protocol, Connection):
     (``_peer_pinged``) are separate axes and stay flags.
     """
 
+    # send_queue in a slot: the relay's Broadcast reads it at its offset for every command it hands over.
+    __slots__ = ("send_queue",)
+
     #: Set by the two ends: whether this is the writer's (server's) end.
     is_server: ClassVar[bool]
     #: Commands this end accepts from its peer, and may send to it.
