@@ -105,8 +105,11 @@ cdef extern from *:
         return out;
     }
 
-    /* Track every held object again (those already tracked are left), then
-       drop the references held: garbage of a failed build is freed here. */
+    /* Track every held object again (those already tracked are left) and
+       drop the reference held, in one pass: each object is touched once (a
+       big piece's objects no longer fit in the cache, and a second pass over
+       them missed it again). Garbage of a failed build is freed here; no
+       object is freed before its own turn, its held reference keeps it. */
     #define FS_RELEASE_AHEAD 8
     static void fs_release(fs_builder *b) {
         PyObject **h = b->held;
