@@ -362,13 +362,11 @@ cdef extern from *:
                                     const unsigned char **sp, int *k, unsigned int *hi, unsigned int *lfs,
                                     const unsigned char **nl) {
         const __m128i v = _mm_loadu_si128((const __m128i *)q);
-        unsigned int lf = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(10)));
+        /* Without `first` a byte seen twice counts as once: only the spaces need `fresh`. */
+        unsigned int lf = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(10))) & (first ? fresh : 0xFFFFu);
         unsigned int keep = fresh;
-        if (first) {  /* without, a byte seen twice counts as once: only the spaces need `fresh` */
-            lf &= fresh;
-            if (lf)
-                keep &= (1u << __builtin_ctz(lf)) - 1;  /* the bytes before it */
-        }
+        if (first && lf)
+            keep &= (1u << __builtin_ctz(lf)) - 1;  /* the bytes before it */
         *hi |= (unsigned int)_mm_movemask_epi8(v) & (first ? keep : 0xFFFFu);
         if (*k < FS_SPACES) {
             unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(32))) & keep;
