@@ -888,3 +888,35 @@ def test_fed_commands_tracked_as_parsed_ones(wire_impl: ModuleType, rows: bool) 
         alone = wire_impl.parse_line(line, rows=rows)
         assert type(cmd) is type(alone) and gc.is_tracked(cmd) == gc.is_tracked(alone), line
     _assert_tracked_as_built(fed)
+
+
+def test_line_scan_at_every_offset(wire_impl: ModuleType) -> None:
+    """The one line scanner (sixteen bytes at a time, the last sixteen re-read) at every length and place.
+
+    A newline, a byte past ASCII and the header's spaces are found wherever
+    they fall, in parse_line (a whole line) and in the decoder (cut at the
+    first newline, the next line's bytes never counted for this one).
+    """
+    for pad in range(40):
+        # The fields before the row end at spaces that fall in the main blocks or in the re-read tail.
+        line = b"RDATA s" + b"x" * pad + b" m 7 " + b'["' + b"y" * (pad % 19) + b'"]'
+        cmd = wire_impl.parse_line(line, rows=True)
+        assert (cmd.stream_name, cmd.instance_name, cmd.token, cmd.row) == ("s" + "x" * pad, "m", 7, ["y" * (pad % 19)])
+        text = b"PING " + b"a" * pad
+        for at in range(5, len(text) + 1):
+            with pytest.raises(ProtocolError, match="contains a newline"):
+                wire_impl.parse_line(text[:at] + b"\n" + text[at:] + b"x")
+            bad = text[:at] + b"\xff" + text[at:]
+            with pytest.raises(ProtocolError, match="not valid UTF-8"):
+                wire_impl.parse_line(bad)
+            # Fed: the bad line is refused, the good ones around it come out, the bytes after it stay buffered.
+            dec = wire_impl.LineDecoder()
+            with pytest.raises(ProtocolError, match="not valid UTF-8") as err:
+                dec.feed(b"PING \xc3\xa9\n" + bad + b"\n" + text)
+            assert [c.data for c in err.value.commands] == ["\u00e9"]
+            assert dec.feed(b"\n") == [PingCommand(text[5:].decode())]
+        # Lines past ASCII and ASCII ones side by side, each as long as the other's tail.
+        dec = wire_impl.LineDecoder()
+        assert dec.feed(b"PING " + "\u00e9".encode() * (pad + 1) + b"\n" + text + b"\n") == [
+            PingCommand("\u00e9" * (pad + 1)), PingCommand(text[5:].decode())
+        ]

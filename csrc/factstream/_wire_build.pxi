@@ -35,17 +35,24 @@ cdef extern from *:
        returns or raises. In between only C code touches them (the builder
        calls no Python code: keys are exact str, values builtin types), so
        nothing can build a cycle through them that the collector misses. */
-    static inline void fs_hold(fs_builder *b, PyObject *o) {
-        if (!b->defer || !PyObject_GC_IsTracked(o))
-            return;  /* a dict of atomic values: CPython keeps it untracked itself */
+    /* Room for one more held object: 0 when there is no memory for it. */
+    static inline int fs_held_room(fs_builder *b) {
         if (b->nheld == b->capheld) {
             Py_ssize_t cap = b->capheld ? b->capheld * 2 : 1024;
             PyObject **nh = (PyObject **)PyMem_Realloc(b->held, (size_t)cap * sizeof(PyObject *));
             if (nh == NULL)
-                return;  /* no memory to hold it: it stays tracked (only slower) */
+                return 0;
             b->held = nh;
             b->capheld = cap;
         }
+        return 1;
+    }
+
+    static inline void fs_hold(fs_builder *b, PyObject *o) {
+        if (!b->defer || !PyObject_GC_IsTracked(o))
+            return;  /* a dict of atomic values: CPython keeps it untracked itself */
+        if (!fs_held_room(b))
+            return;  /* no memory to hold it: it stays tracked (only slower) */
         PyObject_GC_UnTrack(o);
         Py_INCREF(o);
         b->held[b->nheld++] = o;
@@ -66,25 +73,44 @@ cdef extern from *:
     }
 
     /* A list of items[:k], taking their references: PyList_New(k) would
-       zero its item array (calloc) only for the items to be copied over it. */
-    static inline PyObject *fs_b_list_of(PyObject **items, Py_ssize_t k) {
-        PyObject *out = PyList_New(0), **a;
-        if (out == NULL || k == 0)
-            return out;
-        a = (PyObject **)PyMem_Malloc((size_t)k * sizeof(PyObject *));
-        if (a == NULL) {
-            Py_DECREF(out);
-            return PyErr_NoMemory();  /* the items are still the caller's */
+       zero its item array (calloc) only for the items to be copied over it.
+       While b->defer is set the list is born untracked and held at once
+       (not tracked by PyList_New, untracked and then held); without memory
+       to hold it, it is tracked as any list. */
+    static inline PyObject *fs_b_list_of(fs_builder *b, PyObject **items, Py_ssize_t k) {
+        PyObject *out, **a = NULL;
+        if (k) {
+            a = (PyObject **)PyMem_Malloc((size_t)k * sizeof(PyObject *));
+            if (a == NULL)
+                return PyErr_NoMemory();  /* the items are still the caller's */
         }
-        memcpy(a, items, (size_t)k * sizeof(PyObject *));
+        out = b->defer ? (PyObject *)PyObject_GC_New(PyListObject, &PyList_Type) : PyList_New(0);
+        if (out == NULL) {
+            PyMem_Free(a);
+            return NULL;
+        }
+        if (k)
+            memcpy(a, items, (size_t)k * sizeof(PyObject *));
         ((PyListObject *)out)->ob_item = a;
         ((PyListObject *)out)->allocated = k;
         Py_SET_SIZE(out, k);
+        if (b->defer) {
+            if (fs_held_room(b)) {
+                Py_INCREF(out);
+                b->held[b->nheld++] = out;
+            } else {
+                PyObject_GC_Track(out);
+            }
+        }
         return out;
     }
 
-    /* Track every held object again (those already tracked are left), then
-       drop the references held: garbage of a failed build is freed here. */
+    /* Track every held object again (those already tracked are left) and
+       drop the reference held, in one pass: each object is touched once (a
+       big piece's objects no longer fit in the cache, and a second pass over
+       them missed it again). Garbage of a failed build is freed here; no
+       object is freed before its own turn, its held reference keeps it. */
+    #define FS_RELEASE_AHEAD 8
     static void fs_release(fs_builder *b) {
         PyObject **h = b->held;
         Py_ssize_t i, n = b->nheld, cap = b->capheld;
@@ -92,11 +118,15 @@ cdef extern from *:
             return;
         b->held = NULL;  /* detached while released: a nested hold gets its own array */
         b->nheld = b->capheld = 0;
-        for (i = 0; i < n; i++)
+        for (i = 0; i < n; i++) {
+    #if defined(__GNUC__)
+            if (i + FS_RELEASE_AHEAD < n)  /* the collector's header sits just before the object */
+                __builtin_prefetch((const char *)h[i + FS_RELEASE_AHEAD] - 16, 1);
+    #endif
             if (!PyObject_GC_IsTracked(h[i]))
                 PyObject_GC_Track(h[i]);
-        for (i = 0; i < n; i++)
             Py_DECREF(h[i]);
+        }
         if (b->held == NULL) {
             b->held = h;
             b->capheld = cap;
@@ -491,10 +521,7 @@ cdef extern from *:
         const unsigned char *p = fs_b_ws(b, *pp + 1);
         if (*p == ']') {
             *pp = p + 1;
-            out = PyList_New(0);
-            if (out != NULL)
-                fs_hold_new(b, out);
-            return out;
+            return fs_b_list_of(b, NULL, 0);  /* held when b->defer */
         }
         for (;;) {
             *pp = p;
@@ -533,9 +560,10 @@ cdef extern from *:
             break;
         }
         if (out == NULL) {
-            out = fs_b_list_of(items, k);  /* takes the items */
+            out = fs_b_list_of(b, items, k);  /* takes the items; held when b->defer */
             if (out == NULL)
                 goto fail;
+            return out;
         }
         fs_hold_new(b, out);
         return out;
@@ -882,10 +910,7 @@ cdef extern from *:
         const unsigned char *p = fs_v_ws(b, *pp + 1);
         if (p < b->end && *p == ']') {
             *pp = p + 1;
-            out = PyList_New(0);
-            if (out != NULL)
-                fs_hold_new(b, out);
-            return out;
+            return fs_b_list_of(b, NULL, 0);  /* held when b->defer */
         }
         for (;;) {
             *pp = p;
@@ -927,9 +952,10 @@ cdef extern from *:
             goto fail;  /* expecting ',' or ']' */
         }
         if (out == NULL) {
-            out = fs_b_list_of(items, k);  /* takes the items */
+            out = fs_b_list_of(b, items, k);  /* takes the items; held when b->defer */
             if (out == NULL)
                 goto fail;
+            return out;
         }
         fs_hold_new(b, out);
         return out;

@@ -339,121 +339,105 @@ cdef extern from *:
     #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
     #include <emmintrin.h>
     #endif
-    /* One pass over a line: bit 1 when it holds a newline, bit 2 when a
-       byte is not ASCII (the two things every line is checked for), and
-       sp[0..FS_SPACES) set to its first spaces (NULL past the last): the
-       command name and the fields before an RDATA row (or the five of a
-       USER_SYNC) end at them, so no field is searched for a second time. */
+    /* The one line scanner, for parse_line (one line, which must hold no
+       newline) and for the decoder (a buffer, cut at its newlines): from p,
+       a newline before end (NULL when there is none), and in the same pass
+       what the bytes before it tell: *flags is FS_NON_ASCII when one of
+       them is not ASCII, and sp[0..FS_SPACES) their first spaces (NULL past
+       the last), at which the command name and the fields before an RDATA
+       row (or the five of a USER_SYNC) end, so no field is searched for a
+       second time and no line is read twice before it is parsed.
+       With `first` (the decoder) the newline is the first one and the bytes
+       told of are those before it; without (parse_line, where a newline is
+       an error) the whole range is read without stopping, and what is
+       returned is only NULL or not (a newline in it, not where). `first` is a constant at each call: the compiler
+       makes one loop of each. */
     #define FS_SPACES 5
-    static inline int fs_line_scan(const unsigned char *p, Py_ssize_t n, const unsigned char **sp) {
-        const unsigned char *end = p + n;
-        unsigned int nl = 0, hi = 0;
-        uint64_t acc = 0;
-        int k = 0;
-        for (k = 0; k < FS_SPACES; k++)
-            sp[k] = NULL;
-        k = 0;
+    #define FS_NON_ASCII 2
     #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
-        const __m128i lf = _mm_set1_epi8(10), space = _mm_set1_epi8(32);
-        while (end - p >= 16) {
-            __m128i v = _mm_loadu_si128((const __m128i *)p);
-            nl |= (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
-            hi |= (unsigned int)_mm_movemask_epi8(v);
-            if (k < FS_SPACES) {
-                unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space));
-                while (m && k < FS_SPACES) {
-                    sp[k++] = p + __builtin_ctz(m);
-                    m &= m - 1;
-                }
+    /* Sixteen bytes at q, of which those under `fresh` (a bit mask) are not
+       yet seen. With `first`: 1 when one of them is a newline (*nl set to
+       the first); without, their newlines are added to *lfs. */
+    static inline int fs_line_block(const unsigned char *q, unsigned int fresh, const int first,
+                                    const unsigned char **sp, int *k, unsigned int *hi, unsigned int *lfs,
+                                    const unsigned char **nl) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)q);
+        /* Without `first` a byte seen twice counts as once: only the spaces need `fresh`. */
+        unsigned int lf = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(10))) & (first ? fresh : 0xFFFFu);
+        unsigned int keep = fresh;
+        if (first && lf)
+            keep &= (1u << __builtin_ctz(lf)) - 1;  /* the bytes before it */
+        *hi |= (unsigned int)_mm_movemask_epi8(v) & (first ? keep : 0xFFFFu);
+        if (*k < FS_SPACES) {
+            unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(32))) & keep;
+            while (m && *k < FS_SPACES) {
+                sp[(*k)++] = q + __builtin_ctz(m);
+                m &= m - 1;
             }
-            p += 16;
         }
-        if (p < end && n >= 16) {  /* the tail: the last sixteen bytes, overlapping ones already seen */
-            const unsigned char *t = end - 16;
-            unsigned int seen = (unsigned int)(p - t);
-            __m128i v = _mm_loadu_si128((const __m128i *)t);
-            nl |= (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
-            hi |= (unsigned int)_mm_movemask_epi8(v);
-            if (k < FS_SPACES) {
-                unsigned int m = ((unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space)) >> seen) << seen;
-                while (m && k < FS_SPACES) {
-                    sp[k++] = t + __builtin_ctz(m);
-                    m &= m - 1;
-                }
-            }
-            p = end;
+        if (!first) {
+            *lfs |= lf;
+            return 0;
         }
-    #endif
-        while (p < end) {
-            nl |= *p == 10;
-            acc |= *p;
-            if (*p == 32 && k < FS_SPACES)
-                sp[k++] = p;
-            p++;
+        if (lf) {
+            *nl = q + __builtin_ctz(lf);
+            return 1;
         }
-        return (nl ? 1 : 0) | ((hi || (acc & 0x80)) ? 2 : 0);
+        return 0;
     }
-    """
-    int _line_scan "fs_line_scan"(const unsigned char* p, Py_ssize_t n, const unsigned char** sp) noexcept nogil
-    enum: FS_SPACES
-
-cdef enum:
-    LINE_NEWLINE = 1
-    LINE_NON_ASCII = 2
-
-
-cdef extern from *:
-    """
-    /* The decoder's way through a buffer: from p, the next newline before
-       end (NULL when none), with what fs_line_scan tells of the line before
-       it (its first spaces; bit 2 of *flags when a byte is not ASCII), in the
-       same pass: a fed line is read once before it is parsed, not twice. */
-    static inline const unsigned char *fs_line_next(const unsigned char *p, const unsigned char *end,
+    #endif
+    static inline const unsigned char *fs_line_scan(const unsigned char *p, const unsigned char *end, const int first,
                                                     const unsigned char **sp, int *flags) {
-        const unsigned char *q = p;
-        unsigned int hi = 0;
+        const unsigned char *q = p, *nl = NULL;
+        unsigned int hi = 0, lfs = 0;
         int k;
         for (k = 0; k < FS_SPACES; k++)
             sp[k] = NULL;
         k = 0;
     #if defined(__SSE2__) && defined(__GNUC__) && !defined(FACTSTREAM_NO_SIMD)
-        {
-            const __m128i lf = _mm_set1_epi8(10), space = _mm_set1_epi8(32);
-            while (end - q >= 16) {
-                __m128i v = _mm_loadu_si128((const __m128i *)q);
-                unsigned int nl = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, lf));
-                unsigned int keep = nl ? (1u << __builtin_ctz(nl)) - 1 : 0xFFFFu;  /* the bytes before it */
-                hi |= (unsigned int)_mm_movemask_epi8(v) & keep;
-                if (k < FS_SPACES) {
-                    unsigned int m = (unsigned int)_mm_movemask_epi8(_mm_cmpeq_epi8(v, space)) & keep;
-                    while (m && k < FS_SPACES) {
-                        sp[k++] = q + __builtin_ctz(m);
-                        m &= m - 1;
-                    }
-                }
-                if (nl) {
-                    *flags = hi ? 2 : 0;
-                    return q + __builtin_ctz(nl);
-                }
-                q += 16;
-            }
+        while (end - q >= 16) {
+            if (fs_line_block(q, 0xFFFFu, first, sp, &k, &hi, &lfs, &nl))
+                goto done;
+            q += 16;
         }
+        if (q < end && end - p >= 16) {  /* the tail: the last sixteen bytes, those already seen masked off */
+            if (fs_line_block(end - 16, 0xFFFFu << (q - (end - 16)), first, sp, &k, &hi, &lfs, &nl))
+                goto done;
+            q = end;
+        }
+        if (lfs)
+            nl = p;  /* not a position: a line holding a newline is refused wherever it is */
     #endif
         while (q < end) {
             if (*q == 10) {
-                *flags = hi ? 2 : 0;
-                return q;
+                nl = q;
+                if (first)
+                    goto done;
             }
             hi |= *q & 0x80;
             if (*q == 32 && k < FS_SPACES)
                 sp[k++] = q;
             q++;
         }
-        return NULL;
+    done:
+        *flags = hi ? FS_NON_ASCII : 0;
+        return nl;
+    }
+    static inline const unsigned char *fs_line_next(const unsigned char *p, const unsigned char *end,
+                                                    const unsigned char **sp, int *flags) {
+        return fs_line_scan(p, end, 1, sp, flags);
+    }
+    static inline const unsigned char *fs_line_whole(const unsigned char *p, const unsigned char *end,
+                                                     const unsigned char **sp, int *flags) {
+        return fs_line_scan(p, end, 0, sp, flags);
     }
     """
     const unsigned char* _line_next "fs_line_next"(const unsigned char* p, const unsigned char* end,
                                                    const unsigned char** sp, int* flags) noexcept nogil
+    const unsigned char* _line_whole "fs_line_whole"(const unsigned char* p, const unsigned char* end,
+                                                     const unsigned char** sp, int* flags) noexcept nogil
+    enum: FS_SPACES
+    enum: LINE_NON_ASCII "FS_NON_ASCII"
 
 
 cdef inline str _text(const unsigned char* p, Py_ssize_t n):
@@ -625,15 +609,15 @@ cdef dict _SIMPLE = {
 cdef object _parse(const unsigned char* p, Py_ssize_t n, object line, bint rows):
     """Parse one line (no newline); ``line`` is what error messages show; ``rows``: decode an RDATA row now."""
     cdef const unsigned char* spaces[FS_SPACES]
-    cdef int flags = _line_scan(p, n, spaces)  # newline, non-ASCII, the first spaces
-    if flags & LINE_NEWLINE:
+    cdef int flags
+    if _line_whole(p, p + n, spaces, &flags) != NULL:  # also: non-ASCII, the first spaces
         raise ProtocolError("line contains a newline", line)
     return _parse_scanned(p, n, line, rows, flags, spaces)
 
 
 cdef inline object _parse_scanned(const unsigned char* p, Py_ssize_t n, object line, bint rows, int flags,
                            const unsigned char** spaces):
-    """``_parse`` of a line already scanned: no newline, ``flags`` and ``spaces`` as ``fs_line_scan`` gives them."""
+    """``_parse`` of a line already scanned: no newline, ``flags`` and ``spaces`` as ``fs_line_next`` gives them."""
     cdef const unsigned char* end = p + n
     cdef const unsigned char* sp
     cdef const unsigned char* body
