@@ -81,6 +81,21 @@ cdef Py_ssize_t R_CANONICAL = _slot(RdataCommand, "_canonical")
 cdef Py_ssize_t R_LOADS = _slot(RdataCommand, "_loads")
 
 
+cdef inline object _rdata_new(object stream, object instance, object token, object row, object raw,
+                              object canonical, object loads):
+    # An RdataCommand with every slot filled, without running __init__, born outside the collector's
+    # lists: the caller tracks it (_track_new) once a slot holds something a cycle could run through.
+    cdef object cmd = _alloc_untracked(RdataCommand)  # every slot empty: filled without releasing anything
+    _put(cmd, R_STREAM, stream)
+    _put(cmd, R_INSTANCE, instance)
+    _put(cmd, R_TOKEN, token)
+    _put(cmd, R_ROW, row)
+    _put(cmd, R_RAW, raw)
+    _put(cmd, R_CANONICAL, canonical)
+    _put(cmd, R_LOADS, loads)
+    return cmd
+
+
 cdef inline void _track_if_holding(object cmd, object value) noexcept:
     # Parsed commands leave the cycle collector's lists while every slot holds
     # a str, int, bytes or None (nothing that can lead back to them); a

@@ -501,30 +501,16 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char** sp, const
                 if rows:
                     # Built while validated, as a command whose row was read: no bytes kept.
                     value = _BUILDER.build_checked(s3 + 1, end - s3 - 1, line)
-                    cmd = _alloc(_RDATA)
-                    _put(cmd, R_STREAM, stream)
-                    _put(cmd, R_INSTANCE, instance)
-                    _put(cmd, R_TOKEN, token)
-                    _put(cmd, R_ROW, value)
-                    _put(cmd, R_RAW, None)
-                    _put(cmd, R_CANONICAL, False)
-                    _put(cmd, R_LOADS, None)
-                    if not PyObject_IS_GC(<PyObject*>value):
-                        PyObject_GC_UnTrack(<PyObject*>cmd)  # atomic slots only
-                    else:
+                    cmd = _rdata_new(stream, instance, token, value, None, False, None)
+                    if PyObject_IS_GC(<PyObject*>value):  # else atomic slots only: stays untracked
+                        _track_new(cmd)
                         fs_hold_new(&_BUILDER.b, <PyObject*>cmd)  # held untracked with its row during a feed
                     return cmd
                 _scan_json(s3 + 1, end - s3 - 1, &canonical, "row", line)
-                cmd = _alloc(_RDATA)
-                _put(cmd, R_STREAM, stream)
-                _put(cmd, R_INSTANCE, instance)
-                _put(cmd, R_TOKEN, token)
-                _put(cmd, R_ROW, _UNSET_ROW)
-                _put(cmd, R_RAW, PyBytes_FromStringAndSize(<const char*>s3 + 1, end - s3 - 1))
-                _put(cmd, R_CANONICAL, True if canonical else False)
-                _put(cmd, R_LOADS, _loads_row)
-                PyObject_GC_UnTrack(<PyObject*>cmd)  # atomic slots only, see _track_if_holding
-                return cmd
+                # atomic slots only: born untracked, see _track_if_holding
+                return _rdata_new(stream, instance, token, _UNSET_ROW,
+                                  PyBytes_FromStringAndSize(<const char*>s3 + 1, end - s3 - 1),
+                                  True if canonical else False, _loads_row)
     raise ProtocolError("expected RDATA <stream_name> <instance_name> <token> <row_json>", line)
 
 

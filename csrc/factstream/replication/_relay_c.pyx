@@ -61,15 +61,7 @@ cdef inline object _rdata(object stream, object instance, object token, object r
 
 cdef inline object _rdata_untracked(object stream, object instance, object token, object row):
     # _rdata, left out of the collector's lists (see StreamEmitter._just_added).
-    cdef object cmd = _alloc_untracked(_RDATA)  # every slot empty: filled without releasing anything
-    _put(cmd, R_STREAM, stream)
-    _put(cmd, R_INSTANCE, instance)
-    _put(cmd, R_TOKEN, token)
-    _put(cmd, R_ROW, row)
-    _put(cmd, R_RAW, None)
-    _put(cmd, R_CANONICAL, False)
-    _put(cmd, R_LOADS, None)
-    return cmd
+    return _rdata_new(stream, instance, token, row, None, False, None)
 
 
 cdef inline void _track(object cmd) noexcept:
