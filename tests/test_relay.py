@@ -1151,13 +1151,7 @@ def test_commands_and_their_subclasses_free_what_they_hold(relay_impl: ModuleTyp
         lambda v: Slotted("s", "w", 1, v),
     ]
     for make in makers:
-        held = Held()
-        gone = weakref.ref(held)
-        cmd = make(held)
-        del held
-        assert gone() is not None
-        del cmd
-        assert gone() is None
+        _frees_what_it_holds(make)
     held = Held()
     gone = weakref.ref(held)
     sub = Sub("s", "w", 1, [held])
@@ -1179,10 +1173,6 @@ def test_commands_and_their_subclasses_free_what_they_hold(relay_impl: ModuleTyp
 def test_rows_a_parser_builds_free_what_they_hold(relay_impl: ModuleType) -> None:
     """A RowParser's row classes get the commands' deallocator (compiled twin): rows it builds, rows made
     by hand and rows of a subclass release every value."""
-    import weakref
-
-    class Held:
-        pass
 
     class Sub(R_.CachesRow):
         pass
@@ -1196,10 +1186,20 @@ def test_rows_a_parser_builds_free_what_they_hold(relay_impl: ModuleType) -> Non
         lambda v: Sub("f", [v], 1),
         lambda v: R_.EventsRow("ev", v),
     ):
-        held = Held()
-        gone = weakref.ref(held)
-        row = make(held)
-        del held
-        assert gone() is not None
-        del row
-        assert gone() is None
+        _frees_what_it_holds(make)
+
+
+def _frees_what_it_holds(make: Any) -> None:
+    """The object ``make(value)`` keeps ``value`` alive while it lives and releases it when freed."""
+    import weakref
+
+    class Held:
+        pass
+
+    held = Held()
+    gone = weakref.ref(held)
+    obj = make(held)
+    del held
+    assert gone() is not None
+    del obj
+    assert gone() is None
