@@ -64,11 +64,6 @@ cdef inline object _rdata_untracked(object stream, object instance, object token
     return _rdata_new(stream, instance, token, row, None, False, None)
 
 
-cdef inline void _track(object cmd) noexcept:
-    # Back into the collector's lists (see StreamEmitter._just_added).
-    _track_new(cmd)
-
-
 cdef inline object _wire(object row):
     if type(row) is list or type(row) is tuple:
         return row  # what a writer usually hands in: no isinstance walk per row
@@ -422,7 +417,7 @@ cdef class StreamEmitter:
                     if type(sink) is Broadcast:
                         (<Broadcast>sink).send_one(cmd)
                     else:
-                        _track(cmd)  # it may be kept: cycles through its row stay collectable
+                        _track_new(cmd)  # it may be kept: cycles through its row stay collectable
                         sink([cmd])
                 continue
             updates, upto, _limited = sync_get(self.instance, self.sent, self.target, self.page_limit)
@@ -562,7 +557,7 @@ cdef class Broadcast:
             if type(queue) is list:
                 (<list>queue).append(cmd)  # encoded at the end of the loop turn, then dropped
             else:
-                _track(cmd)  # it may be kept: cycles through its row stay collectable
+                _track_new(cmd)  # it may be kept: cycles through its row stay collectable
                 conn.send_many([cmd])
 
 
@@ -826,7 +821,6 @@ cdef class RowParser:
     cdef object parse(self, object row):
         cdef Py_ssize_t n, m
         cdef PyObject** items = _items(row, &n)
-        cdef PyObject* found
         cdef _Plain sub
         if items != NULL:
             if self._plain is not None:
@@ -838,16 +832,7 @@ cdef class RowParser:
                 kind = <object>items[0]  # held: what follows may run code
                 data = <object>items[1]
                 if _items(data, &m) != NULL:
-                    if kind is self._last_kind:
-                        sub = self._last_sub  # the same name object as the row before: its kind class's builder
-                    else:
-                        found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
-                        sub = None
-                        if found != NULL:
-                            kind_cls = <object>found
-                            sub = self._sub(kind_cls)
-                            self._last_kind = kind
-                            self._last_sub = sub
+                    sub = self._kind_sub(kind)
                     if sub is not None and m == sub.n:
                         inner = _fill(sub, data)
                         if inner is not None:
@@ -865,7 +850,6 @@ cdef class RowParser:
         cdef Py_ssize_t k, m = 0
         cdef _Plain plain = self._plain
         cdef _Plain sub
-        cdef PyObject* found
         if plain is not None:
             if plain.n > HELD_ITEMS:
                 return _NOT_HELD
@@ -884,22 +868,29 @@ cdef class RowParser:
         kind = <object>items[0]
         Py_DECREF(kind)  # the array's reference: ``kind`` holds the value now
         if type(kind) is str:
-            if kind is self._last_kind:
-                sub = self._last_sub
-            else:
-                found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
-                sub = None
-                if found != NULL:
-                    try:
-                        sub = self._sub(<object>found)
-                    except BaseException:
-                        _release(inner, m)
-                        raise
-                    self._last_kind = kind
-                    self._last_sub = sub
+            try:
+                sub = self._kind_sub(kind)
+            except BaseException:
+                _release(inner, m)
+                raise
             if sub is not None and m == sub.n:
                 return _fill_pair(<_Plain>self._pair, kind, _fill_taking(sub, inner, m))
         return self.parse([kind, _list_taking(inner, m)])  # any other shape: parse decides, as before
+
+    @cython.final
+    cdef _Plain _kind_sub(self, object kind):
+        # The builder of the class of ``kind`` (an exact str), None when there is none. The kind met last
+        # (the same name object as the row before) is remembered within one gather call (see forget).
+        cdef PyObject* found
+        if kind is self._last_kind:
+            return self._last_sub
+        found = PyDict_GetItemWithError(self._kinds, kind)  # exact str: cannot raise
+        if found == NULL:
+            return None
+        sub = self._sub(<object>found)
+        self._last_kind = kind
+        self._last_sub = sub
+        return sub
 
     cdef _Plain _sub(self, object kind_cls):
         cdef PyObject* found = PyDict_GetItemWithError(self._subs, kind_cls)  # a class: hashed by identity
