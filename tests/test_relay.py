@@ -1203,3 +1203,40 @@ def _frees_what_it_holds(make: Any) -> None:
     assert gone() is not None
     del obj
     assert gone() is None
+
+
+def test_freed_commands_and_rows_made_again_hold_only_their_own_values(
+    wire_impl: ModuleType, relay_impl: ModuleType
+) -> None:
+    """The compiled build keeps freed commands and typed rows for its next allocations (as CPython keeps
+    freed floats): one made again holds exactly what it was made with, the class is referenced once per
+    live or kept instance (no reference gained or lost over many rounds), and rows freed while another
+    class's rows are being made never come back as the wrong class."""
+    import sys
+
+    parser = relay_impl.RowParser(R_.EventsRow)
+    caches = relay_impl.RowParser(R_.CachesRow)
+
+    def rounds(n: int) -> None:
+        for r in range(n):
+            data = b"".join(
+                f'RDATA events m {r * 300 + i + 1} ["ev",["$e{r}.{i}","!r{i}:hs","m.room.message",null,null,null,null,false,false]]\n'
+                .encode()
+                for i in range(300)
+            )
+            cmds = wire_impl.LineDecoder().feed(data)
+            facts = relay_impl.gather(cmds, 0, None, [], parser)[1]
+            assert [(t, type(rows[0])) for t, rows in facts] == [(r * 300 + i + 1, R_.EventsRow) for i in range(300)]
+            assert [c.token for c in cmds] == [r * 300 + i + 1 for i in range(300)]
+            assert [rows[0].data.event_id for _, rows in facts] == [f"$e{r}.{i}" for i in range(300)]
+            assert [rows[0].data.room_id for _, rows in facts] == [f"!r{i}:hs" for i in range(300)]
+            made = [caches(["get_user", [f"@u{r}.{i}:hs"], i]) for i in range(100)]
+            assert [(type(m), m.cache_func, m.keys, m.invalidation_ts) for m in made] == [
+                (R_.CachesRow, "get_user", [f"@u{r}.{i}:hs"], i) for i in range(100)
+            ]
+            del cmds, facts, made
+
+    rounds(5)  # every kept list as full as this work makes it
+    before = [sys.getrefcount(c) for c in (RdataCommand, R_.EventsRow, R_.EventRow, R_.CachesRow)]
+    rounds(20)
+    assert [sys.getrefcount(c) for c in (RdataCommand, R_.EventsRow, R_.EventRow, R_.CachesRow)] == before

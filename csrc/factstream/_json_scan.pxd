@@ -377,7 +377,10 @@ cdef inline const unsigned char* _scan_value(Scan* s, const unsigned char* p, in
             if p >= end or p[0] != C_COLON:
                 return _fail(s, p, ERR_COLON)
             p = _skip_ws(s, p + 1)
-            p = _scan_value(s, p, depth + 1)
+            if p < end and p[0] == C_QUOTE:
+                p = _scan_string(s, p + 1)
+            else:
+                p = _scan_value(s, p, depth + 1)
             if p == NULL:
                 return NULL
             p = _skip_ws(s, p)
@@ -394,7 +397,13 @@ cdef inline const unsigned char* _scan_value(Scan* s, const unsigned char* p, in
         if p < end and p[0] == C_RBRACKET:
             return p + 1
         while True:
-            p = _scan_value(s, p, depth + 1)
+            # Strings and null, most of a row's items, without a call of their own.
+            if p < end and p[0] == C_QUOTE:
+                p = _scan_string(s, p + 1)
+            elif end - p >= 4 and memcmp(p, b"null", 4) == 0:
+                p += 4
+            else:
+                p = _scan_value(s, p, depth + 1)
             if p == NULL:
                 return NULL
             p = _skip_ws(s, p)

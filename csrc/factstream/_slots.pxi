@@ -35,6 +35,15 @@ cdef inline object _alloc(object cls):
 
 cdef extern from *:
     r"""
+    /* The codec's free list of freed commands and typed rows (fs_kept_take in _wire_c.pyx), reached the
+       same way from every module that includes this file: set once at import (fs_kept_set). */
+    static PyObject *(*fs_kept_take_fn)(PyTypeObject *) = NULL;
+    static int (*fs_kept_keep_fn)(PyObject *) = NULL;
+    static void fs_kept_set(void *take, void *keep) {
+        fs_kept_take_fn = (PyObject *(*)(PyTypeObject *))take;
+        fs_kept_keep_fn = (int (*)(PyObject *))keep;
+    }
+
     /* A fresh instance of the slot class t, every field NULL, not yet tracked by the cycle collector
        (the caller tracks it once it holds something a cycle could run through, or never): no
        track-then-untrack for the many that hold only strings and numbers. A class whose instances are not
@@ -43,6 +52,8 @@ cdef extern from *:
         PyObject *o;
         if (!PyType_IS_GC(t) || t->tp_itemsize != 0)
             return PyType_GenericAlloc(t, 0);
+        if (fs_kept_take_fn != NULL && (o = fs_kept_take_fn(t)) != NULL)
+            return o;  /* a freed instance of t: slots already empty, untracked */
         o = _PyObject_GC_New(t);
         if (o != NULL)
             memset((char *)o + sizeof(PyObject), 0, (size_t)(t->tp_basicsize - (Py_ssize_t)sizeof(PyObject)));
@@ -50,6 +61,7 @@ cdef extern from *:
     }
     """
     PyObject* fs_alloc_untracked(_SlotTypeObject* t) except NULL
+    void fs_kept_set(void* take, void* keep)
 
 
 cdef inline object _alloc_untracked(object cls):

@@ -75,6 +75,73 @@ cdef object _POSITION = PositionCommand
 
 include "_slots.pxi"
 
+
+# ------------------------------------------------------------ freed instances kept for the next
+#
+# Each row is a command on the writer and a command and one or two typed rows on the reader, each freed
+# within a loop turn; allocating one (the collector's bookkeeping, the allocator) and freeing it again
+# cost as much as filling it. The deallocator the relay installs on these slot-only classes
+# (fs_slots_dealloc) hands an instance here once its slots are cleared and it is out of the collector's
+# lists; the next allocation of the same class (fs_alloc_untracked) takes it back, as CPython keeps
+# freed floats and tuples. A few hundred per class at most: a burst of frees beyond that is freed.
+
+cdef extern from *:
+    r"""
+    #define FS_KEPT_TYPES 16
+    #define FS_KEPT_MOST 512
+    static PyTypeObject *fs_kept_type[FS_KEPT_TYPES];
+    static PyObject *fs_kept_obj[FS_KEPT_TYPES][FS_KEPT_MOST];
+    static int fs_kept_n[FS_KEPT_TYPES];
+    static int fs_kept_types = 0;
+
+    /* o (refcount 0, slots cleared, untracked, an exact registered class) kept for reuse: 1, or 0 when
+       its class's list is full (or no list is left for a new class): the caller frees it. The instance
+       keeps the reference to its class it held alive. */
+    static int fs_kept_keep(PyObject *o) {
+        PyTypeObject *t = Py_TYPE(o);
+        int i;
+        for (i = 0; i < fs_kept_types && fs_kept_type[i] != t; i++)
+            ;
+        if (i == fs_kept_types) {
+            if (fs_kept_types == FS_KEPT_TYPES)
+                return 0;
+            Py_INCREF(t);  /* the list's class, for the life of the process */
+            fs_kept_type[fs_kept_types++] = t;
+        }
+        if (fs_kept_n[i] == FS_KEPT_MOST)
+            return 0;
+        fs_kept_obj[i][fs_kept_n[i]++] = o;
+        return 1;
+    }
+
+    /* A kept instance of exactly t, alive again (refcount 1, every slot NULL, untracked), or NULL. */
+    static PyObject *fs_kept_take(PyTypeObject *t) {
+        PyObject *o;
+        int i;
+        for (i = 0; i < fs_kept_types && fs_kept_type[i] != t; i++)
+            ;
+        if (i == fs_kept_types || fs_kept_n[i] == 0)
+            return NULL;
+        o = fs_kept_obj[i][--fs_kept_n[i]];
+        PyObject_Init(o, t);  /* refcount 1 and a new reference to t... */
+        Py_DECREF(t);         /* ...for the one it kept from its last life */
+        return o;
+    }
+    """
+    PyObject* fs_kept_take(_SlotTypeObject* t)
+    int fs_kept_keep(PyObject* o)
+
+
+cdef void* kept_take_fn() noexcept:
+    return <void*>fs_kept_take
+
+
+cdef void* kept_keep_fn() noexcept:
+    return <void*>fs_kept_keep
+
+
+fs_kept_set(<void*>fs_kept_take, <void*>fs_kept_keep)
+
 cdef Py_ssize_t P_STREAM = _slot(PositionCommand, "stream_name")
 cdef Py_ssize_t P_INSTANCE = _slot(PositionCommand, "instance_name")
 cdef Py_ssize_t P_PREV = _slot(PositionCommand, "prev_token")

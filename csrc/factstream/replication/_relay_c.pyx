@@ -17,8 +17,9 @@ from cpython.method cimport PyMethod_Check, PyMethod_GET_FUNCTION, PyMethod_GET_
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
-from factstream._wire_c cimport decode_row, decode_row_items
+from factstream._wire_c cimport decode_row, decode_row_items, kept_keep_fn, kept_take_fn
 from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_FromLong
 
 from bisect import bisect_right
 
@@ -36,6 +37,58 @@ cdef object _UNSET = _UNSET_PY
 
 
 include "factstream/_slots.pxi"
+
+fs_kept_set(kept_take_fn(), kept_keep_fn())  # the codec's free list (see _wire_c.pyx)
+
+
+cdef extern from *:
+    r"""
+    /* A token that is an exact int of at most one digit (below 2**30: every token a stream reaches in
+       practice) as a C long in *v: 1, else 0 (the caller compares the objects). */
+    static inline int fs_token_value(PyObject *o, long *v) {
+        if (!PyLong_CheckExact(o))
+            return 0;
+    #if PY_VERSION_HEX >= 0x030C0000
+        if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
+            return 0;
+        *v = (long)PyUnstable_Long_CompactValue((PyLongObject *)o);
+        return 1;
+    #else
+        {
+            Py_ssize_t size = Py_SIZE(o);
+            if (size == 0) {
+                *v = 0;
+                return 1;
+            }
+            if (size == 1 || size == -1) {
+                *v = (long)((PyLongObject *)o)->ob_digit[0] * (long)size;
+                return 1;
+            }
+            return 0;
+        }
+    #endif
+    }
+    """
+    bint fs_token_value(object o, long* v) noexcept
+
+
+#: Below it a count plus any one fact's rows still fits a C long on every platform.
+cdef long RUNNING_MAX = 1 << 30
+
+
+cdef inline int _lt(object a, object b) except -1:
+    # a < b for tokens: small exact ints compared in C, anything else by its own comparison.
+    cdef long x, y
+    if fs_token_value(a, &x) and fs_token_value(b, &y):
+        return x < y
+    return a < b
+
+
+cdef inline int _le(object a, object b) except -1:
+    cdef long x, y
+    if fs_token_value(a, &x) and fs_token_value(b, &y):
+        return x <= y
+    return a <= b
 
 
 cdef inline PyObject* _get(object obj, Py_ssize_t offset) noexcept:
@@ -409,7 +462,7 @@ cdef class StreamEmitter:
         sync_get = self.sync_get
         if sync_get is None:
             raise TypeError(f"stream {self.name!r} has no synchronous source; drain it asynchronously")
-        while self.sent is not self.target and self.sent < self.target:  # the same token object: done
+        while self.sent is not self.target and _lt(self.sent, self.target):  # the same token object: done
             cmd = self._just_added()
             if cmd is not None:
                 # One command: a Broadcast appends it to each link's queue without a list of its own.
@@ -441,10 +494,10 @@ cdef class StreamEmitter:
         if n == 0:
             return None
         last = <object>PyList_GET_ITEM(log.tokens, n - 1)
-        if not ((last is self.target or last == self.target) and last > self.sent):  # (is: the writer's own token)
+        if not ((last is self.target or last == self.target) and _lt(self.sent, last)):  # (is: the writer's own token)
             return None
         prev = <object>PyList_GET_ITEM(log.tokens, n - 2) if n > 1 else None
-        if n > 1 and prev is not self.sent and not (prev <= self.sent):
+        if n > 1 and prev is not self.sent and not _le(prev, self.sent):
             return None
         self.sent = self.target
         self.rows = self.rows + 1
@@ -498,7 +551,7 @@ cdef class Router:
                 self.on_async(stream_name)
             return 0
         st = <StreamEmitter>em
-        if new <= st.target:
+        if _le(new, st.target):
             return 0
         st.target = new
         if st.sync_get is not None:
@@ -599,6 +652,8 @@ cdef class Fanout:
         cdef list source = self.handlers
         cdef list handlers
         cdef PyObject* count
+        cdef long c
+        cdef Py_ssize_t added
         if type(key) is not self._key_type:
             self._learn(type(key))
         stream, writer = key.stream, key.writer
@@ -621,7 +676,10 @@ cdef class Fanout:
                 count = _get(key, self._rows_at)
                 if count != NULL:
                     held = <object>count  # a reference of our own while adding
-                    _set(key, self._rows_at, held + added)
+                    if fs_token_value(held, &c) and c < RUNNING_MAX:  # a small count: added in C
+                        _set(key, self._rows_at, PyLong_FromLong(c + added))
+                    else:
+                        _set(key, self._rows_at, held + added)
                     _set(key, self._position_at, token)
                     continue
             key.rows += len(rows)
@@ -971,7 +1029,7 @@ def gather(cmds, Py_ssize_t start, position, list batch not None, parse=None, li
             rows = [row]  # the usual fact, one row: nothing waited, ``batch`` stays the empty list it is
         if keep_all:
             facts.append((token, rows))
-        elif token > position:
+        elif _lt(position, token):
             facts.append((token, rows))
             position = token
         else:
@@ -1061,6 +1119,9 @@ cdef extern from *:
         end = (PyObject **)((char *)self + fs_fast_end[i]);
         for (; at < end; at++)
             Py_CLEAR(*at);
+        /* An exact registered class, still unreferenced after its slots let go: kept for the next. */
+        if (fs_fast_type[i] == tp && Py_REFCNT(self) == 0 && fs_kept_keep_fn != NULL && fs_kept_keep_fn(self))
+            return;
         tp->tp_free(self);
         Py_DECREF(tp);
     }
