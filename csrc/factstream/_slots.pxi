@@ -13,7 +13,6 @@ from factstream._cpython cimport (
     PyObject_GC_IsTracked,
     PyObject_GC_Track,
     PyObject_IS_GC,
-    _slot_generic_alloc,
     _SlotTypeObject,
 )
 
@@ -25,12 +24,6 @@ cdef Py_ssize_t _slot(object cls, str name) except -1:
     return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
 
 
-cdef inline object _alloc(object cls):
-    """A fresh instance of ``cls`` with every slot empty (NULL); __init__ does not run."""
-    cdef PyObject* o = _slot_generic_alloc(<_SlotTypeObject*>cls, 0)
-    cdef object obj = <object>o
-    Py_DECREF(obj)  # <object> took a reference of its own
-    return obj
 
 
 cdef extern from *:
@@ -76,6 +69,14 @@ cdef inline void _track_new(object obj) noexcept:
     # Put an instance from _alloc_untracked in the collector's lists (a collected class only).
     if PyObject_IS_GC(<PyObject*>obj) and not PyObject_GC_IsTracked(obj):
         PyObject_GC_Track(<PyObject*>obj)
+
+
+cdef inline object _alloc(object cls):
+    """A fresh instance of ``cls`` with every slot empty (NULL), tracked as CPython's own allocation would
+    track it; __init__ does not run."""
+    cdef object obj = _alloc_untracked(cls)
+    _track_new(obj)
+    return obj
 
 
 cdef inline void _put(object obj, Py_ssize_t offset, object value) noexcept:
