@@ -3,7 +3,8 @@
 Rows: a writer (LocalStream -> Publisher -> hub -> TcpServer) and 1 or 8
 readers (TcpClient -> hub -> Follower -> handler) in one process on
 127.0.0.1. The clock starts before the first completion and stops when every
-reader's handler has seen the last row; ``items`` counts rows delivered over
+reader's handler has seen the last row (each round connects anew; starting the
+server, connecting and closing are not timed); ``items`` counts rows delivered over
 all readers. The throughput groups are a 2x2 grid measured in the same run,
 so the loop and the implementation are separated:
 
@@ -101,53 +102,87 @@ async def _teardown(server: Any, clients: list[TcpClient]) -> None:
     await server.stop()
 
 
-def _throughput(
-    cfg: tuple[str, str], readers: int, typed: bool = False, cpu: list[float] | None = None, batched: bool = False
-) -> float:
-    """Seconds from the first write to the last delivery; ``cpu`` gets the process's CPU seconds for it.
+class _InProcessRound:
+    """One in-process round: writer and readers on one loop, in three steps for ``benchmark.pedantic``.
 
-    ``batched``: the writer hands each turn's facts to one ``write_many`` call instead of one ``write`` each.
+    ``setup`` makes the loop, the server and the connected readers (not
+    timed); ``run`` writes the facts and returns once every reader's handler
+    has the last row (timed: the clock the module docstring describes);
+    ``teardown`` closes the connections and the loop. ``cpu`` gets the
+    process's CPU seconds of each ``run`` and ``seconds`` its wall time.
+    ``batched``: the writer hands each turn's facts to one ``write_many``
+    call instead of one ``write`` each.
     """
-    loop_kind, impl = cfg
-    codec, relay = twin("_wire", impl), twin("replication._relay", impl)
-    n = N_ROWS[readers]
 
-    async def main() -> float:
-        ls, server, fols, clients = await _setup(codec, relay, readers, n * 2, typed)
-        delivered = [0]
+    def __init__(self, cfg: tuple[str, str], readers: int, typed: bool = False, batched: bool = False) -> None:
+        self.loop_kind, impl = cfg
+        self.codec, self.relay = twin("_wire", impl), twin("replication._relay", impl)
+        self.readers, self.typed, self.batched = readers, typed, batched
+        self.n = N_ROWS[readers]
+        self.cpu: list[float] = []
+        self.seconds: list[float] = []
+
+    def setup(self) -> None:
+        self.loop = _loop(self.loop_kind)
+        self.ls, self.server, self.fols, self.clients = self.loop.run_until_complete(
+            _setup(self.codec, self.relay, self.readers, self.n * 2, self.typed)
+        )
+        self.delivered = 0
 
         def count(stream: str, writer: str, token: int, rows: list[Any]) -> None:
-            delivered[0] += len(rows)
+            self.delivered += len(rows)
 
-        for f in fols:
+        for f in self.fols:
             f.add_handler(count)
-        t0 = time.perf_counter()
-        c0 = time.process_time()
-        if batched:
-            write_many = ls.write_many
+
+    async def _write_all(self) -> None:
+        n = self.n
+        if self.batched:
+            write_many = self.ls.write_many
             for i in range(0, n, TURN):
                 write_many(FACTS[i : i + TURN])
                 await asyncio.sleep(0)
         else:
-            write = ls.write
+            write = self.ls.write
             for i in range(n):
                 write((ROWS[i],))
                 if i % TURN == TURN - 1:
                     await asyncio.sleep(0)
-        for f in fols:
+        for f in self.fols:
             await f.wait_for_position("events", "master", n, timeout=120)
-        dt = time.perf_counter() - t0
-        if cpu is not None:
-            cpu.append(time.process_time() - c0)
-        assert delivered[0] == n * readers
-        await _teardown(server, clients)
-        return dt
 
-    loop = _loop(loop_kind)
+    def run(self) -> None:
+        t0, c0 = time.perf_counter(), time.process_time()
+        self.loop.run_until_complete(self._write_all())
+        self.seconds.append(time.perf_counter() - t0)
+        self.cpu.append(time.process_time() - c0)
+
+    def teardown(self) -> None:
+        assert self.delivered == self.n * self.readers
+        self.loop.run_until_complete(_teardown(self.server, self.clients))
+        self.loop.close()
+
+
+def _throughput(cfg: tuple[str, str], readers: int) -> float:
+    """Seconds of one round's timed part (from the first write to the last delivery)."""
+    one = _InProcessRound(cfg, readers)
+    one.setup()
     try:
-        return loop.run_until_complete(main())
+        one.run()
     finally:
-        loop.close()
+        one.teardown()
+    return one.seconds[0]
+
+
+def _rounds(benchmark: Any, one: _InProcessRound) -> None:
+    """Three timed rounds after a warm-up, each with its own connections; the median's CPU per row in the notes."""
+    benchmark.pedantic(one.run, setup=one.setup, teardown=one.teardown, rounds=3, warmup_rounds=1)
+    median = sorted(one.cpu[-3:])[1]  # of the timed rounds (the warm-up came first)
+    benchmark.extra_info["cpu_us_per_row"] = round(1e6 * median / (one.n * one.readers), 2)
+    if one.readers == 1:
+        # Writer and reader share the process: the rows/s its CPU seconds allow on one free core (on a
+        # loaded machine the wall clock also measures the neighbours).
+        benchmark.extra_info["cpu_bound_rows_per_s"] = round(one.n / median)
 
 
 @pytest.mark.parametrize("cfg", GRID)
@@ -157,10 +192,7 @@ def test_rdata_rows_per_second(benchmark: Any, cfg: tuple[str, str], readers: in
     benchmark.extra_info["items"] = N_ROWS[readers] * readers
     benchmark.extra_info["rows_per_round"] = N_ROWS[readers]
     benchmark.extra_info["follower"] = "typed=False"
-    cpu: list[float] = []
-    benchmark.pedantic(lambda: _throughput(cfg, readers, cpu=cpu), rounds=3, iterations=1, warmup_rounds=1)
-    median = sorted(cpu[-3:])[1]  # of the timed rounds (the warm-up came first)
-    benchmark.extra_info["cpu_us_per_row"] = round(1e6 * median / (N_ROWS[readers] * readers), 2)
+    _rounds(benchmark, _InProcessRound(cfg, readers))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)
@@ -169,13 +201,7 @@ def test_default_follower_rows_per_second(benchmark: Any, cfg: tuple[str, str]) 
     benchmark.group = "tcp RDATA end to end, 1 reader, default (typed) follower"
     benchmark.extra_info["items"] = N_ROWS[1]
     benchmark.extra_info["follower"] = "typed=True"
-    cpu: list[float] = []
-    benchmark.pedantic(lambda: _throughput(cfg, 1, typed=True, cpu=cpu), rounds=3, iterations=1, warmup_rounds=1)
-    # Writer and reader share the process: its CPU seconds per row, the rows/s the work allows on one free
-    # core (on a loaded machine the wall clock also measures the neighbours).
-    median = sorted(cpu[-3:])[1]  # of the timed rounds (the warm-up came first)
-    benchmark.extra_info["cpu_us_per_row"] = round(1e6 * median / N_ROWS[1], 2)
-    benchmark.extra_info["cpu_bound_rows_per_s"] = round(N_ROWS[1] / median)
+    _rounds(benchmark, _InProcessRound(cfg, 1, typed=True))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)
@@ -189,13 +215,7 @@ def test_default_follower_batched_writes_rows_per_second(benchmark: Any, cfg: tu
     benchmark.extra_info["items"] = N_ROWS[1]
     benchmark.extra_info["follower"] = "typed=True"
     benchmark.extra_info["writer"] = f"write_many of {TURN} facts per turn"
-    cpu: list[float] = []
-    benchmark.pedantic(
-        lambda: _throughput(cfg, 1, typed=True, cpu=cpu, batched=True), rounds=3, iterations=1, warmup_rounds=1
-    )
-    median = sorted(cpu[-3:])[1]
-    benchmark.extra_info["cpu_us_per_row"] = round(1e6 * median / N_ROWS[1], 2)
-    benchmark.extra_info["cpu_bound_rows_per_s"] = round(N_ROWS[1] / median)
+    _rounds(benchmark, _InProcessRound(cfg, 1, typed=True, batched=True))
 
 
 #: Rows of the reader-in-its-own-process rows: long enough that the start (connection, first
