@@ -72,6 +72,29 @@ def test_decode_buffer(benchmark, wire_impl: ModuleType, chunk: str, rows: str) 
     benchmark.extra_info["lines"] = N_LINES
 
 
+@pytest.mark.parametrize("rows", ["rows=True", "lazy .row"])
+def test_decode_buffer_64k_chunks_all_kept(benchmark, wire_impl: ModuleType, rows: str) -> None:
+    """64 KiB chunks whose commands are all kept until the end, as one whole-buffer feed keeps them.
+
+    The other chunked rows free each chunk's commands before the next
+    chunk; a whole-buffer feed returns all of them at once. This row holds
+    the same objects as the whole buffer does, so the two compare the
+    decoder's handling of a big buffer with the size of what it returns
+    taken out.
+    """
+    benchmark.group = f"decode buffer in 64KiB chunks, every command kept to the end, rows decoded ({rows})"
+
+    def run() -> int:
+        dec = wire_impl.LineDecoder(rows=rows == "rows=True")
+        kept: list[object] = []
+        for i in range(0, len(BUFFER), 65536):
+            kept += dec.feed(BUFFER[i : i + 65536])
+        return _consume(kept)
+
+    assert benchmark(run) == N_LINES
+    benchmark.extra_info["lines"] = N_LINES
+
+
 def _parse_rows(parse, eager: bool) -> int:
     """Parse every line and decode every RDATA row: ``rows=True``, or parse then read ``.row``."""
     n = 0
