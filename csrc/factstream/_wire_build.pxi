@@ -72,6 +72,16 @@ cdef extern from *:
         b->held[b->nheld++] = o;
     }
 
+    /* fs_hold for a container born untracked (fs_alloc_untracked): held as it is, 1; 0 when not holding
+       (or no memory to hold it): the caller tracks it. */
+    static inline int fs_hold_born(fs_builder *b, PyObject *o) {
+        if (!b->defer || !fs_held_room(b))
+            return 0;
+        Py_INCREF(o);
+        b->held[b->nheld++] = o;
+        return 1;
+    }
+
     /* A list of items[:k], taking their references: PyList_New(k) would
        zero its item array (calloc) only for the items to be copied over it.
        While b->defer is set the list is born untracked and held at once
@@ -1075,6 +1085,7 @@ cdef extern from *:
         Py_ssize_t capheld
     void fs_hold(fs_builder* b, PyObject* o)
     void fs_hold_new(fs_builder* b, PyObject* o)
+    bint fs_hold_born(fs_builder* b, PyObject* o)
     void fs_release(fs_builder* b)
     object fs_build(fs_builder* b, const unsigned char* p, Py_ssize_t n)
     PyObject* fs_build_checked(fs_builder* b, const unsigned char* p, Py_ssize_t n)

@@ -570,8 +570,8 @@ cdef object _parse_rdata(const unsigned char* p, const unsigned char** sp, const
                     value = _BUILDER.build_checked(s3 + 1, end - s3 - 1, line)
                     cmd = _rdata_new(stream, instance, token, value, None, False, None)
                     if PyObject_IS_GC(<PyObject*>value):  # else atomic slots only: stays untracked
-                        _track_new(cmd)
-                        fs_hold_new(&_BUILDER.b, <PyObject*>cmd)  # held untracked with its row during a feed
+                        if not fs_hold_born(&_BUILDER.b, <PyObject*>cmd):  # held untracked with its row during a feed
+                            _track_new(cmd)
                     return cmd
                 _scan_json(s3 + 1, end - s3 - 1, &canonical, "row", line)
                 # atomic slots only: born untracked, see _track_if_holding
