@@ -253,6 +253,37 @@ def test_ctrl_c_exits_130_and_leaves_no_output(tmp_path: Path) -> None:
     assert "wrote 240000 lines" in again.stderr
 
 
+def test_py4j_tracebacks_stay_out_of_what_the_cli_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    """py4j logs on loggers of its own (``py4j.clientserver``...), whose records only propagate to the root
+    logger's handler: the filter ``logs parse`` installs (Ctrl-C cuts a py4j call short, and py4j logs its
+    traceback) must drop those too, and nothing else."""
+    import logging
+    import sys
+
+    from factstream.cli.logs import quiet_py4j
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.filters[:], root.level)
+    handler = logging.StreamHandler(sys.stderr)
+    root.handlers[:] = [handler]
+    try:
+        quiet_py4j()
+        for name in ("py4j.clientserver", "py4j.java_gateway", ""):
+            log = logging.getLogger(name)
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                record = log.makeRecord(log.name, logging.ERROR, f"{os.sep}site-packages{os.sep}py4j{os.sep}x.py", 1,
+                                        "Exception occurred while shutting down connection", (), sys.exc_info())
+            log.handle(record)
+        logging.getLogger("factstream.x").error("ours stays")
+    finally:
+        root.handlers[:], root.filters[:], _ = saved
+        root.setLevel(saved[2])
+    err = capsys.readouterr().err
+    assert err == "ours stays\n"
+
+
 # -------------------------------------------------------------- chart
 
 

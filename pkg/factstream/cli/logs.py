@@ -294,10 +294,22 @@ def _gzip_problems(spark: Any, files: list[tuple[str, int]]) -> list[tuple[str, 
 
 
 class _DropPy4j(logging.Filter):
-    """Drops py4j's own log records (it logs on the root logger)."""
+    """Drops py4j's own log records, on the root logger and on its own ``py4j.*`` loggers alike.
+
+    A logger's filter sees only the records logged on that very logger, not those its children
+    propagate up, so it is installed on the root logger's handlers too.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def quiet_py4j() -> None:
+    """Keep py4j's log records (tracebacks of calls a Ctrl-C cut short) out of what the root logger writes."""
+    drop = _DropPy4j()
+    root = logging.getLogger()
+    for where in (root, *root.handlers):
+        where.addFilter(drop)
 
 
 class _Interrupted(Exception):
@@ -356,10 +368,9 @@ def run_parse(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
-    # py4j logs a traceback on the root logger when a signal cuts one of its calls short.
-    quiet_py4j = _DropPy4j()
+    # py4j logs a traceback when a signal cuts one of its calls short.
     if not getattr(args, "verbose", 0):
-        logging.getLogger().addFilter(quiet_py4j)
+        quiet_py4j()
     bad: list[tuple[str, str]] = []
     try:
         try:
