@@ -24,8 +24,6 @@ cdef Py_ssize_t _slot(object cls, str name) except -1:
     return (<PyMemberDescrObject*><PyObject*>descr).d_member.offset
 
 
-
-
 cdef extern from *:
     r"""
     /* The codec's free list of freed commands and typed rows (fs_kept_take in _wire_c.pyx), reached the

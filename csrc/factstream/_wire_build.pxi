@@ -104,14 +104,8 @@ cdef extern from *:
         ((PyListObject *)out)->ob_item = a;
         ((PyListObject *)out)->allocated = k;
         Py_SET_SIZE(out, k);
-        if (b->defer) {
-            if (fs_held_room(b)) {
-                Py_INCREF(out);
-                b->held[b->nheld++] = out;
-            } else {
-                PyObject_GC_Track(out);
-            }
-        }
+        if (b->defer && !fs_hold_born(b, out))
+            PyObject_GC_Track(out);  /* no memory to hold it: tracked as any list */
         return out;
     }
 

@@ -19,7 +19,7 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from factstream._cpython cimport PyObject_GC_UnTrack, PyMemberDef, T_OBJECT_EX, READONLY
 from factstream._wire_c cimport decode_row, decode_row_items, kept_keep_fn, kept_take_fn
 from cpython.list cimport PyList_New, PyList_SET_ITEM
-from cpython.long cimport PyLong_FromLong
+from cpython.long cimport PyLong_FromSsize_t
 
 from bisect import bisect_right
 
@@ -70,10 +70,6 @@ cdef extern from *:
     }
     """
     bint fs_token_value(object o, long* v) noexcept
-
-
-#: Below it a count plus any one fact's rows still fits a C long on every platform.
-cdef long RUNNING_MAX = 1 << 30
 
 
 cdef inline int _lt(object a, object b) except -1:
@@ -676,8 +672,8 @@ cdef class Fanout:
                 count = _get(key, self._rows_at)
                 if count != NULL:
                     held = <object>count  # a reference of our own while adding
-                    if fs_token_value(held, &c) and c < RUNNING_MAX:  # a small count: added in C
-                        _set(key, self._rows_at, PyLong_FromLong(c + added))
+                    if fs_token_value(held, &c):  # a small count (under 2**30): added in C
+                        _set(key, self._rows_at, PyLong_FromSsize_t(<Py_ssize_t>c + added))
                     else:
                         _set(key, self._rows_at, held + added)
                     _set(key, self._position_at, token)
