@@ -92,6 +92,20 @@ def test_encode_redis_publish_frames_each_line_as_a_publish(wire_impl: ModuleTyp
     assert wire_impl.encode_redis_publish([], b"c", b"u", counts) == b"" and counts == expected
 
 
+def test_encode_lines_output_of_any_size_is_every_line_exactly(wire_impl: ModuleType) -> None:
+    """The output buffer grows past its first guess (and past a batch of unknown length) without losing a byte."""
+    big = [RdataCommand("events", "m", i, ["x" * 100_000, list(range(1000))]) for i in range(1, 4)]
+    expected = b"".join(wire_impl.encode(c) + b"\n" for c in big)
+    assert wire_impl.encode_lines(big) == expected
+    assert wire_impl.encode_lines(iter(big)) == expected  # no length to reserve from
+    pings = [PingCommand(str(i)) for i in range(5000)]
+    assert wire_impl.encode_lines(c for c in pings) == b"".join(b"PING %d\n" % i for i in range(5000))
+    assert wire_impl.encode_lines([]) == b"" and wire_impl.encode_lines(iter(())) == b""
+    assert wire_impl.encode_redis_publish(iter(big), b"c", b"u", {}) == b"".join(
+        _resp_publish(b"c", wire_impl.encode(c)) for c in big
+    )
+
+
 def test_encode_redis_publish_error_leaves_counts_alone(wire_impl: ModuleType) -> None:
     counts: dict[str, int] = {}
     bad = PositionCommand("events", "has space", 1, 2)

@@ -397,10 +397,14 @@ cdef inline const unsigned char* _scan_value(Scan* s, const unsigned char* p, in
         if p < end and p[0] == C_RBRACKET:
             return p + 1
         while True:
-            # Strings and null, most of a row's items, without a call of their own.
+            # Strings and constants, most of a row's items, without a call of their own.
             if p < end and p[0] == C_QUOTE:
                 p = _scan_string(s, p + 1)
             elif end - p >= 4 and memcmp(p, b"null", 4) == 0:
+                p += 4
+            elif end - p >= 5 and memcmp(p, b"false", 5) == 0:
+                p += 5
+            elif end - p >= 4 and memcmp(p, b"true", 4) == 0:
                 p += 4
             else:
                 p = _scan_value(s, p, depth + 1)

@@ -8,35 +8,52 @@ from factstream._json_scan cimport _first_flagged16, _string_special16
 
 # ------------------------------------------------------------------ encoding
 
+cdef extern from "Python.h":
+    # Documented in the C API (bytes objects): resize a bytes object only its caller holds.
+    int _PyBytes_Resize(PyObject** bytes, Py_ssize_t newsize) except -1
+
+
 @cython.final  # its methods called directly (no vtable), so the C compiler inlines them
 cdef class _Out:
-    """A growable byte buffer."""
+    """A growable byte buffer that is the bytes object ``take`` returns.
 
+    Written in place inside a bytes object that only this buffer holds,
+    resized as it grows and cut to its length at the end: the output is
+    never copied into a bytes object of its own (an encoded batch is tens
+    of kilobytes, copied once more per loop turn before).
+    """
+
+    cdef PyObject* data  # the bytes object written into (owned); NULL once taken
     cdef char* buf
     cdef Py_ssize_t len
     cdef Py_ssize_t cap
 
     def __cinit__(self):
+        cdef object first = PyBytes_FromStringAndSize(NULL, 256)
+        Py_INCREF(first)
+        self.data = <PyObject*>first
+        self.buf = PyBytes_AS_STRING(first)
         self.cap = 256
         self.len = 0
-        self.buf = <char*>PyMem_Malloc(self.cap)
-        if self.buf == NULL:
-            raise MemoryError()
 
     def __dealloc__(self):
-        if self.buf != NULL:
-            PyMem_Free(self.buf)
+        Py_XDECREF(self.data)
 
     cdef inline int reserve(self, Py_ssize_t extra) except -1:
-        cdef Py_ssize_t need = self.len + extra
-        cdef char* nb
-        if need > self.cap:
-            while self.cap < need:
-                self.cap *= 2
-            nb = <char*>PyMem_Realloc(self.buf, self.cap)
-            if nb == NULL:
-                raise MemoryError()
-            self.buf = nb
+        if self.len + extra > self.cap:
+            self._grow(self.len + extra)
+        return 0
+
+    cdef int _grow(self, Py_ssize_t need) except -1:
+        # reserve's rare path, out of line: the inlined writes stay small.
+        cdef Py_ssize_t cap = self.cap
+        if self.data == NULL:
+            raise ValueError("this buffer was taken")
+        while cap < need:
+            cap *= 2
+        _PyBytes_Resize(&self.data, cap)  # on failure it frees the object and sets it NULL
+        self.buf = PyBytes_AS_STRING(<object>self.data)
+        self.cap = cap
         return 0
 
     cdef inline int write(self, const char* data, Py_ssize_t n) except -1:
@@ -61,7 +78,17 @@ cdef class _Out:
         return 0
 
     cdef bytes take(self):
-        return PyBytes_FromStringAndSize(self.buf, self.len)
+        # The bytes written, cut to length (a shrinking resize: no copy); the buffer is spent after.
+        cdef PyObject* data = self.data
+        if data == NULL:
+            raise ValueError("this buffer was taken")
+        self.data = NULL
+        self.buf = NULL
+        self.cap = 0
+        _PyBytes_Resize(&data, self.len)
+        out = <bytes>data
+        Py_DECREF(out)  # <bytes> took a reference of its own
+        return out
 
 
 cdef const char* _HEX = b"0123456789abcdef"
