@@ -95,6 +95,17 @@ def test_usage_errors_exit_2_with_argparse_message() -> None:
     assert out.returncode == 2 and no_traceback(out.stderr)
 
 
+def test_an_option_is_taken_only_by_its_full_name() -> None:
+    """A mistyped option is named as unknown, not read as the longer option it begins (argparse's default)."""
+    out = cli("tail", "--connect", "127.0.0.1:1")  # once read as --connect-timeout: "invalid float value"
+    assert out.returncode == 2 and no_traceback(out.stderr)
+    assert "unrecognized arguments: --connect" in out.stderr and "float" not in out.stderr
+    out = cli("logs", "parse", "--ou", "x", "y")  # nested subcommands too
+    assert out.returncode == 2 and "--out" in out.stderr and no_traceback(out.stderr)
+    out = cli("tail", "--connect-timeout", "0.2", "127.0.0.1:1")  # the full name still works: a clear failure to connect
+    assert out.returncode != 2 and no_traceback(out.stderr), out.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

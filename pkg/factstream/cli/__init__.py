@@ -51,10 +51,24 @@ def _add_common_options(parser: argparse.ArgumentParser, suffix: str) -> None:
                             help="show the traceback of an error (for bug reports)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that takes options only by their full names.
+
+    argparse by default takes any unique prefix of an option: ``tail
+    --connect HOST:PORT`` was read as ``--connect-timeout HOST:PORT`` and
+    answered "invalid float value". A mistyped option is named as such
+    instead. Subcommand parsers are made with this class too.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import factstream
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="factstream",
         description="Streams of facts and their replication between processes (Synapse-compatible).",
     )
