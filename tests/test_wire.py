@@ -101,6 +101,11 @@ def test_encode_lines_output_of_any_size_is_every_line_exactly(wire_impl: Module
     pings = [PingCommand(str(i)) for i in range(5000)]
     assert wire_impl.encode_lines(c for c in pings) == b"".join(b"PING %d\n" % i for i in range(5000))
     assert wire_impl.encode_lines([]) == b"" and wire_impl.encode_lines(iter(())) == b""
+    # a big batch whose size was guessed closely (handed out as written) behaves as any bytes
+    near = [PingCommand("p" * 150) for _ in range(2000)]
+    out = wire_impl.encode_lines(near)
+    assert out == (b"PING " + b"p" * 150 + b"\n") * 2000
+    assert len(out) == 312_000 and hash(out) == hash(bytes(out)) and out[-1:] == b"\n" and out + b"" == out
     assert wire_impl.encode_redis_publish(iter(big), b"c", b"u", {}) == b"".join(
         _resp_publish(b"c", wire_impl.encode(c)) for c in big
     )
