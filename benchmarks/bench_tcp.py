@@ -32,6 +32,11 @@ typed follower in the benchmark's: the timed part runs from the writer's
 ``go`` to the reader's last row (400,000 rows; starting the writer and
 connecting are not timed), and the notes give each side's CPU per row.
 
+``test_default_follower_instructions_per_row`` counts, with valgrind's
+callgrind, the CPU instructions per row of the default-follower path for
+each twin: the one figure here the machine's other load does not move
+(its timing is the whole count, valgrind included).
+
 Latency rows write one fact per millisecond and record, per fact, the time
 from completion on the writer to the handler call on each reader
 (``p50_us``/``p99_us`` in extra_info; the timing itself is the whole run).
@@ -386,3 +391,78 @@ def test_paired_ratio_uvloop_c_over_asyncio_py(benchmark: Any, readers: int) -> 
 
     benchmark.pedantic(pairs, rounds=1, iterations=1)
     benchmark.extra_info.update(result)
+
+
+#: Rows of the two callgrind runs per twin: the per-row count is their difference over the rows between.
+INSTR_ROWS = {"c": (20_000, 120_000), "py": (4_000, 24_000)}
+
+
+#: The subprocess each count runs: this module loaded as the benchmark session loads it (the tests'
+#: conftest gives the twins), then one round of ``n`` rows.
+_COUNT_ONE_ROUND = """
+import importlib.util, sys
+from pathlib import Path
+here = Path(sys.argv[1])
+sys.path[:0] = [str(here.parent / "tests"), str(here)]
+import conftest
+spec = importlib.util.spec_from_file_location("bench_tcp", here / "bench_tcp.py")
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module._instructions_round(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+"""
+
+
+def _instructions(impl: str, n: int, made: int, out: Path) -> int:
+    """Instructions valgrind's callgrind counts in one in-process round of ``n`` rows (``made`` rows made either way)."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", _COUNT_ONE_ROUND,
+         str(Path(__file__).resolve().parent), impl, str(n), str(made)],
+        capture_output=True, text=True, timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for line in out.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise AssertionError(f"no instruction total in {out}")
+
+
+def test_default_follower_instructions_per_row(benchmark: Any, tmp_path: Path) -> None:
+    """CPU instructions per row on the default-follower path, counted by callgrind: a figure the machine's load does not move.
+
+    Writer, reader and the benchmark's own loop and handler in one process,
+    as ``test_default_follower_rows_per_second`` (uvloop, typed follower, one
+    ``write`` per fact, 256 per turn). Each twin runs twice with the same
+    rows made (so start-up costs the same); per row = (instructions at the
+    larger count - at the smaller) / the rows between. The timing is the
+    whole measurement (valgrind runs some 50x slower): read the notes.
+    """
+    import shutil
+
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed")  # every machine kind here has it; make bench is not CI
+    benchmark.group = "tcp RDATA end to end, instructions per row (callgrind), default (typed) follower"
+    per_row: dict[str, float] = {}
+
+    def count() -> None:
+        for impl, (small, big) in INSTR_ROWS.items():
+            a = _instructions(impl, small, big, tmp_path / f"cg.{impl}.{small}")
+            b = _instructions(impl, big, big, tmp_path / f"cg.{impl}.{big}")
+            per_row[impl] = (b - a) / (big - small)
+
+    benchmark.pedantic(count, rounds=1, iterations=1)
+    benchmark.extra_info["c_instructions_per_row"] = round(per_row["c"])
+    benchmark.extra_info["py_instructions_per_row"] = round(per_row["py"])
+    benchmark.extra_info["py_over_c"] = round(per_row["py"] / per_row["c"], 2)
+
+
+def _instructions_round(impl: str, n: int, made: int) -> None:
+    # One round of n rows for _instructions' subprocess, the rows list made for ``made`` rows either way.
+    global ROWS
+    ROWS = rows(made)
+    N_ROWS[1] = n
+    one = _InProcessRound(("uvloop", impl), 1, typed=True)
+    one.setup()
+    try:
+        one.run()
+    finally:
+        one.teardown()
