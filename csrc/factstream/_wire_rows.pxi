@@ -33,13 +33,7 @@ cdef extern from *:
                 }
                 items[k++] = NULL;
             } else {
-                switch (*p) {  /* a row's strings and constants without fs_b_value's call */
-                case '"': v = fs_b_string(b, pp); break;
-                case 'n': *pp = p + 4; v = Py_None; Py_INCREF(v); break;
-                case 'f': *pp = p + 5; v = Py_False; Py_INCREF(v); break;
-                case 't': *pp = p + 4; v = Py_True; Py_INCREF(v); break;
-                default: v = fs_b_value(b, pp);
-                }
+                v = fs_b_value(b, pp);  /* inlined: strings and constants without a call */
                 if (v == NULL) {
                     r = -2;
                     goto release;
