@@ -7,13 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cli_run import cli, no_traceback
+from conftest import twin
 from factstream.demo.tables import DEMO_TABLES
 from factstream.replication.tables import StreamTable, _from_json, _to_json, tables_from_json, tables_to_json
+from wire_strategies import json_values
 
 
 def test_the_demo_tables_round_trip() -> None:
@@ -83,10 +88,32 @@ ODD_VALUES: list[Any] = [
 
 
 @pytest.mark.parametrize("value", ODD_VALUES, ids=repr)
-def test_the_column_codec_writes_and_reads_what_json_does(value: Any) -> None:
+def test_the_column_codec_writes_and_reads_what_json_does(value: Any, wire_impl: ModuleType) -> None:
     text = json.dumps(value)
-    assert _to_json(value) == text
+    assert wire_impl.column_text(value) == text
+    assert _to_json(value) == text  # the active twin, as tables use it
     assert repr(_from_json(text)) == repr(json.loads(text))
+
+
+@given(value=json_values | st.lists(st.floats(), max_size=3) | st.dictionaries(st.text(max_size=3), json_values, max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_column_text_is_json_dumps_for_any_json_value(value: Any) -> None:
+    for impl in ("py", "c"):
+        assert twin("_wire", impl).column_text(value) == json.dumps(value)
+
+
+def test_column_params_are_the_row_as_a_table_stores_it(wire_impl: ModuleType) -> None:
+    params = wire_impl.ColumnParams("receipts", [True, False, True, True])
+    row = ["!r:hs", "m.read", None, {"ts": 1764221234123, "é": [1.5, True]}]
+    got = params.params(7, "master", row)
+    assert got == (7, "master", '"!r:hs"', "m.read", "null", '{"ts": 1764221234123, "\\u00e9": [1.5, true]}')
+    assert got[3] is row[1]  # a plain column is the field itself
+    assert params.json_flags == (True, False, True, True) and params.table == "receipts"
+    with pytest.raises(ValueError, match="row has 3 fields, table receipts has 4 columns"):
+        params.params(8, "master", row[:3])
+    with pytest.raises(TypeError):
+        params.params(9, "master", ["a", "b", {1, 2}, None])
+    assert params.params(10, "master", ("a", 1, 2, 3)) == (10, "master", '"a"', 1, "2", "3")
 
 
 @pytest.mark.parametrize("text", ["", " 1", "1 ", "[1,", "nul", '"a', '"\\x"', "1.5.3", "{}x", "\x00", '"\x01"', "NaN"])
@@ -102,10 +129,10 @@ def test_the_column_codec_accepts_and_refuses_what_json_loads_does(text: str) ->
     assert got == expected
 
 
-def test_the_column_codec_refuses_what_json_dumps_refuses() -> None:
+def test_the_column_codec_refuses_what_json_dumps_refuses(wire_impl: ModuleType) -> None:
     for bad in ({1, 2}, object(), {(1,): 2}):
         with pytest.raises(TypeError) as ours:
-            _to_json(bad)
+            wire_impl.column_text(bad)
         with pytest.raises(TypeError) as theirs:
             json.dumps(bad)
         assert str(ours.value) == str(theirs.value)
@@ -123,19 +150,26 @@ def test_rows_encode_and_decode_per_table_as_before() -> None:
 
 async def test_insert_rows_writes_a_transactions_rows_in_order(engine_db: Any) -> None:
     """One statement for many rows, on both engines; a token's rows read back in the order given."""
-    from factstream.replication.tables import create_tables
+    from factstream.replication.tables import SQLITE_VALUES_PARAMETERS, create_tables
 
     table = next(t for t in DEMO_TABLES if t.stream == "receipts")
     await create_tables(engine_db, [table])
+    n = 400  # several multi-row VALUES on SQLite (8 parameters a row)
     rows = [table.insert_params(2 + i // 3, "w1", [f"!r{i}:hs", "m.read", f"@u{i}:hs", f"$e{i}", None, {"i": i, "s": "é\"'%?"}])
-            for i in range(400)]  # more than one multi-row VALUES on SQLite (999 parameters at most)
+            for i in range(n)]
+    if engine_db.engine == "sqlite":
+        per = SQLITE_VALUES_PARAMETERS // 8
+        assert len(table.insert_rows("sqlite", rows[30:])) == -(-(n - 30) // per) > 1
     for chunk in (rows[:1], rows[1:30], rows[30:]):
         await engine_db.run_transaction(table.insert_rows(engine_db.engine, chunk))
     updates, upto, limited = await table.source(engine_db).get_updates("w1", 1, 200, 1000)
     assert (upto, limited) == (200, False)
     assert [(token, row[0], row[5]) for token, row in updates] == [
-        (2 + i // 3, f"!r{i}:hs", {"i": i, "s": "é\"'%?"}) for i in range(400) if 2 + i // 3 <= 200
+        (2 + i // 3, f"!r{i}:hs", {"i": i, "s": "é\"'%?"}) for i in range(n) if 2 + i // 3 <= 200
     ]
+    last = 2 + (n - 1) // 3
+    updates, upto, limited = await table.source(engine_db).get_updates("w1", last - 1, last, 1000)
+    assert [row[0] for _, row in updates] == [f"!r{i}:hs" for i in range(n) if 2 + i // 3 == last]
     with pytest.raises(ValueError):
         table.insert_rows(engine_db.engine, [])
 

@@ -269,7 +269,8 @@ def test_unusual_but_valid_rows_match_the_stdlib(wire_impl: ModuleType) -> None:
 
     rows = [
         (1, "x"),
-        {1: "int key", None: "none key", True: "bool key", 1.5: "float key"},
+        {1: "int key", None: "none key", 1.5: "float key"},
+        {True: "bool key", False: "false key"},
         OrderedDict(a=1),
         MappingProxyType({"frozen": 1}),
         [Str("sub"), 2**70, -(2**70)],

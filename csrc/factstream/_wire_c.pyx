@@ -27,7 +27,7 @@ from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, Py_TYPE
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.exc cimport PyErr_Clear
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.long cimport PyLong_FromLongLong, PyLong_FromString
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_AsUTF8AndSize
@@ -35,6 +35,8 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport isfinite
 from libc.string cimport memchr, memcmp, memcpy, memmove
 
+
+import json
 
 from . import _json
 from .commands import (
@@ -52,7 +54,10 @@ from .commands import (
 from .commands import _UNSET
 from .errors import ProtocolError
 
-__all__ = ["parse_line", "encode", "encode_lines", "encode_redis_publish", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
+__all__ = [
+    "parse_line", "encode", "encode_lines", "encode_redis_publish", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH",
+    "column_text", "ColumnParams",
+]
 
 from factstream._ascii cimport (
     C_0, C_9, C_BACKSLASH, C_BS, C_COLON, C_COMMA, C_CR, C_DOT, C_FF, C_LBRACE, C_LBRACKET, C_LF, C_LOWER_A,

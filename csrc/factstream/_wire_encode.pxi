@@ -295,10 +295,19 @@ cdef inline int _enc_leaf(_Out out, object o) except -1:
     return 0
 
 
-cdef int _enc_value(_Out out, object o, int depth) except -1:
+cdef inline int _enc_comma(_Out out, bint spaced) except -1:
+    if spaced:
+        out.write(b", ", 2)
+    else:
+        out.byte(44)
+    return 0
+
+
+cdef int _enc_value(_Out out, object o, int depth, bint spaced) except -1:
     # 0 when written; ENC_FALLBACK (the caller rewinds) for what only the stdlib encodes exactly: deep or
     # cyclic containers, non-str keys, floats out of range, other types. No exception for that: the usual
-    # row costs no try block.
+    # row costs no try block. ``spaced``: json.dumps' default separators (', ' and ': ', a table column's
+    # text) instead of the wire's compact ones.
     cdef Py_ssize_t i, n, pos
     cdef PyObject* kp
     cdef PyObject* vp
@@ -314,9 +323,9 @@ cdef int _enc_value(_Out out, object o, int depth) except -1:
         out.byte(91)
         for i in range(n):
             if i:
-                out.byte(44)
+                _enc_comma(out, spaced)
             item = <object>PyList_GET_ITEM(o, i)
-            if not _enc_leaf(out, item) and _enc_value(out, item, depth + 1) == ENC_FALLBACK:
+            if not _enc_leaf(out, item) and _enc_value(out, item, depth + 1, spaced) == ENC_FALLBACK:
                 return ENC_FALLBACK
         out.byte(93)
         return 0
@@ -325,9 +334,9 @@ cdef int _enc_value(_Out out, object o, int depth) except -1:
         out.byte(91)
         for i in range(n):
             if i:
-                out.byte(44)
+                _enc_comma(out, spaced)
             item = <object>PyTuple_GET_ITEM(o, i)
-            if not _enc_leaf(out, item) and _enc_value(out, item, depth + 1) == ENC_FALLBACK:
+            if not _enc_leaf(out, item) and _enc_value(out, item, depth + 1, spaced) == ENC_FALLBACK:
                 return ENC_FALLBACK
         out.byte(93)
         return 0
@@ -339,11 +348,14 @@ cdef int _enc_value(_Out out, object o, int depth) except -1:
             if type(<object>kp) is not str:
                 return ENC_FALLBACK
             if not first:
-                out.byte(44)
+                _enc_comma(out, spaced)
             first = False
             _enc_str(out, <str><object>kp)
-            out.byte(58)
-            if _enc_value(out, <object>vp, depth + 1) == ENC_FALLBACK:
+            if spaced:
+                out.write(b": ", 2)
+            else:
+                out.byte(58)
+            if _enc_value(out, <object>vp, depth + 1, spaced) == ENC_FALLBACK:
                 return ENC_FALLBACK
         out.byte(125)
         return 0
@@ -359,7 +371,7 @@ cdef int _enc_value(_Out out, object o, int depth) except -1:
 
 cdef int _enc_json(_Out out, object value, str what, str cmd) except -1:
     cdef Py_ssize_t mark = out.len
-    if _enc_value(out, value, 0) != ENC_FALLBACK:
+    if _enc_value(out, value, 0, False) != ENC_FALLBACK:
         return 0
     out.len = mark
     try:
@@ -656,3 +668,64 @@ cdef int _count(dict counts, object name, Py_ssize_t n) except -1:
     cdef PyObject* seen = PyDict_GetItem(counts, name)
     PyDict_SetItem(counts, name, (<object>seen) + n if seen != NULL else n)
     return 0
+
+
+# ------------------------------------------------------------ table columns
+
+cdef object _json_dumps = json.dumps
+
+
+cdef str _column_text(_Out out, object value):
+    # json.dumps(value) with its defaults: written by _enc_value (spaced) into ``out`` from its start, the
+    # stdlib for anything that declines (and for its errors).
+    cdef object text
+    cdef Py_ssize_t n
+    out.len = 0
+    if _enc_value(out, value, 0, True) == ENC_FALLBACK:
+        return _json_dumps(value)
+    n = out.len
+    text = PyUnicode_New(n, 127)
+    memcpy(PyUnicode_DATA(text), out.buf, n)
+    return <str>text
+
+
+def column_text(value) -> str:
+    """``json.dumps(value)`` (its defaults: ASCII, ``", "`` and ``": "``), as a table's JSON column holds it."""
+    return _column_text(_Out(), value)
+
+
+cdef class ColumnParams:
+    """The parameters inserting one row into a table: ``(token, instance_name, *fields)`` (see ``_wire_py``)."""
+
+    cdef readonly str table
+    cdef readonly tuple json_flags
+    cdef bytes _flags  # json_flags as bytes (0 or 1), read without a Python object per column
+    cdef _Out _out
+    cdef Py_ssize_t _n
+
+    def __init__(self, str table, json_flags):
+        self.table = table
+        self.json_flags = tuple([bool(f) for f in json_flags])
+        self._flags = bytes([1 if f else 0 for f in self.json_flags])
+        self._n = len(self.json_flags)
+        self._out = _Out()
+
+    def params(self, token, instance_name, row) -> tuple:
+        """``(token, instance_name, *fields)``; ValueError when the row has another number of fields."""
+        cdef Py_ssize_t i, n = self._n
+        cdef const char* flags = PyBytes_AS_STRING(self._flags)
+        cdef object v
+        if len(row) != n:
+            raise ValueError(f"row has {len(row)} fields, table {self.table} has {n} columns")
+        cdef tuple out = PyTuple_New(n + 2)
+        Py_INCREF(token)
+        PyTuple_SET_ITEM(out, 0, token)
+        Py_INCREF(instance_name)
+        PyTuple_SET_ITEM(out, 1, instance_name)
+        for i in range(n):
+            v = row[i]
+            if flags[i]:
+                v = _column_text(self._out, v)
+            Py_INCREF(v)
+            PyTuple_SET_ITEM(out, i + 2, v)
+        return out

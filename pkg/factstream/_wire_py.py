@@ -8,7 +8,9 @@ the body is split per command. Where Synapse is lax by accident we are strict
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
+from json.encoder import JSONEncoder, c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from . import _json
@@ -26,7 +28,10 @@ from .commands import (
 )
 from .errors import ProtocolError
 
-__all__ = ["parse_line", "encode", "encode_lines", "encode_redis_publish", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH"]
+__all__ = [
+    "parse_line", "encode", "encode_lines", "encode_redis_publish", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH",
+    "column_text", "ColumnParams",
+]
 
 #: Longest line accepted by default, in bytes without the newline (Synapse's limit).
 DEFAULT_MAX_LINE_LENGTH = 16384
@@ -298,3 +303,50 @@ class LineDecoder:
     def _error(err: ProtocolError, done: list[Command]) -> ProtocolError:
         err.commands = list(done)
         return err
+
+
+# -- table columns: a row's fields as a writer stores them (see factstream.replication.tables)
+
+# The stdlib's C encoder, made once: json.dumps' text without its per-call set-up. (No
+# circular-reference check: a row is a tree; a cycle raises RecursionError, not ValueError.)
+_ENCODE = (
+    c_make_encoder(None, JSONEncoder().default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    if c_make_encoder is not None else None
+)
+_SCALARS = {type(None): "null", True: "true", False: "false"}
+
+
+def column_text(value: Any) -> str:
+    """``json.dumps(value)`` (its defaults: ASCII, ``", "`` and ``": "``), as a table's JSON column holds it."""
+    t = type(value)
+    if t is str:
+        return encode_basestring_ascii(value)
+    if t is int:
+        return int.__repr__(value)
+    if value is None or t is bool:
+        return _SCALARS[value if t is bool else t]
+    if _ENCODE is None:
+        return json.dumps(value)
+    return "".join(_ENCODE(value, 0))
+
+
+class ColumnParams:
+    """The parameters inserting one row into a table: ``(token, instance_name, *fields)``.
+
+    ``json_flags`` says, per column, whether the field is stored as its JSON
+    text (:func:`column_text`) or as it is. Made once per table; :meth:`params`
+    runs for every row a writer writes.
+    """
+
+    __slots__ = ("table", "json_flags")
+
+    def __init__(self, table: str, json_flags: Sequence[bool]) -> None:
+        self.table = table
+        self.json_flags = tuple(bool(f) for f in json_flags)
+
+    def params(self, token: int, instance_name: str, row: Sequence[Any]) -> tuple[Any, ...]:
+        """``(token, instance_name, *fields)``; ValueError when the row has another number of fields."""
+        flags = self.json_flags
+        if len(row) != len(flags):
+            raise ValueError(f"row has {len(row)} fields, table {self.table} has {len(flags)} columns")
+        return (token, instance_name, *[column_text(v) if j else v for j, v in zip(flags, row)])

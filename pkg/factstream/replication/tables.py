@@ -17,10 +17,11 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
 from json.decoder import JSONDecoder
-from json.encoder import JSONEncoder, c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
+from .._wire import ColumnParams, column_text
 from ..streams.sources import TableUpdateSource
 
 __all__ = ["StreamTable", "TableWriter", "create_tables", "open_id_generators", "tables_from_json", "tables_to_json"]
@@ -51,24 +52,9 @@ class StreamTable:
         return tuple(c not in self.plain_columns for c in self.columns)
 
     @cached_property
-    def _encode_row(self) -> Callable[[int, str, Sequence[Any]], tuple[Any, ...]]:
-        # insert_params without a loop over the columns: one expression per column, made once
-        # per table (the way collections.namedtuple makes its methods); the same values. A
-        # string (most fields) goes straight to the C escaper, without a Python call of ours.
-        n = len(self.columns)
-        lines = [
-            f"    v{i} = row[{i}]\n    v{i} = _esc(v{i}) if type(v{i}) is str else _to_json(v{i})\n"
-            for i, j in enumerate(self._json_flags) if j
-        ]
-        cols = ", ".join(f"v{i}" if j else f"row[{i}]" for i, j in enumerate(self._json_flags))
-        src = (f"def encode(token, instance_name, row):\n"
-               f"    if len(row) != {n}:\n"
-               f"        raise ValueError(f'row has {{len(row)}} fields, table {{_table}} has {n} columns')\n"
-               + "".join(lines) +
-               f"    return (token, instance_name, {cols},)\n")
-        scope: dict[str, Any] = {"_to_json": _to_json, "_esc": encode_basestring_ascii, "_table": self.table}
-        exec(src, scope)  # noqa: S102 - the source is built from column positions only, never from data
-        return scope["encode"]  # type: ignore[no-any-return]
+    def row_encoder(self) -> Callable[[int, str, Sequence[Any]], tuple[Any, ...]]:
+        """:meth:`insert_params` as a plain function, made once per table (a writer's hot path)."""
+        return ColumnParams(self.table, self._json_flags).params
 
     @cached_property
     def row_decoder(self) -> Callable[[tuple[Any, ...]], list[Any]]:
@@ -95,7 +81,7 @@ class StreamTable:
                f"        return _slow(values)\n"
                f"    return [{cols}]\n")
         scope = {"_scan": _SCAN, "_slow": self.to_row}
-        exec(src, scope)  # noqa: S102 - positions only, as above
+        exec(src, scope)  # noqa: S102 - the source is built from column positions only, never from data
         return scope["decode"]  # type: ignore[no-any-return]
 
     def create_sql(self) -> list[str]:
@@ -119,17 +105,17 @@ class StreamTable:
         json_array_elements(?)``, taking the rows as one JSON text (one parse
         and one execution for any number of rows, the same statement text, so
         psycopg's query cache keeps it, and no per-value adaptation in
-        Python); elsewhere multi-row ``VALUES`` of at most 999 parameters each
-        (the limit of older SQLite builds). Values must be text (or None): the
-        JSON-encoded columns are.
+        Python); elsewhere multi-row ``VALUES`` of at most
+        :data:`SQLITE_VALUES_PARAMETERS` parameters each. Values must be text
+        (or None): the JSON-encoded columns are.
         """
         if not rows:
             raise ValueError("no rows to insert")
         if engine == "postgres":
             return [(self._insert_json_sql, [(json.dumps(rows, ensure_ascii=False),)])]
-        per = max(1, 999 // (len(self.columns) + 2))
+        per = max(1, SQLITE_VALUES_PARAMETERS // (len(self.columns) + 2))
         return [
-            (self._insert_values_sql(len(chunk)), [tuple(v for r in chunk for v in r)])
+            (self._insert_values_sql(len(chunk)), [tuple(chain.from_iterable(chunk))])
             for chunk in (rows[i:i + per] for i in range(0, len(rows), per))
         ]
 
@@ -159,7 +145,7 @@ class StreamTable:
 
     def insert_params(self, token: int, instance_name: str, row: Sequence[Any]) -> tuple[Any, ...]:
         """Parameters for :meth:`insert_sql` of one wire row."""
-        return self._encode_row(token, instance_name, row)
+        return self.row_encoder(token, instance_name, row)
 
     def to_row(self, values: tuple[Any, ...]) -> list[Any]:
         """The wire row of a selected tuple (columns only)."""
@@ -180,31 +166,19 @@ class StreamTable:
         return ((self.table, "instance_name", "stream_id"),)
 
 
-# The column codec runs for every row a writer writes and a publisher reads back, so it
-# skips json.dumps/json.loads' per-call set-up: the stdlib's C encoder and scanner, made
-# once, give the same text and values (json.dumps' defaults; json.loads' strictness, with
+#: Parameters of one multi-row ``VALUES`` insert on SQLite (a few dozen rows). Short statements of
+#: the same text each time: the driver's statement cache keeps them prepared, and only the last,
+#: shorter one of a batch is parsed. Parsing is what long ones cost (callgrind, serve --produce's
+#: database thread, instructions per row: 32,766 parameters 22,253, 999 14,190, 256 10,166, 128 9,646).
+SQLITE_VALUES_PARAMETERS = 256
+
+
+# The column codec runs for every row a writer writes and a publisher reads back. Writing is
+# wire.column_text (json.dumps' text; compiled with the codec); reading skips json.loads' per-call
+# set-up: the stdlib's C scanner, made once, gives the same values (json.loads' strictness, with
 # json.loads itself raising its own error for anything the quick path does not take).
-# (No circular-reference check: a row is a tree; a cycle raises RecursionError, not ValueError.)
-_ENCODE = (
-    c_make_encoder(None, JSONEncoder().default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
-    if c_make_encoder is not None else None
-)
 _SCAN = JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__, not declared in typeshed
-_SCALARS = {type(None): "null", True: "true", False: "false"}
-
-
-def _to_json(v: Any) -> str:
-    """``json.dumps(v)``, faster for the values rows are made of."""
-    t = type(v)
-    if t is str:
-        return encode_basestring_ascii(v)
-    if t is int:
-        return int.__repr__(v)
-    if v is None or t is bool:
-        return _SCALARS[v if t is bool else t]
-    if _ENCODE is None:
-        return json.dumps(v)
-    return "".join(_ENCODE(v, 0))
+_to_json = column_text
 
 
 def _from_json(text: str) -> Any:
