@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
@@ -84,6 +85,28 @@ def test_errors(heap_impl: ModuleType) -> None:
     with pytest.raises(ValueError, match="already completed"):
         heap.complete_many([7, 7])
     assert heap.complete_many([7]) == 9
+
+
+def test_batch_calls_undo_a_partial_batch(heap_impl: ModuleType) -> None:
+    """A batch failing late (after the table grew for it, or in the caller's iterable) leaves no trace."""
+    heap = heap_impl.PendingHeap(0)
+    heap.reserve_many(range(1, 6))
+    with pytest.raises(ValueError, match="already reserved"):
+        heap.reserve_many([*range(10, 500), 3])
+    assert heap.pending_ids() == [1, 2, 3, 4, 5] and len(heap) == 5
+
+    def failing(*ids: int) -> Iterator[int]:
+        yield from ids
+        raise RuntimeError("the caller's iterable broke")
+
+    with pytest.raises(RuntimeError, match="iterable broke"):
+        heap.complete_many(failing(2, 4))
+    with pytest.raises(RuntimeError, match="iterable broke"):
+        heap.reserve_many(failing(600, 601))
+    assert heap.pending_ids() == [1, 2, 3, 4, 5] and heap.pending == 5
+    heap.reserve_many(range(10, 500))  # none of them was left behind
+    assert heap.complete_many([2, 4, 1]) == 2
+    assert heap.complete_many([5, 3]) == 5 and heap.pending == 490
 
 
 def test_advance_only_when_idle(heap_impl: ModuleType) -> None:

@@ -452,3 +452,82 @@ async def test_sqlite_block_recorded_in_a_rolled_back_transaction_is_written_aga
     assert row is not None and int(row[0]) >= second
     await gen.close()
     await db.close()
+
+
+async def test_a_sqlite_writer_records_its_next_id_block_ahead_of_use(tmp_path: Path) -> None:
+    """Past half of the recorded block the next one is written in the background, so a reservation does not
+    wait for the database (busy with another task's transaction) to record it; a clean close gives back what
+    is unused."""
+    from factstream.ids.generators import SQLITE_ID_BLOCK
+
+    db = await connect(f"sqlite:///{tmp_path / 'ahead.db'}")
+    await db.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
+    gen = await make(db)
+
+    async def recorded() -> int:
+        row = await db.fetchone("SELECT reserved_upto FROM stream_id_blocks WHERE stream_name = 'events'")
+        assert row is not None
+        return int(row[0])
+
+    async with gen.get_next_mult(10) as ids:
+        assert await recorded() == ids[-1] + SQLITE_ID_BLOCK
+    async with gen.get_next_mult(SQLITE_ID_BLOCK // 2 + 100) as ids:  # past half the block: the next is written
+        pass
+    await asyncio.sleep(0.05)
+    assert await recorded() == ids[-1] + SQLITE_ID_BLOCK
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def busy() -> None:
+        async with db.transaction() as txn:
+            await txn.execute("INSERT INTO facts VALUES (0, 'other', 'x')")
+            inside.set()
+            await release.wait()
+
+    holder = asyncio.create_task(busy())
+    await inside.wait()
+
+    async def reserve() -> list[int]:
+        async with gen.get_next_mult(SQLITE_ID_BLOCK - 200) as more:  # beyond the first block, within the second
+            return more
+
+    more = await asyncio.wait_for(reserve(), 5)  # recorded ahead: no wait for the open transaction
+    assert not holder.done() and more[-1] > ids[-1] + SQLITE_ID_BLOCK // 2
+    release.set()
+    await holder
+    await asyncio.sleep(0.05)
+    assert await recorded() == more[-1] + SQLITE_ID_BLOCK  # and the next block again, in the background
+    await gen.close()
+    assert await recorded() == more[-1]  # given back on a clean stop: a restart skips nothing
+    await db.close()
+
+
+async def test_a_busy_writer_records_its_position_once_per_flush_interval(db: Database) -> None:
+    """The background record of the position is debounced while the position keeps moving: one upsert per
+    ``flush_interval`` (it was one after another, each waiting for the database, for as long as ids completed)."""
+    gen = await make(db)
+    gen.flush_interval = 0.05
+    writes: list[float] = []
+    original = db.execute
+
+    async def counting(sql: str, params: object = ()) -> int:
+        if "stream_positions" in sql:
+            writes.append(asyncio.get_running_loop().time())
+        return await original(sql, params)  # type: ignore[arg-type]
+
+    db.execute = counting  # type: ignore[method-assign]
+    try:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 0.6
+        while loop.time() < until:
+            async with gen.get_next_mult(3):
+                pass
+            await asyncio.sleep(0.001)
+        last = gen.current_token_for_writer("master")
+        await asyncio.sleep(0.2)
+    finally:
+        db.execute = original  # type: ignore[method-assign]
+    assert 5 <= len(writes) <= 0.6 / 0.05 + 3, writes
+    assert all(b - a >= 0.05 * 0.9 for a, b in zip(writes, writes[1:]))
+    row = await db.fetchone("SELECT stream_id FROM stream_positions WHERE stream_name = 'events'")
+    assert row is not None and int(row[0]) == last  # the last advance was recorded all the same
+    await gen.close()

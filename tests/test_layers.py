@@ -23,7 +23,7 @@ CSRC = ROOT / "csrc" / "factstream"
 #: (a twin at the package root belongs to the layer it serves).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("factstream._compat", "factstream.errors", "factstream.redaction", "factstream.metrics", "factstream.backoff",
-              "factstream.status_lines")),
+              "factstream.interpreter", "factstream.status_lines")),
     ("wire", ("factstream._json", "factstream.commands", "factstream._wire", "factstream.wire")),
     ("store", ("factstream.store",)),
     ("ids", ("factstream.ids._heap", "factstream.ids")),

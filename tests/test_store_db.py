@@ -217,3 +217,82 @@ async def test_run_transaction_commits_in_one_trip_or_rolls_back_whole(db: Datab
             await db.run_transaction([("INSERT INTO t VALUES (?)", [(6,)])])
             raise RuntimeError("the outer transaction rolls back, the joined steps with it")
     assert await db.fetchall("SELECT id FROM t ORDER BY id") == [(2,), (4,), (5,)]
+
+
+async def test_self_contained_jobs_run_in_the_order_started_around_an_open_transaction(db: Database) -> None:
+    """run_transaction / execute hold the connection only to queue their job: the next one starts as soon as the
+    one before ends, in the order they were started, never inside another task's open transaction."""
+    await db.execute("CREATE TABLE o (n BIGINT, who TEXT)")
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def open_transaction() -> None:
+        async with db.transaction() as txn:
+            await txn.execute("INSERT INTO o VALUES (?, 'txn')", (0,))
+            inside.set()
+            await release.wait()
+            await txn.execute("INSERT INTO o VALUES (?, 'txn')", (1,))
+
+    holder = asyncio.create_task(open_transaction())
+    await inside.wait()
+    queued = [asyncio.create_task(db.run_transaction([("INSERT INTO o VALUES (?, 'job')", [(2 + i,)])]))
+              for i in range(5)]
+    queued.append(asyncio.create_task(db.execute("INSERT INTO o VALUES (?, 'job')", (7,))))
+    await asyncio.sleep(0.05)
+    release.set()
+    await asyncio.gather(holder, *queued)
+    rows = await db.fetchall("SELECT n, who FROM o ORDER BY n")
+    assert rows == [(0, "txn"), (1, "txn"), *[(n, "job") for n in range(2, 8)]]
+    if db.engine == "sqlite":
+        # one database thread: the jobs ran after the transaction, in the order started
+        order = await db.fetchall("SELECT n FROM o ORDER BY rowid")
+        assert [n for (n,) in order] == list(range(8))
+
+
+@pytest.mark.postgres
+async def test_postgres_statement_timeout_in_a_pipeline_is_the_statement_s_error_not_an_outage(postgres_dsn: str) -> None:
+    """A statement the server cancels (statement_timeout, SQLSTATE 57014) in psycopg's pipeline leaves the
+    connection usable: the caller gets the server's error, not DatabaseUnavailable and a closed connection."""
+    import psycopg
+
+    db = await database.connect(postgres_dsn, max_connections=1)
+    try:
+        await db.execute("CREATE TABLE t (id BIGINT)")
+        slow = "INSERT INTO t SELECT ? FROM pg_sleep(0.2)"
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            await db.run_transaction([("SET LOCAL statement_timeout = 20", None), (slow, [(1,), (2,)])])
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            async with db.transaction() as txn:
+                await txn.execute("SET LOCAL statement_timeout = 20")
+                await txn.executemany(slow, [(3,), (4,)])
+        conn = db._all.copy().pop()  # type: ignore[attr-defined]  # noqa: SLF001 - the pool's one connection
+        assert not conn.closed
+        await db.run_transaction([("INSERT INTO t VALUES (?)", [(5,)])])
+        assert await db.fetchall("SELECT id FROM t") == [(5,)]
+        assert db._all == {conn}  # type: ignore[attr-defined]  # noqa: SLF001 - the same connection, reused
+    finally:
+        await db.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_idle_connections_the_server_ended_are_not_handed_out(postgres_dsn: str) -> None:
+    """Every backend terminated while the pool's connections sit idle: the next calls get fresh
+    connections instead of failing with DatabaseUnavailable on the dead ones."""
+    import psycopg
+
+    db = await database.connect(postgres_dsn, max_connections=3)
+    try:
+        await asyncio.gather(*(db.fetchone("SELECT pg_sleep(0.05)") for _ in range(3)))  # three idle ones
+        before = set(db._all)  # type: ignore[attr-defined]  # noqa: SLF001
+        assert len(before) == 3
+        name = postgres_dsn.rsplit("/", 1)[1]
+        with psycopg.connect(postgres_dsn.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+            ).fetchall()
+        assert killed == [(True,)] * 3
+        await asyncio.sleep(0.1)  # the server's goodbye reaches the sockets
+        assert await asyncio.gather(*(db.fetchone("SELECT ?::int", (i,)) for i in range(3))) == [(0,), (1,), (2,)]
+        assert not before & set(db._all)  # type: ignore[attr-defined]  # noqa: SLF001 - all three replaced
+    finally:
+        await db.close()

@@ -9,7 +9,6 @@ backward-shift deletion, load <= 1/2), which avoids a heap allocation per id.
 """
 
 from libc.stdint cimport int64_t, uint64_t, uint8_t
-from libcpp.unordered_set cimport unordered_set
 from libcpp.vector cimport vector
 
 __all__ = ["PendingHeap", "INT64_MIN", "INT64_MAX"]
@@ -28,7 +27,7 @@ cdef class PendingHeap:
     # Invariant: _heap[0] (if any) is pending; ids below it are settled.
     cdef int64_t _position
     cdef vector[int64_t] _heap
-    # hash table of tracked ids: _keys[i] valid where _state[i] != EMPTY
+    # hash table of tracked ids: _keys[i] valid where _state[i] != EMPTY (3: being completed)
     cdef vector[int64_t] _keys
     cdef vector[uint8_t] _state
     cdef uint64_t _mask
@@ -42,7 +41,7 @@ cdef class PendingHeap:
         self._pending = 0
         self._alloc(16)
 
-    # -- hash table (EMPTY=0, PENDING=1, DONE=2)
+    # -- hash table (EMPTY=0, PENDING=1, DONE=2; 3 only inside complete_many)
 
     cdef void _alloc(self, Py_ssize_t cap) noexcept:
         cdef int bits = 0
@@ -230,18 +229,21 @@ cdef class PendingHeap:
 
     def reserve_many(self, stream_ids):
         """Reserve several ids (all checked first: on error nothing is reserved)."""
+        # Each id enters the table as it is checked, so a repeat is found there (no set of its
+        # own); an error takes the ones entered out again before it propagates.
         cdef vector[int64_t] ids
-        cdef unordered_set[int64_t] seen
         cdef int64_t sid
-        for value in stream_ids:
-            sid = self._as_id(value)
-            self._check_reservable(sid)
-            if seen.count(sid):
-                raise ValueError(f"stream id {sid} is already reserved")
-            seen.insert(sid)
-            ids.push_back(sid)
+        try:
+            for value in stream_ids:
+                sid = self._as_id(value)
+                self._check_reservable(sid)
+                self._put(sid, 1)
+                ids.push_back(sid)
+        except BaseException:
+            for sid in ids:
+                self._erase_at(self._find(sid))
+            raise
         for sid in ids:
-            self._put(sid, 1)
             self._push(sid)
         self._pending += ids.size()
 
@@ -262,19 +264,26 @@ cdef class PendingHeap:
 
     def complete_many(self, stream_ids):
         """Complete several ids (all checked first); the new position, or None."""
-        cdef vector[int64_t] ids
-        cdef unordered_set[int64_t] seen
-        cdef int64_t sid
-        for value in stream_ids:
-            sid = self._as_id(value)
-            if seen.count(sid):
-                raise ValueError(f"stream id {sid} is already completed")
-            self._check_completable(sid)
-            seen.insert(sid)
-            ids.push_back(sid)
-        for sid in ids:
-            self._state[self._find(sid)] = 2
-        self._pending -= ids.size()
+        # Checked ids are marked (state 3) in the table, so a repeat reads as completed; an
+        # error marks them pending again before it propagates. No insert or erase happens
+        # meanwhile, so the slots stay where they are.
+        cdef vector[Py_ssize_t] slots
+        cdef Py_ssize_t slot
+        cdef uint8_t* st
+        try:
+            for value in stream_ids:
+                slot = self._check_completable(self._as_id(value))
+                self._state[slot] = 3
+                slots.push_back(slot)
+        except BaseException:
+            st = self._state.data()
+            for slot in slots:
+                st[slot] = 1
+            raise
+        st = self._state.data()
+        for slot in slots:
+            st[slot] = 2
+        self._pending -= slots.size()
         return self._absorb()
 
     cdef object _absorb(self):

@@ -28,10 +28,12 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .. import transport
 from ..backoff import Outage
+from ..interpreter import settle
 from ..redaction import redact_url
 from ..replication import Publisher, ReplicationHub
 from ..demo.tables import DEMO_TABLES
@@ -198,17 +200,23 @@ _USERS = tuple(f"@user{i}:demo.hs" for i in range(97))
 _ROOMS = tuple(f"!room{i}:demo.hs" for i in range(13))
 
 
-def synthetic_row(stream: str, token: int, j: int, now: float | None = None) -> list[Any]:
-    """A row of ``stream`` in Synapse's shape, carrying its creation time (``now``) where the shape allows."""
-    if now is None:
-        now = time.time()
+def _row_maker(stream: str) -> Callable[[int, int, int], list[Any]]:
+    """``(token, j, now_ms) -> row``: the ``j``-th row of a fact of ``stream`` in Synapse's shape."""
     if stream == "to_device":
-        return [_USERS[token % 97]]
-    if stream == "receipts":
-        return [_ROOMS[token % 13], "m.read", _USERS[token % 31], f"$ev{token}_{j}", None, {"ts": now}]
+        return lambda token, j, now_ms: [_USERS[token % 97]]
+    if stream == "receipts":  # receipt data as Synapse writes it: {"ts": milliseconds}
+        return lambda token, j, now_ms: [
+            _ROOMS[token % 13], "m.read", _USERS[token % 31], f"$ev{token}_{j}", None, {"ts": now_ms}
+        ]
     if stream == "caches":
-        return ["get_user_by_id", [f"@user{token}_{j}:demo.hs"], int(now * 1000)]
-    return [f"{stream}-{token}-{j}"]
+        return lambda token, j, now_ms: ["get_user_by_id", [f"@user{token}_{j}:demo.hs"], now_ms]
+    return lambda token, j, now_ms: [f"{stream}-{token}-{j}"]
+
+
+def synthetic_row(stream: str, token: int, j: int, now_ms: int | None = None) -> list[Any]:
+    """A row of ``stream`` in Synapse's shape, carrying its creation time in milliseconds (``now_ms``) where
+    the shape allows."""
+    return _row_maker(stream)(token, j, int(time.time() * 1000) if now_ms is None else now_ms)
 
 
 class Writer:
@@ -223,6 +231,11 @@ class Writer:
         self.hub: ReplicationHub | None = None
         self.publisher: Publisher | None = None
         self.written: dict[str, WrittenRows] = {}
+        self._row_makers = {t.stream: _row_maker(t.stream) for t in tables}
+        # One group's ids are all fetched before the next group's: two fetches in flight from one
+        # PostgreSQL sequence interleave, and a group's range (first..last id) would then hold the
+        # other's ids, which WrittenRows would answer for from this group's rows alone.
+        self._reserving = asyncio.Lock()
         self.stats = {"facts": 0, "rows": 0, "rolled_back": 0, "transactions": 0, "db_failures": 0, "db_outages": 0}
 
     async def start(self) -> None:
@@ -284,11 +297,13 @@ class Writer:
         As fast as possible (``--rate 0``), up to :data:`GROUP` synthetic
         transactions share one database transaction (a group commit): those
         that commit do so together, all or nothing (their rows in one INSERT
-        per table); those rolled back are written in a savepoint of their own
-        and rolled back to it. Their ids complete once the group's outcome is
-        known, which is when readers may see them. A group is one trip to the
-        database, not a few per synthetic transaction. At a ``--rate`` each
-        transaction is its own group, written one fact at a time.
+        per table); those rolled back are written in one savepoint and rolled
+        back to it. Their ids complete once the group's outcome is known,
+        which is when readers may see them. A group is one trip to the
+        database, not a few per synthetic transaction, and two are in flight:
+        the next is made while the database runs the previous one. At a
+        ``--rate`` each transaction is its own group, written one fact at a
+        time.
         """
         a = self.args
         outage = Outage(log, f"database {redact_url(a.db)}", initial=0.1, maximum=5.0)
@@ -296,13 +311,31 @@ class Writer:
         deadline = time.monotonic() + a.duration if a.duration else None
         interval = 1.0 / a.rate if a.rate else 0.0
         stopping = asyncio.ensure_future(stop.wait())
+        in_flight: list[asyncio.Future[None]] = []  # oldest first; at most two
+
+        async def finish(keep: int) -> None:
+            while len(in_flight) > keep:
+                await in_flight[0]  # raises: still listed, so cancelled below
+                in_flight.pop(0)
+
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 await self._pace(stopping)
-                await self._produce_group(outage, rng, interval, stop)
-                await asyncio.sleep(interval)
+                if interval or outage.ongoing:
+                    await finish(0)
+                    await self._produce_group(outage, rng, interval, stop)
+                    await asyncio.sleep(interval)
+                    continue
+                # Two groups in flight: the next one is made (rows, JSON, ids) while the database
+                # runs the previous one's transaction, which it waits for before its ids complete.
+                after = in_flight[-1] if in_flight else None
+                in_flight.append(asyncio.ensure_future(self._produce_group(outage, rng, interval, stop, after=after)))
+                await finish(1)
+            await finish(0)
         finally:
             stopping.cancel()
+            for task in in_flight:
+                task.cancel()
 
     async def _pace(self, stopping: asyncio.Future[Any]) -> None:
         """Wait while the publisher is more than :data:`BACKLOG` positions behind what was written.
@@ -322,9 +355,14 @@ class Writer:
             caught_up.cancel()
 
     async def _produce_group(
-        self, outage: Outage, rng: random.Random, interval: float, stop: asyncio.Event
+        self, outage: Outage, rng: random.Random, interval: float, stop: asyncio.Event,
+        after: asyncio.Future[None] | None = None,
     ) -> None:
-        """Write one group of synthetic transactions; a database outage is waited out (with backoff)."""
+        """Write one group of synthetic transactions; a database outage is waited out (with backoff).
+
+        ``after``: the group before, still in flight; this one's rows are recorded and its ids
+        complete only once that one is done, so groups finish in the order of their ids.
+        """
         from ..store.database import DatabaseUnavailable
 
         stats = self.stats
@@ -339,6 +377,8 @@ class Writer:
                 # off by an outage).
                 group = await self._make_group(reserved, plans, rng)
                 await self.db.run_transaction(group.steps)
+                if after is not None:
+                    await asyncio.wait({after})
                 # Committed: the publisher gets these rows from memory once the ids complete.
                 for stream, ids in group.ids.items():
                     self.written[stream].record(ids[0], ids[-1], group.committed[stream])
@@ -369,32 +409,36 @@ class Writer:
         wanted: dict[str, int] = {}
         for t, n in plans:
             wanted[t.stream] = wanted.get(t.stream, 0) + n
-        ids = await _reserve_all(reserved, {s: (self.gens[s], n) for s, n in wanted.items()})
+        async with self._reserving:
+            ids = await _reserve_all(reserved, {s: (self.gens[s], n) for s, n in wanted.items()})
         group = Group(ids, {s: [] for s in wanted})
         used = dict.fromkeys(wanted, 0)
         rollback_rate = self.args.rollback_rate
-        now = time.time()
+        now_ms = int(time.time() * 1000)
+        draw = rng.random
         kept: dict[StreamTable, list[tuple[Any, ...]]] = {}
+        undone: dict[StreamTable, list[tuple[Any, ...]]] = {}
         for t, n in plans:
             first = used[t.stream]
             used[t.stream] = first + n
             params: list[tuple[Any, ...]] = []
             written: list[tuple[int, Any]] = []
+            make = self._row_makers[t.stream]
+            encode = t.row_encoder
             k_facts = 0
             for tok in ids[t.stream][first:first + n]:
-                r = rng.random()  # rows of a fact: 1 mostly; 0 (a hole) 4%, 2 12%, 4 4% (a batch)
+                r = draw()  # rows of a fact: 1 mostly; 0 (a hole) 4%, 2 12%, 4 4% (a batch)
                 k = 1 if r < 0.80 else 2 if r < 0.92 else 0 if r < 0.96 else 4
                 for j in range(k):
-                    row = synthetic_row(t.stream, tok, j, now)
-                    params.append(t.insert_params(tok, inst, row))
+                    row = make(tok, j, now_ms)
+                    params.append(encode(tok, inst, row))
                     written.append((tok, row))
                 k_facts += 1 if k else 0
             if rng.random() < rollback_rate:
-                # written, then undone: a savepoint of its own, rolled back to
+                # written, then undone (below)
                 group.rolled_back += n
                 if params:
-                    group.steps += [("SAVEPOINT produce", None), *t.insert_rows(engine, params),
-                                    ("ROLLBACK TO SAVEPOINT produce", None), ("RELEASE SAVEPOINT produce", None)]
+                    undone.setdefault(t, []).extend(params)
             else:
                 # committed with the group, all or nothing: no savepoint of its own needed
                 group.facts += k_facts
@@ -402,8 +446,16 @@ class Writer:
                 if params:
                     group.committed[t.stream].extend(written)
                     kept.setdefault(t, []).extend(params)
-        # the group's committed rows, one statement per table (PostgreSQL: one subtransaction per
-        # savepoint, and more than 64 in one transaction slow every snapshot down)
+        # Few statements, whatever the group holds: the rolled-back transactions' rows in one
+        # savepoint, rolled back to, then the committed rows; one statement per table each (on
+        # PostgreSQL a savepoint is a subtransaction, and more than 64 in one transaction slow
+        # every snapshot down; on SQLite each statement is a hand-over of the GIL between the
+        # event loop and the database thread).
+        if undone:
+            group.steps.append(("SAVEPOINT produce", None))
+            for t, params in undone.items():
+                group.steps += t.insert_rows(engine, params)
+            group.steps += [("ROLLBACK TO SAVEPOINT produce", None), ("RELEASE SAVEPOINT produce", None)]
         for t, params in kept.items():
             group.steps += t.insert_rows(engine, params)
         return group
@@ -474,6 +526,7 @@ async def serve(args: argparse.Namespace) -> int:
         except Exception:  # noqa: BLE001 - the start error is the one to report
             pass
         raise  # the CLI's error boundary prints it as one line (a traceback with --debug)
+    settle()  # started: what start-up made is frozen, the collector and GIL set for rows (factstream.interpreter)
     stop = asyncio.Event()
     interrupted: list[int] = []
     loop = asyncio.get_running_loop()
@@ -484,6 +537,21 @@ async def serve(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    stdout_closed: list[bool] = []
+
+    def status(obj: dict[str, Any]) -> None:
+        # --status lines: once whoever reads them has gone (a closed pipe), serve stops, as any command does
+        if stdout_closed:
+            return
+        try:
+            emit(obj)
+        except BrokenPipeError:
+            from . import silence_stdout
+
+            silence_stdout()
+            stdout_closed.append(True)
+            stop.set()
+
     server = writer.server
     if args.redis:
         where = f"Redis {redact_url(args.redis)} channel {args.server_name}"
@@ -496,7 +564,7 @@ async def serve(args: argparse.Namespace) -> int:
         listening = {"port": server.port}
     log.info("serving %s on %s", args.server_name, where)
     if args.status:
-        emit({"event": "listening", **listening, "positions": writer.positions(), "loop": transport.loop_name()})
+        status({"event": "listening", **listening, "positions": writer.positions(), "loop": transport.loop_name()})
     else:
         print(f"factstream serve: {args.server_name} ({args.instance_name}) on {where}, db {redact_url(args.db)}",
               file=sys.stderr)
@@ -513,7 +581,7 @@ async def serve(args: argparse.Namespace) -> int:
         while True:
             await asyncio.sleep(0.2)
             if args.status:
-                emit({"event": "status", **writer.stats, "positions": writer.positions(), **links()})
+                status({"event": "status", **writer.stats, "positions": writer.positions(), **links()})
 
     reporter = asyncio.create_task(report())
     started = time.monotonic()
@@ -534,7 +602,7 @@ async def serve(args: argparse.Namespace) -> int:
         stop_wait.cancel()
         flushed.cancel()
         if args.status:
-            emit({"event": "produced", **writer.stats, "seconds": elapsed, "positions": writer.positions()})
+            status({"event": "produced", **writer.stats, "seconds": elapsed, "positions": writer.positions()})
     await stop.wait()
     reporter.cancel()
     await writer.stop()

@@ -104,7 +104,7 @@ class EventStore(Persisting, Queries):
         for row in rows:
             kind, data = _row_parts(row)
             if kind == "ev":
-                event_id, room_id, etype, state_key = data[0], data[1], data[2], data[3]
+                room_id, etype, state_key = data[1], data[2], data[3]
                 rejected = bool(data[7])
                 if token > 0:
                     self.room_changes.entity_has_changed(room_id, token)

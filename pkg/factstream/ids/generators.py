@@ -100,6 +100,7 @@ class IdGenerator:
         self._counter = counter  # SQLite: last id handed out (token orientation)
         self._block_end = counter  # SQLite: ids up to here are recorded in stream_id_blocks
         self._block_writes: set[asyncio.Task[None]] = set()
+        self._ahead = False  # a write of the next block is on its way (see _extend_ahead)
         self._waiters: dict[str | None, list[tuple[int, asyncio.Future[None]]]] = {}
         self._flush_task: asyncio.Task[None] | None = None
         self._flushed = tracker.current_token_for_writer(tracker.instance_name) if tracker.is_writer else 0
@@ -170,6 +171,7 @@ class IdGenerator:
             tracker._local_heap()
             ids = await self._fetch(n, txn)
             tracker.reserve(ids)
+            self._extend_ahead()
             return ids
         handle = tracker.begin_fetch()
         fetched: list[int] = []
@@ -198,6 +200,31 @@ class IdGenerator:
             # not awaited in the hook: rollback hooks run while the transaction still holds the database
             txn.call_after_rollback(self._rewrite_block_later, upto)
         self._block_end = max(self._block_end or 0, upto)
+
+    def _extend_ahead(self) -> None:
+        """Past half of the recorded block: record the next one in the background.
+
+        A reservation that outgrows the block waits for the record to be
+        written, behind whatever holds the database (on SQLite, the
+        transaction a writer is running): a writer that makes its next
+        transaction while the database runs the previous one would wait for
+        it at every block. Written ahead, that wait is rare.
+        """
+        counter, end = self._counter, self._block_end
+        if counter is None or end is None or self._ahead or self._closed or end - counter > SQLITE_ID_BLOCK // 2:
+            return
+        self._ahead = True
+        task = asyncio.get_running_loop().create_task(self._write_ahead(counter))
+        self._block_writes.add(task)
+        task.add_done_callback(self._block_writes.discard)
+
+    async def _write_ahead(self, needed: int) -> None:
+        try:
+            await self._extend_block(needed, None)
+        except Exception as err:  # noqa: BLE001 - a reservation that needs the block writes it (and reports)
+            logger.debug("stream %s: recording the next id block ahead of use failed: %s", self.stream_name, err)
+        finally:
+            self._ahead = False
 
     def _rewrite_block_later(self, upto: int) -> None:
         task = asyncio.get_running_loop().create_task(self._write_block(upto, None))
@@ -335,36 +362,45 @@ class IdGenerator:
             self._flush_task = loop.create_task(self._flush_later())
 
     async def _flush_later(self) -> None:
-        # Debounce: one upsert covers every advance made meanwhile, so the
-        # position record costs no round trip per id.
-        self._flush_sleeping = True
-        try:
-            await asyncio.sleep(self.flush_interval)
-        finally:
-            self._flush_sleeping = False
-        if not self._closed:
-            await self._flush_loop()
+        # Debounce: one upsert covers every advance made meanwhile, at most one per flush_interval,
+        # so the position record costs no round trip per id. While the position keeps moving, the
+        # next upsert waits its interval too (an upsert at once after each, as this did, was an
+        # endless run of them on a busy writer, each queued before its next transaction).
+        while not self._closed:
+            self._flush_sleeping = True
+            try:
+                await asyncio.sleep(self.flush_interval)
+            finally:
+                self._flush_sleeping = False
+            if self._closed or not await self._flush_loop(once=True):
+                return
 
-    async def _flush_loop(self, retry: bool = True) -> None:
+    async def _flush_loop(self, retry: bool = True, once: bool = False) -> bool:
         # With ``retry`` (the background flush) a database outage is waited out with
-        # backoff, logged once; an explicit flush (close) tries once.
+        # backoff, logged once; an explicit flush (close) tries once. ``once``: return after
+        # one upsert, True if the position has moved on since (the caller flushes again later).
+        wrote = False
         try:
             while True:
                 pos = self._tracker.current_token_for_writer(self.instance_name)
                 if pos <= self._flushed:
                     self._outage.recovered()
-                    return
+                    return False
+                if once and wrote:
+                    return True
                 try:
                     await self._write_position(pos)
                 except DatabaseUnavailable as err:
                     delay = self._outage.failed(err)
                     if not retry or self._closed:
-                        return
+                        return False
                     await asyncio.sleep(delay)
                     continue
                 self._flushed = pos
+                wrote = True
         except Exception:  # noqa: BLE001 - a hint only; the tables are the truth
             logger.exception("stream %s: could not record the position in stream_positions", self.stream_name)
+            return False
 
     async def _write_position(self, pos: int) -> None:
         biggest = "GREATEST" if self._db.engine == "postgres" else "MAX"

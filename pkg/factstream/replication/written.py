@@ -38,6 +38,8 @@ class WrittenRows:
         #: (first token, last token, that range's rows in token order), ranges ascending and apart
         self._ranges: deque[tuple[int, int, list[tuple[int, Any]]]] = deque()
         self._rows = 0
+        #: the largest token any record claimed
+        self._high = 0
         #: requests answered from memory / from the table (for tests and curious operators)
         self.from_memory = 0
         self.from_source = 0
@@ -47,15 +49,22 @@ class WrittenRows:
 
         ``updates`` are ``(token, row)`` in token order (a token without
         rows is a hole). Call it after the commit, before the ids complete.
-        A range overlapping or below what is recorded forgets the records (the
-        table answers from then on, until new ranges follow each other again).
+        The claim is that no other id of this writer lies in ``first..last``:
+        reserve one transaction's ids before the next one's (two fetches in
+        flight from one sequence can interleave). A range overlapping or
+        below one recorded before breaks that claim for both: the records are
+        forgotten and this one is not kept (the table answers, until new
+        ranges follow each other again).
         """
         if first > last:
             raise ValueError(f"empty token range {first}..{last}")
         ranges = self._ranges
-        if ranges and first <= ranges[-1][1]:
+        if first <= self._high:
             ranges.clear()
             self._rows = 0
+            self._high = max(self._high, last)
+            return
+        self._high = last
         ranges.append((first, last, list(updates)))
         self._rows += len(updates)
         while self._rows > self.capacity and ranges:

@@ -44,6 +44,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import select
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -311,6 +312,42 @@ def _shown(url: str) -> str:
     return redact_text(redact_url(url))
 
 
+def _idle_and_alive(conn: Any) -> bool:
+    """Whether an idle pooled PostgreSQL connection is still open at the server's end.
+
+    An idle connection has nothing to read unless the server ended the
+    session (its last words, then EOF): one poll of the socket, no round trip.
+    """
+    if conn.closed:
+        return False
+    poller = select.poll()
+    try:
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, ValueError):  # no socket any more
+        return False
+
+
+async def _close_quietly(conn: Any) -> None:
+    try:
+        await conn.close()
+    except Exception:  # noqa: BLE001 - closing a dead connection may fail any way
+        pass
+
+
+def _cut_off(err: BaseException) -> bool:
+    """Whether a PostgreSQL error means the connection is gone, not that a statement failed.
+
+    An error without an SQLSTATE comes from the client (the socket, the
+    pipeline's state); class 08 is a connection exception and 57P0x the
+    server shutting the session down. Everything else (a statement timeout,
+    57014, a deadlock, a serialization failure) leaves the connection
+    usable, and the caller decides.
+    """
+    state = getattr(err, "sqlstate", None)
+    return state is None or state.startswith("08") or state.startswith("57P0")
+
+
 def _driver_text(err: BaseException) -> str:
     """A driver error's message on one line, any password in it masked."""
     text = " ".join(str(err).split()) or type(err).__name__
@@ -352,10 +389,26 @@ class SqliteDatabase(Database):
                 "writable (sqlite:///relative.db, sqlite:////absolute/path.db)"
             ) from err
 
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         if self._closed:
             raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self._submit(fn, *args)
+
+    async def _queue(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a self-contained job (one call in the database thread), holding the lock only to queue it.
+
+        The thread runs jobs in the order they were queued: this one after
+        all a lock holder queued before, and before anything queued by the
+        next holder. So the next job (a writer's next transaction) is queued
+        at once and starts the moment this one ends, not once the event loop
+        has come round to hand the lock over.
+        """
+        async with self._lock:
+            done = self._submit(fn, *args)
+        return await done
 
     def _c(self) -> sqlite3.Connection:
         assert self._conn is not None
@@ -390,17 +443,14 @@ class SqliteDatabase(Database):
             raise
 
     async def _run_transaction(self, steps: Sequence[Step]) -> None:
-        async with self._lock:
-            await self._run(self._do_transaction, steps)
+        await self._queue(self._do_transaction, steps)
 
     async def _auto_execute(self, sql: str, params: Params) -> int:
-        async with self._lock:
-            return int(await self._run(self._do_execute, sql, params))
+        return int(await self._queue(self._do_execute, sql, params))
 
     async def _auto_fetchall(self, sql: str, params: Params) -> list[Row]:
-        async with self._lock:
-            rows: list[Row] = await self._run(self._do_fetchall, sql, params)
-            return rows
+        rows: list[Row] = await self._queue(self._do_fetchall, sql, params)
+        return rows
 
     @asynccontextmanager
     async def _begin(self) -> AsyncIterator[Any]:
@@ -485,10 +535,7 @@ class PostgresDatabase(Database):
             for other in stale:
                 self._all.discard(other)
         for other in stale:
-            try:
-                await other.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection may fail any way
-                pass
+            await _close_quietly(other)
         return DatabaseUnavailable(f"lost the connection to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}")
 
     @asynccontextmanager
@@ -509,8 +556,14 @@ class PostgresDatabase(Database):
             while True:
                 if self._closed:
                     raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
-                if self._idle:
-                    return self._idle.pop()
+                while self._idle:
+                    conn = self._idle.pop()
+                    if _idle_and_alive(conn):
+                        return conn
+                    # The server ended it while it sat idle (a restart, pg_terminate_backend):
+                    # found now, not by the caller's statement failing on it.
+                    self._all.discard(conn)
+                    await _close_quietly(conn)
                 if len(self._all) + self._opening < self.max_connections:
                     self._opening += 1
                     break
@@ -581,8 +634,26 @@ class PostgresDatabase(Database):
             return int(cur.rowcount)
 
     async def _txn_executemany(self, conn: Any, sql: str, seq: Iterable[Params]) -> None:
-        async with self._guard(conn), conn.cursor() as cur:
-            await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
+        import psycopg
+
+        try:
+            async with self._guard(conn), conn.cursor() as cur:
+                await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])  # a pipeline of psycopg's own
+        except psycopg.OperationalError as err:
+            if not _cut_off(err):
+                raise
+            raise await self._cut(conn, err) from None
+
+    async def _cut(self, conn: Any, err: BaseException) -> DatabaseUnavailable:
+        """``conn`` failed under a pipeline: closed, not reused, and the error to raise.
+
+        A connection cut under a pipeline is not always marked broken yet
+        ("cannot exit pipeline mode while busy"): its state is unknown.
+        """
+        await conn.close()
+        lost = await self._lost(conn, err)
+        assert lost is not None  # closed just now: _lost always has the error for it
+        return lost
 
     async def _txn_execute_batch(self, conn: Any, steps: Sequence[Step]) -> None:
         await self._pipeline(conn, steps)
@@ -604,13 +675,9 @@ class PostgresDatabase(Database):
                     else:
                         await cur.executemany(to_pyformat(sql), [tuple(p) for p in seq])
         except psycopg.OperationalError as err:
-            # A connection cut under a pipeline is not always marked broken yet ("cannot exit
-            # pipeline mode while busy"): its state is unknown, so it is closed, not reused.
-            await conn.close()
-            lost = await self._lost(conn, err)
-            raise lost or DatabaseUnavailable(
-                f"lost the connection to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}"
-            ) from None
+            if not _cut_off(err):
+                raise
+            raise await self._cut(conn, err) from None
         finally:
             if not conn.closed:
                 conn.prepare_threshold = threshold
