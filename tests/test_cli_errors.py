@@ -102,6 +102,13 @@ def test_an_option_is_taken_only_by_its_full_name() -> None:
     assert "unrecognized arguments: --connect" in out.stderr and "float" not in out.stderr
     out = cli("logs", "parse", "--ou", "x", "y")  # nested subcommands too
     assert out.returncode == 2 and "--out" in out.stderr and no_traceback(out.stderr)
+    # The command that did not know the option says so, with its own usage (not the top parser's).
+    out = cli("record", "127.0.0.1:1", "--outdir", "x")
+    assert out.returncode == 2 and no_traceback(out.stderr)
+    assert out.stderr.startswith("usage: factstream record "), out.stderr
+    assert "factstream record: error: unrecognized arguments: --outdir x (see factstream record --help)" in out.stderr
+    out = cli("logs", "parse", "x", "--out", "y", "--bogus")
+    assert "factstream logs parse: error: unrecognized arguments: --bogus" in out.stderr, out.stderr
     out = cli("tail", "--connect-timeout", "0.2", "127.0.0.1:1")  # the full name still works: a clear failure to connect
     assert out.returncode != 2 and no_traceback(out.stderr), out.stderr
 

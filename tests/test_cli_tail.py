@@ -177,6 +177,88 @@ def test_a_lost_writer_fails_without_retry_and_warns_with_retry(tmp_path: Any) -
     assert any("reconnected" in line for line in warnings) and no_traceback(err)
 
 
+def test_a_db_follower_dropped_for_falling_behind_catches_up_and_misses_nothing(tmp_path: Any) -> None:
+    """`tail --db` stopped (SIGSTOP) while the writer produces at full speed falls behind, and stays
+    stopped until the writer says it dropped it. That is not a failure: it warns, reconnects, catches up
+    from the database and goes on printing the table's rows, each once, in order, then exits 0 on
+    SIGTERM. (It used to exit 1 as if the writer were gone; CI met that on a slow machine.)"""
+    db_url = f"sqlite:///{tmp_path}/r.db"
+    proc, port = serve(db_url, "--produce", "--rate", "0", "--max-buffered", "100")
+    follower = start("tail", f"127.0.0.1:{port}", "--db", db_url, "--from-start", "--stream", "caches",
+                     "--server-name", "hs1")
+    lines: list[str] = []
+    writer_log: list[str] = []
+    tail_log: list[str] = []
+    dropped, warned = threading.Event(), threading.Event()
+
+    def read(fh: Any, into: list[str], event: threading.Event | None = None, mark: str = "") -> None:
+        for line in fh or ():  # read on, or a full pipe would stop the process
+            into.append(line)
+            if event is not None and mark in line:
+                event.set()
+
+    threads = [threading.Thread(target=read, args=(follower.stdout, lines), daemon=True),
+               threading.Thread(target=read, args=(follower.stderr, tail_log, warned, " lost "), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, writer_log, dropped, "fell behind"), daemon=True),
+               threading.Thread(target=read, args=(proc.stdout, []), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not lines and time.monotonic() < deadline:  # rows come once it is connected
+            time.sleep(0.05)
+        follower.send_signal(signal.SIGSTOP)
+        was_dropped = dropped.wait(60)
+        follower.send_signal(signal.SIGCONT)
+        assert was_dropped, "".join(writer_log)
+        assert warned.wait(30), "".join(tail_log)
+        time.sleep(1)
+        assert follower.poll() is None, "".join(tail_log)  # dropped, and following on
+        at_least = len(_table_rows(db_url, "caches"))
+        deadline = time.monotonic() + 120
+        while len(lines) < at_least and follower.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        follower.send_signal(signal.SIGTERM)
+        assert follower.wait(15) == 0, "".join(tail_log)
+    finally:
+        follower.send_signal(signal.SIGCONT)
+        if follower.poll() is None:
+            follower.kill()
+        proc.terminate()
+        proc.wait(15)
+        for t in threads:
+            t.join(10)
+        for fh in (follower.stdout, follower.stderr, proc.stdout, proc.stderr):
+            if fh is not None:
+                fh.close()
+    held = _table_rows(db_url, "caches")
+    got = [(int(line.split(" ")[2]), line.split(" ", 3)[3].rstrip("\n")) for line in lines]
+    assert len(got) >= at_least > 10_000 and got == held[: len(got)], (len(got), at_least, len(held))
+    err = "".join(tail_log)
+    lost = [line for line in tail_log if " lost " in line]
+    assert all("reconnecting, and catching up from the database" in line for line in lost), err
+    assert "factstream tail:" not in err and no_traceback(err), err  # no failure line
+
+
+def _table_rows(db_url: str, stream: str) -> list[tuple[int, str]]:
+    """(token, compact JSON row) of every row a demo stream table holds, in token order."""
+    import asyncio
+
+    from factstream.demo.tables import DEMO_TABLES
+    from factstream.store.database import connect
+
+    async def read() -> list[tuple[int, str]]:
+        db = await connect(db_url)
+        try:
+            (table,) = [t for t in DEMO_TABLES if t.stream == stream]
+            rows, _, _ = await table.source(db).get_updates("master", 0, 1 << 62, 1 << 30)
+            return [(int(token), json.dumps(row, separators=(",", ":"))) for token, row in rows]
+        finally:
+            await db.close()
+
+    return asyncio.run(read())
+
+
 def test_db_follower_replays_from_a_token_and_filters_writers(writer: tuple[str, int]) -> None:
     db_url, port = writer
     out = cli("tail", f"127.0.0.1:{port}", "--db", db_url, "--from", "3", "--stream", "caches", "--count", "4",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 from collections.abc import AsyncIterator
@@ -209,23 +210,68 @@ async def test_invalid_input_gets_error_and_close_and_server_survives(writer: An
     again.close()
 
 
-async def test_invalid_direction_on_the_client_side() -> None:
-    async def bad(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        w.write(b"SERVER x\nREPLICATE\n")
-        await reader.read()
+async def _client_of_one_connection(script: bytes, *, server_closes: bool) -> TcpClient:
+    """A TcpClient after one connection to a server that sends ``script``, then closes the connection
+    (``server_closes``) or waits for the client to."""
+
+    async def serve(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(script)
+        await w.drain()
+        if not server_closes:
+            await reader.read()
         w.close()
 
-    srv = await asyncio.start_server(bad, "127.0.0.1", 0)
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = srv.sockets[0].getsockname()[1]
     client = await TcpClient(ReplicationHub("r", follower=Follower()), "127.0.0.1", port, backoff_initial=5).start()
-    for _ in range(300):
-        await asyncio.sleep(0.01)
-        if client.close_reasons:
-            break
+    try:
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if client.close_reasons:
+                break
+    finally:
+        await client.stop()
+        srv.close()
+        await srv.wait_closed()
+    return client
+
+
+async def test_a_client_stopped_while_connecting_leaves_nothing_behind(caplog: pytest.LogCaptureFixture) -> None:
+    """stop() at every moment of a connect: it returns at once, no connection outlives it (on the server
+    no reader is left), and nothing is written to a closed transport. (On uvloop a stop that landed as
+    the connect completed left the connection open until its timeout, and a queued flush raised
+    'the handler is closed' in a callback; asyncio's wait_for can also lose the cancel then.)"""
+    hub, _ = make_writer()
+    server = await TcpServer(hub, "hs.test").start()
+    try:
+        for spins in range(60):
+            client = await TcpClient(ReplicationHub("r"), "127.0.0.1", server.port, client_name="r").start()
+            for _ in range(spins):
+                await asyncio.sleep(0)
+            await asyncio.wait_for(client.stop(), 5)
+            assert not client.connected
+        for _ in range(100):
+            if not server.connections:
+                break
+            await asyncio.sleep(0.05)
+        assert not server.connections
+    finally:
+        await server.stop()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+async def test_invalid_direction_on_the_client_side() -> None:
+    client = await _client_of_one_connection(b"SERVER x\nREPLICATE\n", server_closes=False)
     assert list(client.close_reasons) == ["direction"]
-    await client.stop()
-    srv.close()
-    await srv.wait_closed()
+
+
+async def test_the_client_keeps_what_the_server_said_before_closing() -> None:
+    """A writer says why it drops a reader (ERROR, then close): the client keeps it beside the close reason."""
+    client = await _client_of_one_connection(
+        b"SERVER x\nERROR client fell behind: more than 10 commands buffered\n", server_closes=True
+    )
+    assert list(client.server_errors) == ["client fell behind: more than 10 commands buffered"]
+    assert len(client.close_reasons) == 1
 
 
 async def test_slow_reader_is_disconnected_and_memory_stays_bounded(writer: Any) -> None:

@@ -64,6 +64,17 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """A subcommand names the arguments it does not know itself, with its own usage.
+
+        argparse leaves them to the top parser, whose usage (``factstream [-h] ... COMMAND``) and
+        message (``factstream: error: ...``) do not say which command's options to look at.
+        """
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and " " in self.prog:  # a subcommand ("factstream tail", "factstream logs parse")
+            self.error(f"unrecognized arguments: {' '.join(extras)} (see {self.prog} --help)")
+        return parsed, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     import factstream

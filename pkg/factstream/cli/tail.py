@@ -7,8 +7,9 @@ and a non-zero exit when the peer is unreachable after ``--connect-timeout``,
 is not a replication listener, or has another server name), or, with
 ``--retry``, keeps going and says so (a WARNING per failed attempt). With
 ``--db`` (the writer's database) it follows as a full reader instead: gaps
-are repaired from the stream tables, and ``--from-start`` / ``--from TOKEN``
-replay stored facts first.
+are repaired from the stream tables, ``--from-start`` / ``--from TOKEN``
+replay stored facts first, and a connection lost and made again at once (a
+writer drops a reader that falls behind) is only a warning.
 
 Over Redis (``--redis``) it shows a deployment's traffic as it is, by
 default: every command heard on the channel, as its wire line, in arrival
@@ -485,10 +486,15 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
 
 
 async def _watch_tcp(client: Any, args: argparse.Namespace, output: Output) -> int:
-    """Until done: notice a lost connection; fail, or with --retry warn on every failed attempt."""
+    """Until done: notice a lost connection and failed reconnects; fail, or with --retry warn on each.
+
+    A connection that is lost and made again at once is not a failure: this reader (--db) catches up
+    from the stream tables, nothing is missed. (A writer drops a reader that falls behind, say when
+    stdout is read slowly, and a writer may restart.) Only a reconnect that fails counts.
+    """
     target = f"{client.host}:{client.port}"
-    was_up = False
-    attempts_seen = client.attempts
+    failed_seen = client.failed_attempts
+    ends_seen = client.disconnects
     failures = 0
     started = time.monotonic()
     while not output.done.is_set():
@@ -497,15 +503,15 @@ async def _watch_tcp(client: Any, args: argparse.Namespace, output: Output) -> i
             break
         except TimeoutError:
             pass
-        up = client.connected
         why = None
-        if was_up and not up:
-            why = f"connection to {target} lost ({client.close_reasons[-1] if client.close_reasons else 'closed'})"
-            attempts_seen = client.attempts
-        elif not up and client.attempts > attempts_seen + 1:
+        if client.disconnects > ends_seen:  # counted, not polled: a reconnect within 0.1 s is seen too
+            ends_seen = client.disconnects
+            log.warning("connection to %s lost (%s); reconnecting, and catching up from the database",
+                        target, client.close_reasons[-1])
+        elif client.connects and client.failed_attempts > failed_seen:
+            failed_seen = client.failed_attempts
             why = f"reconnecting to {target} failed"
-            attempts_seen = client.attempts - 1
-        elif not up and not client.connects and time.monotonic() - started > args.connect_timeout + 1:
+        elif not client.connected and not client.connects and time.monotonic() - started > args.connect_timeout + 1:
             why = f"cannot connect to {target} within {args.connect_timeout:g}s (--connect-timeout)"
             started = time.monotonic()
         if why is not None:
@@ -514,7 +520,6 @@ async def _watch_tcp(client: Any, args: argparse.Namespace, output: Output) -> i
                 print(f"{PROG}: {why}", file=sys.stderr)
                 return 1
             log.warning("%s; trying again (attempt %d)", why, failures)
-        was_up = up
     return 0
 
 

@@ -155,8 +155,9 @@ def session_cores(spark: SparkSession) -> int | None:
     the same time. So this waits for the first one (tasks cannot start before
     it anyway; at most ``spark.scheduler.maxRegisteredResourcesWaitingTime``,
     30 s) and then until none has joined for a second, or for half the time
-    the first one took if that is longer: on a loaded machine executors start
-    slowly and their arrivals spread with it. An application that has run for
+    the first one took if that is longer (half the application's age when one
+    had joined before the call): on a loaded machine executors start slowly
+    and their arrivals spread with it. An application that has run for
     longer than that wait is taken as settled. With dynamic allocation
     executors come only for waiting tasks: None.
     """
@@ -167,15 +168,24 @@ def session_cores(spark: SparkSession) -> int | None:
     if (conf.get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
         return None
     limit = _seconds(conf.get("spark.scheduler.maxRegisteredResourcesWaitingTime") or "30s")
+
+    def age() -> float:
+        return time.time() - sc.startTime / 1000
+
+    def quiet_for() -> float:  # how long no new executor must join, once one has
+        return max(_SETTLE_S, age() / 2)
+
     start = time.monotonic()
-    seen, since, window = _executors(spark), start, _SETTLE_S
-    settled = seen > 0 and time.time() - sc.startTime / 1000 > limit
+    seen, since = _executors(spark), start
+    # One already here (the session was made a while ago): its age stands for the time the first took.
+    window = quiet_for() if seen else _SETTLE_S
+    settled = seen > 0 and age() > limit
     while not settled and time.monotonic() - start < limit:
         time.sleep(0.1)
         now = _executors(spark)
         if now != seen:
             if seen == 0:
-                window = max(_SETTLE_S, (time.time() - sc.startTime / 1000) / 2)
+                window = quiet_for()
             seen, since = now, time.monotonic()
         settled = seen > 0 and time.monotonic() - since >= window
     return int(sc.defaultParallelism) if seen > 0 else None

@@ -368,14 +368,22 @@ class TcpClient:
         self.connection: TcpConnection | None = None
         self.connects = 0
         self.attempts = 0
+        #: Attempts that did not give a working link: no connection, or one closed before its handshake.
+        self.failed_attempts = 0
+        #: Connections that ended (their reasons: close_reasons).
+        self.disconnects = 0
         #: Why recent connections ended (newest last, at most 100).
         self.close_reasons: deque[str] = deque(maxlen=100)
+        #: The ERROR the server sent before it closed a connection, for those it sent one (at most 100).
+        self.server_errors: deque[str] = deque(maxlen=100)
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._connected = asyncio.Event()
 
     async def start(self) -> TcpClient:
         """Start connecting (returns at once; see :meth:`wait_connected`)."""
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"factstream-tcp-client-{self.port}")
         return self
 
@@ -412,20 +420,31 @@ class TcpClient:
                     ),
                     self.connect_timeout,
                 )
+            except asyncio.CancelledError:
+                conn.close()  # stopped while connecting: a transport made at the last moment is aborted
+                raise
             except (OSError, TimeoutError, _ssl.SSLError) as err:
+                self.failed_attempts += 1
                 attempt += 1
                 delay = self.next_delay(attempt)
                 log.info("replication connect to %s failed (%s); retrying in %.2fs", target, err, delay)
                 metrics.RECONNECTS.labels(target).inc()
                 await asyncio.sleep(delay)
                 continue
+            if self._stopping:  # stop() came as the connect completed (asyncio's wait_for may then drop the cancel)
+                conn.close()
+                return
             self.connection = conn
             self.connects += 1
             self._connected.set()
             reason = await asyncio.shield(conn.closed)
             self.close_reasons.append(reason)
+            self.disconnects += 1
+            if conn.peer_error is not None:
+                self.server_errors.append(conn.peer_error)
             self._connected.clear()
             self.connection = None
+            self.failed_attempts += not conn.handshake_done
             attempt = 0 if conn.handshake_done and reason != "server_name" else attempt + 1
             delay = self.next_delay(max(attempt, 1))
             log.info("replication connection to %s lost (%s); reconnecting in %.2fs", target, reason, delay)
@@ -434,6 +453,7 @@ class TcpClient:
 
     async def stop(self) -> None:
         """Stop reconnecting and close the connection."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             try:

@@ -136,6 +136,8 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._last_recv = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._close_reason = "closed"
+        #: the last ERROR the peer sent (a writer says why it drops a reader before it does)
+        self.peer_error: str | None = None
         self._on_close = on_close
         self._on_made = on_made
         self.closed: asyncio.Future[str] = asyncio.get_event_loop().create_future()
@@ -312,8 +314,8 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     def _write(self, cmds: Iterable[Command]) -> None:
         cmds = list(cmds) if not isinstance(cmds, (list, tuple)) else cmds
-        if not cmds or self._transport is None:
-            return
+        if not cmds or self._transport is None or self._transport.is_closing():
+            return  # (uvloop raises on a write to a closed transport; a connect cancelled at its end closes it)
         try:
             data = self._encode_lines(cmds)
         except ProtocolError:
@@ -350,6 +352,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             self._ready()
             return
         if name == "ERROR":
+            self.peer_error = cmd.data  # type: ignore[attr-defined]
             log.warning("%s (%s) reported an error: %s", self.description, self.peer_name, cmd.data)  # type: ignore[attr-defined]
             return
         self.sink.command_received(self, cmd)

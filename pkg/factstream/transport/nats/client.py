@@ -17,7 +17,7 @@ from typing import Any
 from ...commands import Command
 from ...errors import ProtocolError
 from ...redaction import redact_url
-from .layout import MSG_ID, PREV, JetStreamLayout, Retention
+from .layout import PREV, JetStreamLayout, Retention
 from .pages import decode_page
 
 logger = logging.getLogger("factstream.transport.nats")
