@@ -26,6 +26,9 @@ def check_demo_report(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     killed = [r for r in report["readers"] if r["restarts"]]
     assert len(killed) == 1 and len(report["readers"]) == 2
     for r in report["readers"]:
+        # a reader the writer dropped says what the writer said, and came back each time
+        assert r["connection_ends"] <= r["connects"] <= r["connection_ends"] + 1
+        assert r["writer_closes"] <= r["connection_ends"] and bool(r["writer_errors"]) == bool(r["writer_closes"])
         for stream in r["verification"]["streams"].values():
             assert stream["lost"] == stream["duplicated"] == stream["reordered"] == stream.get("altered", 0) == 0
             assert stream["received"] == stream["facts"] > 0
@@ -33,13 +36,32 @@ def check_demo_report(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_demo_runs_and_verifies(tmp_path: os.PathLike[str]) -> None:
+def test_demo_runs_and_verifies(tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]) -> None:
     env = subprocess_env()
     proc = subprocess.run(
         [sys.executable, "-m", "factstream.cli", "demo", "--duration", "4", "--json", "--workdir", str(tmp_path)],
         capture_output=True, text=True, timeout=120, env=env,
     )
-    check_demo_report(proc)
+    report = check_demo_report(proc)
+    # The summary a person reads explains a reader's extra connections when the writer dropped it.
+    from factstream.cli.demo import print_summary
+
+    slow, other = report["readers"]
+    slow["connection_ends"], slow["writer_closes"] = 3, 2
+    slow["writer_errors"] = ["client fell behind: more than 100000 commands buffered"]
+    other["connection_ends"], other["writer_closes"], other["writer_errors"] = 0, 0, []
+    print_summary(report)
+    out = capsys.readouterr().out
+    assert (f"{slow['name']}: its connection ended 3 times (the writer said: client fell behind: more than 100000 "
+            "commands buffered; once without a word from the writer); it reconnected and caught up from the "
+            "database") in out
+    assert f"{other['name']}: its connection" not in out
+    assert "PASS" in out
+    # Redis tells a subscriber nothing of why it was cut: the summary says only what happened.
+    slow.update(carrier="redis", connection_ends=2, writer_closes=0, writer_errors=[])
+    print_summary(report)
+    out = capsys.readouterr().out
+    assert f"{slow['name']}: its connection to Redis ended twice; it reconnected and caught up from the database" in out
 
 
 def _log(path: str, lines: list[list[object]]) -> None:

@@ -234,6 +234,10 @@ def _fmt(v: Any, unit: str = "") -> str:
     return f"{v:,}{unit}"
 
 
+def _times(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+
+
 def print_summary(s: dict[str, Any]) -> None:
     w = s["writer"]
     print()
@@ -252,6 +256,21 @@ def print_summary(s: dict[str, Any]) -> None:
               f"{verdict}: lost {lost}, duplicated {dup}, reordered {reord}")
     if any(r["restarts"] for r in s["readers"]):
         print("* killed with SIGKILL midway and restarted; it resumed from its own log and caught up from the database")
+    for r in s["readers"]:
+        said = r.get("writer_closes", 0)
+        ends = max(r.get("connection_ends", 0), said)
+        if ends and r.get("carrier", "tcp") != "tcp":
+            # Redis and NATS tell a client nothing of why (Redis cuts a subscriber that falls behind its
+            # output-buffer limit, for one)
+            where = "NATS" if r["carrier"] == "nats" else "Redis"
+            print(f"{r['name']}: its connection to {where} ended {_times(ends)}; it reconnected and caught up from "
+                  "the database")
+        elif ends:
+            why = [f"the writer said: {'; '.join(r['writer_errors'])}"] if said else []
+            if ends > said:
+                why.append(f"{_times(ends - said)} without a word from the writer")
+            print(f"{r['name']}: its connection ended {_times(ends)} ({'; '.join(why)}); it reconnected and caught "
+                  "up from the database")
     print(f"\n{'PASS' if s['ok'] else 'FAIL'}: every reader received every committed fact exactly once and in order"
           if s["ok"] else "\nFAIL: see the verification column")
     print(f"({s['seconds']}s in all)")

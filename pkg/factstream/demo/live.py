@@ -79,7 +79,7 @@ async def reader_main(args: argparse.Namespace) -> int:
         if not fol.is_catching_up(stream, writer):
             state["live_rows"] += len(got)
             if stream == "receipts":
-                lags.extend(now - r.data["ts"] for r in got)
+                lags.extend(now - r.data["ts"] / 1000 for r in got)
 
     fol.add_handler(on_rows)
     hub = ReplicationHub(args.name, follower=fol)
@@ -118,6 +118,7 @@ async def reader_main(args: argparse.Namespace) -> int:
     await db.close()
     os.close(fd)
     span = state["last"] - state["first"]
+    server_errors = list(getattr(client, "server_errors", ()))  # TCP only
     emit({
         "event": "done",
         "rows": state["rows"],
@@ -131,6 +132,13 @@ async def reader_main(args: argparse.Namespace) -> int:
         "catchup_rows": fol.stats["catchup_rows"],
         "catchup_fetches": fol.stats["catchup_fetches"],
         "stale_rows": fol.stats["stale_rows"],
+        # connections that ended while it ran, and (TCP) why the writer closed them where it said so (its
+        # ERROR before it closes; an ERROR queued behind what a lagging reader has not read may never arrive)
+        "carrier": "redis" if args.redis else "nats" if args.nats else "tcp",
+        "connection_ends": client.stats.subscriber_losses if args.redis else (
+            client.stats.disconnects if args.nats else client.disconnects),
+        "writer_errors": sorted(set(server_errors)),
+        "writer_closes": len(server_errors),
     })
     return 0
 

@@ -58,6 +58,7 @@ class RedisCarrierStats:
     overflows: int = 0  #: times the bound was hit (each followed by a resync)
     lost_in_flight: int = 0  #: written, but the connection died before Redis replied
     subscriber_connects: int = 0  #: subscriptions confirmed (first one included)
+    subscriber_losses: int = 0  #: confirmed subscriptions that ended (each followed by a resubscribe)
     publisher_connects: int = 0  #: publisher connections made (first one included)
     subscriber_failures: int = 0  #: subscriber connects that failed or connections lost
     publisher_failures: int = 0  #: publisher connects that failed or connections lost
@@ -462,6 +463,8 @@ class RedisCarrier:
                     logger.exception("Redis carrier hook on_unsubscribed failed")
             if self.stats.subscriber_connects != confirmed_before:
                 attempt = 0  # it worked for a while: start the backoff over
+            if was_subscribed:
+                self.stats.subscriber_losses += 1
             self.stats.subscriber_failures += 1
             metrics.DISCONNECTS.labels("redis subscriber lost").inc()
             logger.warning(
