@@ -30,7 +30,7 @@ N = 100_000
 
 
 def _build_pure_mode(tmp: Path) -> ModuleType:
-    import factstream.replication  # the package first: its modules import each other through it
+    import factstream.replication  # noqa: F401 - the package first: its modules import each other through it
     from factstream.replication import _relay_py as pure
 
     text = Path(pure.__file__).read_text()
@@ -54,7 +54,7 @@ def _build_pure_mode(tmp: Path) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def relays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
-    import factstream.replication  # the package first: its modules import each other through it
+    import factstream.replication  # noqa: F401 - the package first: its modules import each other through it
     from factstream.replication import _relay_c as compiled, _relay_py as pure
 
     return {"py": pure, "cython-pyx": compiled, "cython-pure-mode": _build_pure_mode(tmp_path_factory.mktemp("relay"))}

@@ -55,6 +55,7 @@ from typing import Any
 
 import pytest
 
+from callgrind import bench_module_script, instructions, require_valgrind
 from conftest import twin
 from tcp_writer import rows
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
@@ -399,31 +400,16 @@ INSTR_ROWS = {"c": (20_000, 120_000), "py": (4_000, 24_000)}
 
 #: The subprocess each count runs: this module loaded as the benchmark session loads it (the tests'
 #: conftest gives the twins), then one round of ``n`` rows.
-_COUNT_ONE_ROUND = """
-import importlib.util, sys
-from pathlib import Path
-here = Path(sys.argv[1])
-sys.path[:0] = [str(here.parent / "tests"), str(here)]
-import conftest
-spec = importlib.util.spec_from_file_location("bench_tcp", here / "bench_tcp.py")
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-module._instructions_round(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
-"""
+_COUNT_ONE_ROUND = bench_module_script(
+    "bench_tcp", "module._instructions_round(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))\n"
+)
 
 
 def _instructions(impl: str, n: int, made: int, out: Path) -> int:
-    """Instructions valgrind's callgrind counts in one in-process round of ``n`` rows (``made`` rows made either way)."""
-    done = subprocess.run(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", _COUNT_ONE_ROUND,
-         str(Path(__file__).resolve().parent), impl, str(n), str(made)],
-        capture_output=True, text=True, timeout=1800,
+    """Instructions callgrind counts in one in-process round of ``n`` rows (``made`` rows made either way)."""
+    return instructions(
+        [sys.executable, "-c", _COUNT_ONE_ROUND, str(Path(__file__).resolve().parent), impl, str(n), str(made)], out
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    for line in out.read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
-    raise AssertionError(f"no instruction total in {out}")
 
 
 def test_default_follower_instructions_per_row(benchmark: Any, tmp_path: Path) -> None:
@@ -436,10 +422,7 @@ def test_default_follower_instructions_per_row(benchmark: Any, tmp_path: Path) -
     larger count - at the smaller) / the rows between. The timing is the
     whole measurement (valgrind runs some 50x slower): read the notes.
     """
-    import shutil
-
-    if shutil.which("valgrind") is None:
-        pytest.skip("valgrind is not installed")  # every machine kind here has it; make bench is not CI
+    require_valgrind()
     benchmark.group = "tcp RDATA end to end, instructions per row (callgrind), default (typed) follower"
     per_row: dict[str, float] = {}
 

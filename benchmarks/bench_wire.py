@@ -24,6 +24,7 @@ from types import ModuleType
 
 import pytest
 
+from callgrind import bench_module_script
 from corpus import generate
 from factstream.commands import RdataCommand
 
@@ -232,3 +233,71 @@ def _time(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+#: Our operations and the Synapse operation each is compared with, by instructions.
+INSTR_OPS = {"parse_rows": "parse", "feed_64KiB": "decode", "feed_whole": "decode", "encode": "encode"}
+
+#: The subprocess each count of ours runs: this module loaded as the benchmark session loads it, then
+#: ``passes`` runs of one operation of one twin.
+_OUR_PASSES = bench_module_script(
+    "bench_wire",
+    "op = module._ops(conftest.twin('_wire', sys.argv[2]))[sys.argv[3]]\nfor _ in range(int(sys.argv[4])):\n    op()\n",
+)
+
+
+def test_against_synapse_instructions(benchmark, tmp_path) -> None:
+    """Instructions per line, compiled twin vs Synapse 1.163.2's codec (and vs the pure twin), by callgrind.
+
+    The same operations and corpus as ``test_against_synapse``, counted
+    instead of timed: the machine's speed moves the timed ratios by tens of
+    per cent from run to run (and between the two sides of a ratio); the
+    instructions do not. What a count does not see is the memory system (a
+    whole-file buffer's objects out of the cache): the timed test is the one
+    for that. Some seven minutes (valgrind runs Python some 50x slower).
+    """
+    import os
+    import sys
+
+    from callgrind import instructions, require_valgrind
+    from conftest import synapse_python
+
+    require_valgrind()
+    python = synapse_python()
+    corpus = tmp_path / "corpus.log"
+    corpus.write_bytes(BUFFER)
+    here = Path(__file__).resolve().parent
+    syn_env = {**os.environ, "PYTHONPATH": ""}
+
+    counts: dict[str, float] = {}
+
+    def count() -> None:
+        # per side (Synapse, each twin): a run doing no pass (start-up, corpus read, commands made), then
+        # a run per operation doing two passes; per line = the difference / (2 x the lines)
+        def syn(op: str, n: int) -> list[str]:
+            return [python, str(here / "synapse_speed.py"), str(corpus), "--passes", op, str(n)]
+
+        def ours(impl: str, op: str, n: int) -> list[str]:
+            return [sys.executable, "-c", _OUR_PASSES, str(here), impl, op, str(n)]
+
+        start = instructions(syn("decode", 0), tmp_path / "cg.syn", cwd="/", env=syn_env)
+        for op in sorted(set(INSTR_OPS.values())):
+            got = instructions(syn(op, 2), tmp_path / f"cg.syn.{op}", cwd="/", env=syn_env)
+            counts[f"synapse_{op}"] = (got - start) / (2 * N_LINES)
+        for impl, ops in (("c", list(INSTR_OPS)), ("py", ["feed_whole"])):
+            start = instructions(ours(impl, "encode", 0), tmp_path / f"cg.{impl}")
+            for op in ops:
+                got = instructions(ours(impl, op, 2), tmp_path / f"cg.{impl}.{op}")
+                counts[f"{impl}_{op}"] = (got - start) / (2 * N_LINES)
+
+    benchmark.group = "codec vs Synapse, instructions per line (callgrind)"
+    benchmark.pedantic(count, rounds=1, iterations=1)
+    info = benchmark.extra_info
+    info["lines"] = N_LINES
+    for op, theirs in INSTR_OPS.items():
+        ours = counts[f"c_{op}"]
+        info[f"{op}_instructions_per_line"] = round(ours)
+        info[f"synapse_{theirs}_instructions_per_line"] = round(counts[f"synapse_{theirs}"])
+        info[f"{op}_fewer_than_synapse"] = round(counts[f"synapse_{theirs}"] / ours, 2)
+    info["py_feed_whole_instructions_per_line"] = round(counts["py_feed_whole"])
+    info["feed_whole_fewer_than_pure"] = round(counts["py_feed_whole"] / counts["c_feed_whole"], 2)

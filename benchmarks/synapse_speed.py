@@ -4,6 +4,9 @@ Usage: .venv-synapse/bin/python benchmarks/synapse_speed.py CORPUS_FILE [REPEAT]
 Prints JSON: best-of-REPEAT (5) seconds to decode a TCP buffer (Synapse
 decodes rows eagerly), to parse every line on its own, and to write every
 parsed command as a TCP line.
+
+Or: synapse_speed.py CORPUS_FILE --passes OP N: run OP (decode, parse or
+encode) N times, untimed, for an instruction count (benchmarks/callgrind.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def best(fn, repeat: int = 5) -> float:
     return min(times)
 
 
-def main(path: str, repeat: int = 5) -> None:
+def main(path: str, repeat: int = 5, passes: tuple[str, int] | None = None) -> None:
     with open(path, "rb") as fh:
         data = fh.read()
     lines = [line for line in data.split(b"\n") if line]
@@ -47,9 +50,17 @@ def main(path: str, repeat: int = 5) -> None:
         return b"".join([("%s %s\n" % (c.NAME, c.to_line())).encode("utf-8") for c in cmds])
 
     assert encode() == data
+    if passes is not None:
+        op, n = passes
+        for _ in range(n):
+            {"decode": decode, "parse": parse, "encode": encode}[op]()
+        return
     print(json.dumps({"lines": len(lines), "decode_s": best(decode, repeat), "parse_s": best(parse, repeat),
                       "encode_s": best(encode, repeat)}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+    if len(sys.argv) > 2 and sys.argv[2] == "--passes":
+        main(sys.argv[1], passes=(sys.argv[3], int(sys.argv[4])))
+    else:
+        main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5)
