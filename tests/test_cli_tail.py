@@ -240,6 +240,71 @@ def test_a_db_follower_dropped_for_falling_behind_catches_up_and_misses_nothing(
     assert "factstream tail:" not in err and no_traceback(err), err  # no failure line
 
 
+def test_a_writer_s_fell_behind_error_is_shown_with_what_to_do() -> None:
+    """A peer that greets, sends a row, says ERROR client fell behind and closes: the tail prints the row,
+    the reason and the hint once (not again when it finds the connection closed), and exits 1."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+
+        def peer() -> None:
+            conn, _ = srv.accept()
+            with conn:
+                conn.sendall(b"SERVER hs1\nRDATA caches master 7 [\"x\",null,1]\n"
+                             b"ERROR client fell behind: more than 100 commands buffered\n")
+                conn.recv(1 << 16)  # its NAME and REPLICATE, then close
+
+        t = threading.Thread(target=peer, daemon=True)
+        t.start()
+        out = cli("tail", f"127.0.0.1:{port}", "--connect-timeout", "5")
+        t.join(10)
+    assert out.returncode == 1 and out.stdout == 'caches master 7 ["x",null,1]\n', out
+    err = out.stderr
+    assert "the server reported: client fell behind: more than 100 commands buffered" in err, err
+    assert err.count("With --db DATABASE_URL") == 1 and "closed the connection" in err and no_traceback(err), err
+
+
+def test_a_tail_without_db_dropped_for_falling_behind_says_why_and_what_to_do(tmp_path: Any) -> None:
+    """A plain tail stopped (SIGSTOP) while the writer produces at full speed is dropped; on SIGCONT it
+    prints what it had, says how not to lose rows next time (--db), and exits 1."""
+    proc, port = serve(f"sqlite:///{tmp_path}/r.db", "--produce", "--rate", "0", "--max-buffered", "100")
+    plain = start("tail", f"127.0.0.1:{port}", "--server-name", "hs1")
+    writer_log: list[str] = []
+    dropped = threading.Event()
+
+    def read_writer() -> None:
+        for line in proc.stderr or ():
+            writer_log.append(line)
+            if "fell behind" in line:
+                dropped.set()
+
+    reader = threading.Thread(target=read_writer, daemon=True)
+    reader.start()
+    try:
+        time.sleep(1.5)
+        plain.send_signal(signal.SIGSTOP)
+        was_dropped = dropped.wait(60)
+        plain.send_signal(signal.SIGCONT)
+        assert was_dropped, "".join(writer_log)
+        out, err = plain.communicate(timeout=60)
+    finally:
+        plain.send_signal(signal.SIGCONT)
+        if plain.poll() is None:
+            plain.kill()
+        proc.terminate()
+        proc.wait(15)
+        reader.join(10)
+        for fh in (proc.stdout, proc.stderr):
+            if fh is not None:
+                fh.close()
+    assert plain.returncode == 1 and out, err
+    # The writer's ERROR waits behind the rows the tail had not read; it is read when the tail drains them
+    # within the writer's grace period. Either way the tail says what to do.
+    assert "closed the connection" in err and err.count("With --db DATABASE_URL") == 1, err
+    assert no_traceback(err), err
+
+
 def _table_rows(db_url: str, stream: str) -> list[tuple[int, str]]:
     """(token, compact JSON row) of every row a demo stream table holds, in token order."""
     import asyncio

@@ -239,6 +239,11 @@ class Output:
             self.done.set()
 
 
+#: What to do when a writer drops a tail without --db: said once, with the writer's reason or at the end.
+_DROPPED_HINT = ("rows the writer sends meanwhile are not shown. With --db DATABASE_URL a tail catches up from "
+                 "the database after a drop and misses nothing; --retry N reconnects.")
+
+
 class RawTail:
     """The TCP tail without --db: rows printed from the bytes that arrived."""
 
@@ -250,6 +255,16 @@ class RawTail:
         self.fast = self.fmt.default and not self.streams and not self.writers
         self.batches: dict[tuple[bytes, bytes], list[bytes]] = {}
         self.errors = 0
+        self.hinted = False  # the drop hint was printed
+
+    def server_error(self, text: bytes) -> None:
+        """Print the writer's ERROR line, with what to do when it dropped this tail for reading too slowly."""
+        said = text.decode("utf-8", "replace")
+        print(f"{PROG}: the server reported: {said}", file=sys.stderr)
+        if "fell behind" in said and not self.hinted:
+            self.hinted = True
+            print(f"{PROG}: this tail read more slowly than the writer wrote (a slow pipe, say), so the writer "
+                  f"dropped it; {_DROPPED_HINT}", file=sys.stderr)
 
     def chunk(self, data: bytes) -> None:
         """Print the rows in ``data`` (complete lines)."""
@@ -270,7 +285,7 @@ class RawTail:
         for line in data.split(b"\n"):
             if not line.startswith(b"RDATA "):
                 if line.startswith(b"ERROR "):
-                    print(f"{PROG}: the server reported: {line[6:].decode('utf-8', 'replace')}", file=sys.stderr)
+                    self.server_error(line[6:])
                 continue
             f = line.split(b" ", 4)
             if len(f) < 5:
@@ -301,7 +316,7 @@ class RawTail:
         for line in data.split(b"\n"):
             if not line.startswith(b"RDATA "):
                 if line.startswith(b"ERROR "):
-                    print(f"{PROG}: the server reported: {line[6:].decode('utf-8', 'replace')}", file=sys.stderr)
+                    self.server_error(line[6:])
                 continue
             f = line.split(b" ", 4)
             if len(f) < 5:
@@ -363,6 +378,11 @@ async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[b
         failures += 1
         if failures > args.retry:
             print(f"{PROG}: {lost}", file=sys.stderr)
+            if not tail.hinted:
+                # A writer drops a reader that cannot keep up, and may say so too late to be read
+                # (its ERROR waits behind the rows the reader did not take in time).
+                print(f"{PROG}: if the writer is still running, it dropped this tail for reading more slowly "
+                      f"than it wrote; {_DROPPED_HINT}", file=sys.stderr)
             return 1
         log.warning("%s; reconnecting (attempt %d)", lost, failures)
 
