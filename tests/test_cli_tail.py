@@ -221,16 +221,7 @@ def test_a_db_follower_dropped_for_falling_behind_catches_up_and_misses_nothing(
         follower.send_signal(signal.SIGTERM)
         assert follower.wait(15) == 0, "".join(tail_log)
     finally:
-        follower.send_signal(signal.SIGCONT)
-        if follower.poll() is None:
-            follower.kill()
-        proc.terminate()
-        proc.wait(15)
-        for t in threads:
-            t.join(10)
-        for fh in (follower.stdout, follower.stderr, proc.stdout, proc.stderr):
-            if fh is not None:
-                fh.close()
+        _wind_up(follower, proc, threads)
     held = _table_rows(db_url, "caches")
     got = [(int(line.split(" ")[2]), line.split(" ", 3)[3].rstrip("\n")) for line in lines]
     assert len(got) >= at_least > 10_000 and got == held[: len(got)], (len(got), at_least, len(held))
@@ -289,20 +280,26 @@ def test_a_tail_without_db_dropped_for_falling_behind_says_why_and_what_to_do(tm
         assert was_dropped, "".join(writer_log)
         out, err = plain.communicate(timeout=60)
     finally:
-        plain.send_signal(signal.SIGCONT)
-        if plain.poll() is None:
-            plain.kill()
-        proc.terminate()
-        proc.wait(15)
-        reader.join(10)
-        for fh in (proc.stdout, proc.stderr):
-            if fh is not None:
-                fh.close()
+        _wind_up(plain, proc, [reader])
     assert plain.returncode == 1 and out, err
     # The writer's ERROR waits behind the rows the tail had not read; it is read when the tail drains them
     # within the writer's grace period. Either way the tail says what to do.
     assert "closed the connection" in err and err.count("With --db DATABASE_URL") == 1, err
     assert no_traceback(err), err
+
+
+def _wind_up(tail: subprocess.Popen[str], writer: subprocess.Popen[str], readers: list[threading.Thread]) -> None:
+    """End a (maybe SIGSTOPped) tail and its writer, then close their pipes once the reader threads are done."""
+    tail.send_signal(signal.SIGCONT)
+    if tail.poll() is None:
+        tail.kill()
+    writer.terminate()
+    writer.wait(15)
+    for t in readers:
+        t.join(10)
+    for fh in (tail.stdout, tail.stderr, writer.stdout, writer.stderr):
+        if fh is not None:
+            fh.close()
 
 
 def _table_rows(db_url: str, stream: str) -> list[tuple[int, str]]:
