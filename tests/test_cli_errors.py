@@ -113,6 +113,66 @@ def test_an_option_is_taken_only_by_its_full_name() -> None:
     assert out.returncode != 2 and no_traceback(out.stderr), out.stderr
 
 
+#: (command line, the complaint): values an option cannot mean. Taken as given they hung a command
+#: (status --interval -1, positions --wait -1, tail --ping-interval 0), bound another port than the one
+#: asked for (serve --port 99999 listened on 34463), ended in an "internal error" (--metrics-port 70000)
+#: or ran a demo that verified nothing and said PASS (--readers 0, --duration -1).
+NONSENSE = [
+    (("serve", "--port", "99999"), "argument --port: a port is 0-65535 (0 picks a free one), got 99999"),
+    (("serve", "--metrics-port", "70000"), "argument --metrics-port: a port is 0-65535"),
+    (("serve", "--port", "http"), "argument --port: expected a port number, got 'http'"),
+    (("serve", "--produce", "--rate", "-5"), "argument --rate: must be at least 0, got -5"),
+    (("serve", "--produce", "--rate", "nan"), "argument --rate: expected a finite number, got 'nan'"),
+    (("serve", "--produce", "--duration", "-1"), "argument --duration: must be more than 0 (or 0: never stop), got -1"),
+    (("serve", "--produce", "--rollback-rate", "2"), "argument --rollback-rate: must be a share below 1"),
+    (("serve", "--ping-interval", "0"), "argument --ping-interval: must be more than 0, got 0"),
+    (("serve", "--max-buffered", "0"), "argument --max-buffered: must be at least 1, got 0"),
+    (("tail", "127.0.0.1:1", "--connect-timeout", "-1"), "argument --connect-timeout: must be more than 0, got -1"),
+    (("tail", "127.0.0.1:1", "--ping-interval", "0"), "argument --ping-interval: must be more than 0"),
+    (("tail", "127.0.0.1:1", "--from", "-4"), "argument --from: must be at least 0, got -4"),
+    (("status", "127.0.0.1:1", "--interval", "-1"), "argument --interval: must be more than 0, got -1"),
+    (("positions", "--connect", "127.0.0.1:1", "--wait", "-1"), "argument --wait: must be more than 0, got -1"),
+    (("pub", "127.0.0.1:1", "--wait", "-1", "PING 1"), "argument --wait: must be more than 0 (or 0: do not wait)"),
+    (("record", "127.0.0.1:1", "--rotate-time", "0"), "argument --rotate-time: must be more than 0, got 0"),
+    (("record", "127.0.0.1:1", "--flush-interval", "1x"), "argument --flush-interval: expected a duration like 30"),
+    (("demo", "--readers", "0"), "argument --readers: must be at least 1, got 0"),
+    (("demo", "--duration", "-1"), "argument --duration: must be more than 0, got -1"),
+    (("demo", "--rollback-rate", "1"), "argument --rollback-rate: must be a share below 1"),
+    (("decode", "--max-errors", "-1", "x"), "argument --max-errors: must be at least 0, got -1"),
+    (("logs", "report", "x", "--bucket", "0"), "argument --bucket: must be at least 1, got 0"),
+    (("synapse", "watch", "--redis", "redis://127.0.0.1:1", "--server-name", "x", "--frozen-after", "0"),
+     "argument --frozen-after: must be more than 0, got 0"),
+]
+
+
+@pytest.mark.parametrize("args, complaint", NONSENSE, ids=[" ".join(a[:1] + a[-2:]) for a, _ in NONSENSE])
+def test_an_option_value_it_cannot_mean_is_a_usage_error(tmp_path: Any, args: tuple[str, ...], complaint: str) -> None:
+    db = ("--db", f"sqlite:///{tmp_path}/w.db") if args[0] == "serve" else ()
+    out = cli(*args, *db, timeout=30)
+    assert out.returncode == 2 and no_traceback(out.stderr), out
+    assert f"error: {complaint}" in out.stderr, out.stderr
+    assert not os.path.exists(tmp_path / "w.db")  # refused before anything was opened
+
+
+def test_durations_take_units_and_zero_only_where_it_means_something(tmp_path: Any) -> None:
+    out = cli("tail", "127.0.0.1:1", "--connect-timeout", "2s")  # a unit is taken: then a clear failure
+    assert out.returncode == 1 and "connection refused" in out.stderr, out.stderr
+    out = cli("tail", "127.0.0.1:1", "--connect-timeout", "0")
+    assert out.returncode == 2 and "must be more than 0, got 0" in out.stderr and "(or 0" not in out.stderr
+
+
+@pytest.mark.parametrize("cmd", [("tail", "127.0.0.1:1"), ("positions",)])
+def test_a_reader_never_creates_the_sqlite_database_it_was_given(tmp_path: Any, cmd: tuple[str, ...]) -> None:
+    """A mistyped --db path was created (an empty database for a reader to wait on), and the error
+    shown was the writer's absence; now the path is named, and nothing is created."""
+    missing = tmp_path / "typo.db"
+    line = one_error_line(cli(*cmd, "--db", f"sqlite:///{missing}"), cmd[0])
+    assert f"no database at '{missing}' ({cmd[0]} never creates one); give the writer's --db URL" in line
+    assert not missing.exists()
+    line = one_error_line(cli(*cmd, "--db", "sqlite:///:memory:"), cmd[0])
+    assert "sqlite:///:memory: is always empty" in line
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

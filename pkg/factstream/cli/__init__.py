@@ -19,7 +19,8 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from ..redaction import redact_text
 
@@ -74,6 +75,12 @@ class _Parser(argparse.ArgumentParser):
         if extras and " " in self.prog:  # a subcommand ("factstream tail", "factstream logs parse")
             self.error(f"unrecognized arguments: {' '.join(extras)} (see {self.prog} --help)")
         return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        """A bad value for a named option is one line naming it; other mistakes show the usage too."""
+        if message.startswith("argument "):
+            self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        super().error(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,6 +159,23 @@ def check_file_options(args: argparse.Namespace) -> str | None:
             return f"{flag} {path}: is a directory, expected a file"
         if not os.access(path, os.R_OK):
             return f"{flag} {path}: not readable (permission denied)"
+    return None
+
+
+def missing_sqlite(url: str, who: str) -> str | None:
+    """Why a reader's SQLite ``--db`` names no database (a reader never creates one), or None.
+
+    sqlite3 creates a missing file on connect: a mistyped path would give a
+    reader an empty database to wait on instead of an error.
+    """
+    if urlsplit(url).scheme.lower() != "sqlite":
+        return None
+    rest = url[len("sqlite://"):]
+    path = rest[1:] if rest.startswith("/") else ""
+    if path == ":memory:":
+        return "sqlite:///:memory: is always empty; give the file of a writer's database"
+    if not path or not os.path.isfile(path):
+        return f"no database at {path or url!r} ({who} never creates one); give the writer's --db URL"
     return None
 
 

@@ -23,6 +23,7 @@ from typing import IO, Any, cast
 from .. import wire
 from ..errors import ProtocolError
 from ..spark.formats import NOTE, READ_ERRORS, detect_format, payloads, read_problem
+from .argtypes import whole_number
 
 #: Lines read ahead of parsing to detect an input's format.
 HEAD_LINES = 200
@@ -53,7 +54,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("files", nargs="*", metavar="FILE", help="files to read ('-' or nothing for stdin)")
     p.add_argument("--sample", action="store_true", help="also read the sample log shipped inside the package")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
-    p.add_argument("--max-errors", type=int, default=100, metavar="N", help="list at most N bad lines (default 100)")
+    p.add_argument("--max-errors", type=whole_number(0), default=100, metavar="N", help="list at most N bad lines (default 100)")
     p.set_defaults(func=run)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import transport
 from ..demo.live import Child, committed_facts, reader_main, verify_log
+from .argtypes import duration, fraction, port, whole_number
 
 
 def register(subparsers: Any) -> None:
@@ -35,10 +36,10 @@ def register(subparsers: Any) -> None:
         help="run the live replication demo (writer + two readers, one killed midway) and verify it",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    p.add_argument("--duration", type=float, default=12.0, help="seconds the writer produces (default 12)")
-    p.add_argument("--readers", type=int, default=2, help="reader processes (default 2)")
+    p.add_argument("--duration", type=duration(), default=12.0, help="seconds the writer produces (default 12)")
+    p.add_argument("--readers", type=whole_number(1), default=2, help="reader processes (default 2)")
     p.add_argument("--no-kill", action="store_true", help="do not kill and restart a reader")
-    p.add_argument("--rollback-rate", type=float, default=0.1, help="share of writer transactions rolled back")
+    p.add_argument("--rollback-rate", type=fraction, default=0.1, help="share of writer transactions rolled back")
     p.add_argument("--workdir", help="keep the database and logs here (default: a temporary directory, removed)")
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -53,7 +54,7 @@ def register(subparsers: Any) -> None:
     # Internal: the reader processes run this same command.
     p.add_argument("--role", choices=("orchestrator", "reader"), default="orchestrator", help=argparse.SUPPRESS)
     p.add_argument("--name", default="reader1", help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=port, default=0, help=argparse.SUPPRESS)
     p.add_argument("--db", default="", help=argparse.SUPPRESS)
     p.add_argument("--log", default="", help=argparse.SUPPRESS)
     p.add_argument("--final", default="", help=argparse.SUPPRESS)

@@ -10,6 +10,8 @@ import sys
 from typing import Any
 
 from ..spark.formats import FORMATS, FORMATS_HELP
+from . import missing_sqlite
+from .argtypes import duration, number, whole_number
 
 
 def register(subparsers: Any) -> None:
@@ -83,7 +85,7 @@ def register(subparsers: Any) -> None:
     )
     parse.add_argument("--header-only", action="store_true", help="skip the typed events/caches columns (faster)")
     parse.add_argument(
-        "--chunk-mb", type=float, default=32.0, metavar="MB",
+        "--chunk-mb", type=number(0), default=32.0, metavar="MB",
         help="smallest chunk a plain file is cut into; files are cut only as far as the cores need "
         "(default 32; 0: never cut)",
     )
@@ -109,7 +111,7 @@ def register(subparsers: Any) -> None:
     )
     report.add_argument("--by-writer", action="store_true", help="chart: one line per (stream, writer), not per stream")
     report.add_argument("--log-scale", action="store_true", help="chart: logarithmic rows/s axis (zero stays visible)")
-    report.add_argument("--bucket", type=int, default=60, metavar="SECONDS", help="time bucket for rows/s (default 60)")
+    report.add_argument("--bucket", type=whole_number(1), default=60, metavar="SECONDS", help="time bucket for rows/s (default 60)")
     report.add_argument(
         "--capture-pattern",
         metavar="REGEX",
@@ -149,9 +151,9 @@ def register(subparsers: Any) -> None:
         "--tables", metavar="JSON", help="JSON file listing the streams' tables [{stream, table, columns, plain_columns}] "
         "(default: factstream's tables as 'serve' writes them)"
     )
-    stream.add_argument("--trigger", type=float, default=1.0, metavar="SECONDS", help="micro-batch interval (default 1)")
+    stream.add_argument("--trigger", type=duration(), default=1.0, metavar="SECONDS", help="micro-batch interval (default 1)")
     stream.add_argument(
-        "--stop-when-idle", type=float, default=0.0, metavar="SECONDS",
+        "--stop-when-idle", type=duration("keep running"), default=0.0, metavar="SECONDS",
         help="exit 0 once no new facts arrived for this long (default: run until interrupted)",
     )
     stream.set_defaults(func=run_stream)
@@ -260,8 +262,6 @@ def _check_parse(args: argparse.Namespace) -> list[tuple[str, int]]:
     from ..spark.sources import list_files
 
     _check_spark_options(args)
-    if args.chunk_mb < 0:
-        raise UsageError("--chunk-mb must not be negative (0: never split files)")
     if _is_local(args.out):
         out = _local(args.out)
         if os.path.exists(out):
@@ -448,8 +448,6 @@ def _check_report(args: argparse.Namespace) -> None:
             check_pattern(args.capture_pattern)
         except CapturePatternError as err:
             raise UsageError(str(err)) from err
-    if args.bucket <= 0:
-        raise UsageError("--bucket must be a positive number of seconds")
     if (args.by_writer or args.log_scale) and not args.chart:
         raise UsageError("--by-writer and --log-scale shape the chart: add --chart PNG")
     if args.chart:
@@ -540,6 +538,9 @@ def run_stream(args: argparse.Namespace) -> int:
                   "pip install 'pyspark>=4', or stream a recorder's closed files with --files DIR", file=sys.stderr)
             return 2
     try:
+        problem = missing_sqlite(args.db, "logs stream") if args.db else None
+        if problem:
+            raise UsageError(f"--db: {problem}")
         if args.files and _is_local(args.files):
             if not os.path.isdir(_local(args.files)):
                 raise UsageError(f"--files {args.files}: not a directory (the recorder's --dir)")

@@ -17,10 +17,11 @@ import os
 import sys
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from .. import transport
 from ..redaction import redact_url
+from . import missing_sqlite
+from .argtypes import duration
 
 PROG = "factstream positions"
 
@@ -83,8 +84,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--connect", metavar="HOST:PORT", help="also ask a writer's TCP replication listener (REPLICATE)")
     p.add_argument("--redis", metavar="URL", help="also ask a Redis deployment's writers (needs --server-name)")
     p.add_argument("--server-name", help="with --redis: the deployment's channel; with --connect: the expected name")
-    p.add_argument("--wait", type=float, default=1.0, help="seconds to collect POSITION answers (default 1)")
-    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--wait", type=duration(), default=1.0, help="seconds to collect POSITION answers (default 1)")
+    p.add_argument("--connect-timeout", type=duration(), default=10.0, metavar="SECONDS",
                    help="give up connecting after this long (default 10; a refused connection is retried until then)")
     p.add_argument("--tls", action="store_true", help="with --connect: connect with TLS (verifying the server)")
     p.add_argument("--cafile", help="with --connect: CA certificate to verify the server with (implies --tls)")
@@ -99,15 +100,9 @@ class Foreign(Exception):
 
 def check_sqlite_exists(url: str) -> None:
     """A SQLite URL must name an existing file: positions never creates one."""
-    if urlsplit(url).scheme.lower() != "sqlite":
-        return
-    rest = url[len("sqlite://"):]
-    path = rest[1:] if rest.startswith("/") else ""
-    if path == ":memory:":
-        raise SystemExit(f"{PROG}: sqlite:///:memory: is always empty; give the file of a writer's database")
-    if not path or not os.path.isfile(path):
-        print(f"{PROG}: no database at {path or url!r} (positions never creates one); "
-              "give the writer's --db URL", file=sys.stderr)
+    problem = missing_sqlite(url, "positions")
+    if problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
         raise SystemExit(1)
 
 

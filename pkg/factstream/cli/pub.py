@@ -21,6 +21,7 @@ from .. import transport, wire
 from ..commands import CLIENT_COMMANDS, Command
 from ..errors import ProtocolError
 from ..redaction import redact_url
+from .argtypes import duration
 from .link import LinkError, parse_target
 from .tail import add_link_options, connect_within, link_options
 
@@ -45,7 +46,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--redis", metavar="URL", help="publish onto a Redis deployment's channel (needs --server-name)")
     p.add_argument("--custom-streams", action="store_true",
                    help="with --redis: allow RDATA/POSITION of streams outside Synapse's stream registry")
-    p.add_argument("--wait", type=float, default=0.5,
+    p.add_argument("--wait", type=duration("do not wait"), default=0.5,
                    help="TCP: seconds to wait for the server to answer ERROR after sending (default 0.5)")
     p.add_argument("--client-name", default="factstream-pub", help="name sent in NAME (TCP)")
     add_link_options(p)

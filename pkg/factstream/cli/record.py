@@ -23,39 +23,13 @@ from typing import Any
 
 from .. import transport
 from ..redaction import redact_url
+from .argtypes import duration, size_bytes
 from .capture import CaptureWriter, prefix_lines
 from .link import LinkError, open_link, utc_stamp
 from .tail import add_link_options, connect_within, link_options, parse_target
 
 log = logging.getLogger("factstream.record")
 PROG = "factstream record"
-
-
-def size_bytes(text: str) -> int:
-    """argparse type: 100, 64k, 16M, 1G -> bytes."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
-    mult = units.get(t[-1:], 1)
-    try:
-        value = int(float(t[:-1] if t[-1:] in units else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 64M or 500k, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
-
-
-def seconds(text: str) -> float:
-    """argparse type: 90, 90s, 15m, 1h -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    t = text.strip().lower()
-    try:
-        value = float(t[:-1]) * units[t[-1]] if t[-1:] in units else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a duration like 30s, 15m or 1h, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -84,11 +58,11 @@ def register(subparsers: Any) -> None:
                                                   "redis-SERVER_NAME or nats-SERVER_NAME)")
     p.add_argument("--rotate-size", type=size_bytes, default=64 << 20, metavar="SIZE",
                    help="start a new file when the current one reaches SIZE on disk (default 64M)")
-    p.add_argument("--rotate-time", type=seconds, default=3600.0, metavar="DURATION",
+    p.add_argument("--rotate-time", type=duration(), default=3600.0, metavar="DURATION",
                    help="start a new file after DURATION (default 1h)")
-    p.add_argument("--flush-interval", type=seconds, default=1.0, metavar="DURATION",
+    p.add_argument("--flush-interval", type=duration(), default=1.0, metavar="DURATION",
                    help="finish the gzip member in progress this often (default 1s): the most a crash can lose")
-    p.add_argument("--duration", type=seconds, default=None, metavar="DURATION", help="stop after DURATION")
+    p.add_argument("--duration", type=duration(), default=None, metavar="DURATION", help="stop after DURATION")
     p.add_argument("--user-ip", action="store_true", help="with --redis: also record the <server-name>/USER_IP channel")
     p.add_argument("--client-name", default="factstream-record", help="name sent in NAME (TCP)")
     add_link_options(p)

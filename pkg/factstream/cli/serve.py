@@ -40,6 +40,7 @@ from ..demo.tables import DEMO_TABLES
 from ..replication.tables import StreamTable, create_tables, open_id_generators
 from ..replication.written import WrittenRows
 from ..status_lines import emit
+from .argtypes import duration, fraction, number, port, whole_number
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,9 @@ def register(subparsers: Any) -> None:
     )
     add_common(p)
     p.add_argument("--produce", action="store_true", help="write synthetic facts (with random rollbacks)")
-    p.add_argument("--rate", type=float, default=0.0, help="facts per second with --produce (0: as fast as possible)")
-    p.add_argument("--duration", type=float, default=0.0, help="stop producing after this many seconds (0: never)")
-    p.add_argument("--rollback-rate", type=float, default=0.1, help="share of transactions rolled back (default 0.1)")
+    p.add_argument("--rate", type=number(0), default=0.0, help="facts per second with --produce (0: as fast as possible)")
+    p.add_argument("--duration", type=duration("never stop"), default=0.0, help="stop producing after this many seconds (0: never)")
+    p.add_argument("--rollback-rate", type=fraction, default=0.1, help="share of transactions rolled back (default 0.1)")
     p.add_argument("--seed", type=int, default=None, help="random seed for --produce")
     p.add_argument("--status", action="store_true", help="print JSON status lines on stdout (for supervisors)")
     p.set_defaults(func=run)
@@ -81,32 +82,32 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="replicate over NATS JetStream instead of TCP (nats://host:port, several comma-separated for a "
              "cluster); the log is the JetStream stream FACTSTREAM_<server-name>; --host, --port and --tls-* do not apply",
     )
-    p.add_argument("--nats-replicas", type=int, default=1,
+    p.add_argument("--nats-replicas", type=whole_number(1), default=1,
                    help="with --nats: copies of the log in a cluster when this process creates it (default 1; 3 in a cluster)")
-    p.add_argument("--nats-max-age", type=float, default=7 * 24 * 3600.0,
+    p.add_argument("--nats-max-age", type=duration(), default=7 * 24 * 3600.0,
                    help="with --nats: seconds the log keeps facts (the replay window; default 7 days, 0: unlimited)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT}; 0 picks one)")
+    p.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT}; 0 picks one)")
     p.add_argument("--server-name", default="factstream",
                    help="name sent in SERVER (readers may check it; default factstream); with --redis, the channel "
                         "name; with --nats, it names the JetStream stream")
     p.add_argument("--instance-name", default="master", help="this writer's instance name (default master)")
-    p.add_argument("--metrics-port", type=int, default=0,
+    p.add_argument("--metrics-port", type=port, default=0,
                    help="serve Prometheus /metrics on this port of 127.0.0.1 (default 0: none)")
     p.add_argument("--tls-cert", help="PEM certificate: enables TLS on the listener")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument("--tls-client-ca", metavar="FILE",
                    help="with --tls-cert: PEM CA bundle; readers must present a certificate signed by it (mutual TLS)")
-    p.add_argument("--tls-handshake-timeout", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--tls-handshake-timeout", type=duration(), default=10.0, metavar="SECONDS",
                    help="with --tls-cert: drop a connection whose TLS handshake is not done in time (default 10); "
                         "it counts as a reader only once done")
     p.add_argument("--custom-streams", action="store_true",
                    help="this channel (listener or Redis channel) is the application's own: allow streams Synapse "
                         "does not know (without it they are refused, since Synapse processes on the channel "
                         "would fail on them)")
-    p.add_argument("--ping-interval", type=float, default=5.0, help="seconds between keepalives (default 5)")
-    p.add_argument("--timeout", type=float, default=15.0,
+    p.add_argument("--ping-interval", type=duration(), default=5.0, help="seconds between keepalives (default 5)")
+    p.add_argument("--timeout", type=duration(), default=15.0,
                    help="close a peer silent this long after its PING (default 15); with --redis, the PING timeout")
-    p.add_argument("--max-buffered", type=int, default=10_000,
+    p.add_argument("--max-buffered", type=whole_number(1), default=10_000,
                    help="commands buffered per slow reader before it is dropped (default 10000); with --redis, the "
                         "outbound queue bound")
     p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")

@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import transport
 from ..redaction import redact_url
+from .argtypes import duration
 from .link import LinkError, parse_target, utc_stamp
 from .tail import add_link_options, connect_within, link_options
 
@@ -50,7 +51,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--redis", metavar="URL", help="a Redis deployment instead (needs --server-name)")
     p.add_argument("--nats", metavar="URL", help="a NATS JetStream deployment instead (needs --server-name)")
     p.add_argument("--metrics", metavar="HOST:PORT", help="the server's Prometheus endpoint, for its readers")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds to measure rows/s over (default 2)")
+    p.add_argument("--interval", type=duration(), default=2.0, help="seconds to measure rows/s over (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     add_link_options(p)
     p.set_defaults(func=run)

@@ -16,6 +16,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ..redaction import redact_text
+from .argtypes import duration, port
 
 EXIT_HEALTHY, EXIT_INCONSISTENT, EXIT_CANNOT_CHECK = 0, 1, 2
 
@@ -57,13 +58,13 @@ def register(subparsers: Any) -> None:
     w.add_argument("--redis", required=True, metavar="URL", help="Synapse's Redis: redis://[:password@]host:port/0")
     w.add_argument("--server-name", required=True, metavar="HS", help="the homeserver's server_name (the channel)")
     w.add_argument("--db", metavar="URL", help="Synapse's PostgreSQL database, to compare the wire with its rows")
-    w.add_argument("--interval", type=float, default=5.0, help="seconds between reports (default 5)")
-    w.add_argument("--frozen-after", type=float, default=30.0, metavar="S",
+    w.add_argument("--interval", type=duration(), default=5.0, help="seconds between reports (default 5)")
+    w.add_argument("--frozen-after", type=duration(), default=30.0, metavar="S",
                    help="seconds before rows the wire has not announced, or a writer left behind, count (default 30)")
-    w.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
+    w.add_argument("--metrics-port", type=port, metavar="PORT", help="serve Prometheus metrics on this port")
     w.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR",
                    help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 for every interface)")
-    w.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until interrupted)")
+    w.add_argument("--duration", type=duration(), metavar="S", help="stop after S seconds (default: run until interrupted)")
     w.add_argument("--no-replicate", action="store_true",
                    help="only listen: do not ask writers for their positions on connecting")
     w.add_argument("--json", action="store_true", help="one JSON object per report")
@@ -225,8 +226,6 @@ def run_watch(args: argparse.Namespace) -> int:
         print(f"factstream synapse watch: {redact_text(message)}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
 
-    if args.interval <= 0 or args.frozen_after <= 0:
-        return fail("--interval and --frozen-after must be positive")
     if args.db:
         try:
             if engine_of(args.db) != "postgresql":

@@ -33,24 +33,15 @@ from typing import IO, Any
 
 from .. import _json, transport
 from ..streams.rows import Row
+from . import missing_sqlite
+from .argtypes import duration, whole_number
 from .link import LinkError, LinkOptions, open_link, parse_target, utc_stamp
-
-__all__ = ["register", "run", "add_link_options", "connect_within", "link_options", "parse_target", "positive_int"]
 from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat
+
+__all__ = ["register", "run", "add_link_options", "connect_within", "link_options", "parse_target"]
 
 log = logging.getLogger("factstream.tail")
 PROG = "factstream tail"
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value} (leave it out to run until stopped)")
-    return value
 
 
 def retry_count(text: str) -> float:
@@ -72,10 +63,10 @@ def add_link_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action="store_true", help="connect with TLS (verifying the server)")
     p.add_argument("--cafile", help="CA certificate to verify the server with (implies --tls)")
     p.add_argument("--insecure", action="store_true", help="with --tls: do not verify the certificate (not recommended)")
-    p.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--connect-timeout", type=duration(), default=10.0, metavar="SECONDS",
                    help="give up connecting after this long (default 10; a refused connection is retried until then)")
-    p.add_argument("--ping-interval", type=float, default=5.0, help="seconds between keepalive PINGs (default 5)")
-    p.add_argument("--timeout", type=float, default=15.0, help="a server silent this long after its PING is lost (default 15)")
+    p.add_argument("--ping-interval", type=duration(), default=5.0, help="seconds between keepalive PINGs (default 5)")
+    p.add_argument("--timeout", type=duration(), default=15.0, help="a server silent this long after its PING is lost (default 15)")
     p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")
 
 
@@ -114,9 +105,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--timestamps", action="store_true", help="prefix each row with its arrival time (ISO-8601 UTC)")
     p.add_argument("--db", help="database URL: follow as a full reader, catching up from the stream tables")
     p.add_argument("--from-start", action="store_true", help="with --db: replay every stored fact first")
-    p.add_argument("--from", dest="from_token", type=int, metavar="TOKEN",
+    p.add_argument("--from", dest="from_token", type=whole_number(0), metavar="TOKEN",
                    help="with --db: replay the stored facts after TOKEN first, then follow")
-    p.add_argument("--count", type=positive_int, default=None, metavar="N",
+    p.add_argument("--count", type=whole_number(1, " (leave it out to run until stopped)"), default=None, metavar="N",
                    help="exit after N rows (N commands with --redis and no --db); default: run until stopped")
     p.add_argument("--retry", type=retry_count, default=0.0, metavar="N|forever",
                    help="after a lost or failed connection, try again up to N times (or forever), warning each time "
@@ -445,7 +436,11 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
 
     from ..store.database import connect
 
-    db = await connect(args.db)  # the local mistake first: a wrong --db is named even when the writer is down
+    problem = missing_sqlite(args.db, "tail")
+    if problem:  # the local mistake first: a wrong --db is named even when the writer is down
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 1
+    db = await connect(args.db)
     if not args.redis and not args.nats:
         opts = link_options(args, args.name, replicate=False)
         try:
