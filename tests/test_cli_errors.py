@@ -68,6 +68,40 @@ def test_missing_tls_cert_file_is_named(tmp_path: Any) -> None:
     assert missing in one_error_line(out, "tail")
 
 
+def _self_signed(tmp_path: Any, name: str, *passphrase: str) -> tuple[str, str]:
+    """(certificate, key) files made by openssl; the key encrypted when a passphrase is given."""
+    cert, key = str(tmp_path / f"{name}.pem"), str(tmp_path / f"{name}.key")
+    secret = ["-passout", f"pass:{passphrase[0]}"] if passphrase else ["-nodes"]
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", *secret, "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True)
+    return cert, key
+
+
+def test_unusable_tls_files_say_which_file_and_why(tmp_path: Any) -> None:
+    """Not OpenSSL's "[SSL] PEM lib", and no passphrase prompt on the terminal for an encrypted key."""
+    cert, key = _self_signed(tmp_path, "a")
+    _, other_key = _self_signed(tmp_path, "b")
+    enc_cert, enc_key = _self_signed(tmp_path, "c", "s3cret")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    cases = [
+        (("--tls-cert", cert), f"{cert} holds a certificate but no private key: give the key file too (--tls-key)"),
+        (("--tls-cert", cert, "--tls-key", other_key),
+         f"the private key in {other_key} does not belong to the certificate in {cert}"),
+        (("--tls-cert", str(junk), "--tls-key", key), f"{junk} holds no PEM certificate"),
+        (("--tls-cert", cert, "--tls-key", str(junk)), f"{junk} holds no PEM private key"),
+        (("--tls-cert", enc_cert, "--tls-key", enc_key), f"the private key in {enc_key} is encrypted"),
+        (("--tls-cert", cert, "--tls-key", key, "--tls-client-ca", str(junk)), f"{junk} holds no PEM CA certificate"),
+    ]
+    for args, says in cases:
+        out = cli("serve", "--db", f"sqlite:///{tmp_path}/a.db", "--port", "0", *args, stdin="")
+        line = one_error_line(out, "serve")
+        assert out.returncode == 2 and says in line and "PEM lib" not in line, (args, out.stderr)
+        assert "pass phrase" not in out.stdout + out.stderr and "s3cret" not in line
+    line = one_error_line(cli("tail", "127.0.0.1:9", "--cafile", str(junk)), "tail")
+    assert f"{junk} holds no PEM CA certificate" in line
+
+
 def test_truncated_gzip_is_one_line(tmp_path: Any) -> None:
     bad = tmp_path / "cut.log.gz"
     bad.write_bytes(gzip.compress(b'RDATA caches m 1 ["f",null,1]\n' * 1000)[:60])

@@ -216,6 +216,23 @@ def test_truncated_and_corrupt_gzip_are_named_and_the_rest_is_parsed(tmp_path: P
     assert per_capture["corrupt.log.gz"] == corrupt_at > 0
 
 
+def test_inputs_that_hold_no_line_at_all_write_an_empty_result_not_an_error(tmp_path: Path) -> None:
+    """A gzip file cut off inside its header is the only input: nothing to parse, and the output has no
+    Parquet file. That used to end in "internal error: AnalysisException: [UNABLE_TO_INFER_SCHEMA]"."""
+    _require_spark()
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "cut.log.gz").write_bytes(gzip.compress(_good_lines(10).encode())[:6])
+    out = tmp_path / "pq"
+    done = logs("parse", str(src), "--out", str(out), *SPARK)
+    assert done.returncode == 2 and no_traceback(done.stderr), done.stderr
+    assert "internal error" not in done.stderr and "Exception" not in done.stderr, done.stderr
+    assert f"wrote 0 lines (0 malformed) to {out}" in done.stderr
+    assert "cut.log.gz: truncated gzip" in done.stderr and "1 of 1 inputs could not be read to their end" in done.stderr
+    rep = logs("report", str(out), *SPARK)
+    assert rep.returncode == 2 and "found no lines" in rep.stderr and no_traceback(rep.stderr), rep.stderr
+
+
 # ------------------------------------------------------------- Ctrl-C
 
 

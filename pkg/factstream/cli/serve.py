@@ -509,13 +509,16 @@ async def serve(args: argparse.Namespace) -> int:
     if args.tls_cert:
         import ssl
 
-        from ..transport.tcp import server_ssl_context
+        from ..transport.tcp import TlsFileError, server_ssl_context
 
         try:
             server_ssl_context(args.tls_cert, args.tls_key, client_cafile=args.tls_client_ca)
+        except TlsFileError as err:
+            cli_error("factstream serve", f"cannot use the TLS files: {err}", 2)
         except (OSError, ssl.SSLError) as err:
-            cli_error("factstream serve", f"cannot load the TLS files (--tls-cert {args.tls_cert}, --tls-key "
-                                          f"{args.tls_key}, --tls-client-ca {args.tls_client_ca}): {err}", 2)
+            given = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--tls-client-ca": args.tls_client_ca}
+            cli_error("factstream serve", f"cannot load the TLS files ({', '.join(f'{k} {v}' for k, v in given.items() if v)})"
+                                          f": {err}", 2)
     from ..store.database import DatabaseError
 
     writer = Writer(args)

@@ -48,6 +48,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import metrics, wire
+from ..errors import FactstreamError
 from ..backoff import backoff_delay
 from ..replication.carrier import CommandSink
 from .fetch import FetchError, FetchServer, RemoteUpdateSource
@@ -67,6 +68,7 @@ from .tcp_connection import (
 __all__ = [
     "TcpServer",
     "TcpClient",
+    "TlsFileError",
     "TcpConnection",
     "ServerConnection",
     "ClientConnection",
@@ -480,12 +482,63 @@ class TcpClient:
 # ====================================================================== TLS
 
 
+class TlsFileError(FactstreamError, ValueError):
+    """A certificate, key or CA file that cannot be used, with which one and why."""
+
+
+def _pem_holds(path: str, label: str) -> bool:
+    """Whether ``path`` holds a PEM block whose label ends in ``label`` (unreadable: False)."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(1 << 20)
+    except OSError:
+        return False
+    return f"{label}-----".encode() in text and b"-----BEGIN " in text
+
+
+def _encrypted_key(path: str) -> bytes:
+    raise TlsFileError(
+        f"the private key in {path} is encrypted (it has a passphrase), and a server cannot ask for one: "
+        f"give a key without a passphrase (openssl pkey -in {path} -out plain-key.pem)"
+    )
+
+
+def load_cert_chain(ctx: _ssl.SSLContext, certfile: str, keyfile: str | None = None) -> None:
+    """``ctx.load_cert_chain``, whose errors say which file is wrong and how (not "[SSL] PEM lib").
+
+    An encrypted key is refused instead of prompting on the terminal for a
+    passphrase (a service has none to type it into).
+    """
+    key = keyfile or certfile
+    try:
+        ctx.load_cert_chain(certfile, keyfile, password=lambda: _encrypted_key(key))
+    except _ssl.SSLError as err:
+        if "KEY_VALUES_MISMATCH" in str(err):
+            raise TlsFileError(f"the private key in {key} does not belong to the certificate in {certfile}") from None
+        if not _pem_holds(certfile, "CERTIFICATE"):
+            raise TlsFileError(f"{certfile} holds no PEM certificate (-----BEGIN CERTIFICATE-----)") from None
+        if not _pem_holds(key, "PRIVATE KEY"):
+            if keyfile is None:
+                raise TlsFileError(f"{certfile} holds a certificate but no private key: give the key file "
+                                   "too (--tls-key)") from None
+            raise TlsFileError(f"{keyfile} holds no PEM private key (-----BEGIN PRIVATE KEY-----)") from None
+        raise TlsFileError(f"cannot load {certfile}{' and ' + keyfile if keyfile else ''}: {err}") from None
+
+
+def load_ca_file(ctx: _ssl.SSLContext, cafile: str) -> None:
+    """``ctx.load_verify_locations(cafile)``, whose error names the file."""
+    try:
+        ctx.load_verify_locations(cafile)
+    except _ssl.SSLError as err:
+        raise TlsFileError(f"{cafile} holds no PEM CA certificate ({err.reason or err})") from None
+
+
 def server_ssl_context(certfile: str, keyfile: str | None = None, *, client_cafile: str | None = None) -> _ssl.SSLContext:
     """A listener context; with ``client_cafile`` clients must present a certificate signed by it."""
     ctx = _ssl.create_default_context(_ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(certfile, keyfile)
+    load_cert_chain(ctx, certfile, keyfile)
     if client_cafile:
-        ctx.load_verify_locations(client_cafile)
+        load_ca_file(ctx, client_cafile)
         ctx.verify_mode = _ssl.CERT_REQUIRED
     return ctx
 
@@ -494,13 +547,16 @@ def client_ssl_context(
     cafile: str | None = None, *, verify: bool = True, certfile: str | None = None, keyfile: str | None = None
 ) -> _ssl.SSLContext:
     """A client context verifying the server (against ``cafile`` or the system store) unless ``verify=False``."""
-    ctx = _ssl.create_default_context(_ssl.Purpose.SERVER_AUTH, cafile=cafile)
+    try:  # with cafile, only it is trusted (not the system's store as well)
+        ctx = _ssl.create_default_context(_ssl.Purpose.SERVER_AUTH, cafile=cafile)
+    except _ssl.SSLError as err:
+        raise TlsFileError(f"{cafile} holds no PEM CA certificate ({err.reason or err})") from None
     if not verify:
         log.warning("TLS certificate verification is OFF for replication; anyone on the path can read and inject")
         ctx.check_hostname = False
         ctx.verify_mode = _ssl.CERT_NONE
     if certfile:
-        ctx.load_cert_chain(certfile, keyfile)
+        load_cert_chain(ctx, certfile, keyfile)
     return ctx
 
 
