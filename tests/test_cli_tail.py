@@ -77,6 +77,25 @@ def test_nothing_listening_fails_after_the_connect_timeout() -> None:
     assert time.monotonic() - started < 15
 
 
+def test_a_stream_the_writer_does_not_have_is_named(writer: tuple[str, int]) -> None:
+    """--stream with a typo used to wait silently forever. With --db the tables are known: a usage
+    error at once. Without, the writer's POSITIONs say which streams it has: a warning, and it goes on."""
+    db_url, port = writer
+    out = cli("tail", f"127.0.0.1:{port}", "--db", db_url, "--stream", "cache", "--count", "1")
+    assert out.returncode == 2 and no_traceback(out.stderr), out
+    assert out.stderr.strip() == ("factstream tail: no stream cache in the writer's tables (its streams: caches, "
+                                  "receipts, to_device)")
+    proc = start("tail", f"127.0.0.1:{port}", "--stream", "cache")
+    time.sleep(3)
+    _, err = stop(proc, signal.SIGINT)
+    assert proc.returncode == 130 and no_traceback(err), err
+    assert ("the writer announced the streams caches, receipts, to_device; --stream cache is not among them "
+            "(nothing is shown for it)") in err, err
+    ok = start("tail", f"127.0.0.1:{port}", "--stream", "caches", "--count", "50")
+    out_ok, err_ok = ok.communicate(timeout=60)
+    assert ok.returncode == 0 and len(out_ok.splitlines()) == 50 and "WARNING" not in err_ok, err_ok
+
+
 def test_a_silent_peer_fails_after_the_connect_timeout() -> None:
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))

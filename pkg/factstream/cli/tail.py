@@ -247,6 +247,15 @@ class RawTail:
         self.batches: dict[tuple[bytes, bytes], list[bytes]] = {}
         self.errors = 0
         self.hinted = False  # the drop hint was printed
+        self.announced: set[bytes] = set()  # streams the writer sent a POSITION for (with --stream)
+
+    def check_streams(self) -> None:
+        """Warn when --stream names a stream the writer's first POSITIONs did not include (a typo, say)."""
+        missing = sorted(self.streams - self.announced) if self.streams and self.announced else []
+        if missing:
+            log.warning("the writer announced the streams %s; --stream %s is not among them (nothing is shown for it)",
+                        ", ".join(sorted(s.decode() for s in self.announced)),
+                        ", ".join(s.decode() for s in missing))
 
     def server_error(self, text: bytes) -> None:
         """Print the writer's ERROR line, with what to do when it dropped this tail for reading too slowly."""
@@ -275,7 +284,9 @@ class RawTail:
             return
         for line in data.split(b"\n"):
             if not line.startswith(b"RDATA "):
-                if line.startswith(b"ERROR "):
+                if line.startswith(b"POSITION "):
+                    self.announced.add(line.split(b" ", 2)[1])
+                elif line.startswith(b"ERROR "):
                     self.server_error(line[6:])
                 continue
             f = line.split(b" ", 4)
@@ -347,6 +358,8 @@ async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[b
         if ever:
             log.warning("reconnected to %s; rows sent while disconnected are not shown (use --db to catch up)",
                         opts.target)
+        if not ever and tail.streams:
+            asyncio.get_running_loop().call_later(1.0, tail.check_streams)  # the writer's POSITIONs are in by then
         ever = True
         failures = 0
         reader = asyncio.ensure_future(_pump(link, tail))
@@ -440,6 +453,12 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
     if problem:  # the local mistake first: a wrong --db is named even when the writer is down
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 1
+    known = sorted(t.stream for t in DEMO_TABLES)
+    unknown = sorted(set(args.streams or ()) - set(known))
+    if unknown:
+        print(f"{PROG}: no stream {', '.join(unknown)} in the writer's tables (its streams: {', '.join(known)})",
+              file=sys.stderr)
+        return 2
     db = await connect(args.db)
     if not args.redis and not args.nats:
         opts = link_options(args, args.name, replicate=False)
