@@ -91,6 +91,22 @@ DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 DEFAULT_MAX_HANDSHAKES = 256
 
 
+def _check_port(port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0-65535 (0: any free one), got {port}")
+
+
+def _link_options(ping_interval: float, timeout: float, max_buffered: int, max_line_length: int,
+                  codec: Codec | None, relay: Relay | None) -> dict[str, Any]:
+    """The options every connection of a server or client gets, checked once (a keepalive every 0 s
+    would spin, a buffer of 0 commands drop every reader)."""
+    if not (ping_interval > 0 and timeout > 0 and max_buffered >= 1 and max_line_length >= 1):
+        raise ValueError(f"need ping_interval > 0, timeout > 0, max_buffered >= 1 and max_line_length >= 1, got "
+                         f"{ping_interval}, {timeout}, {max_buffered} and {max_line_length}")
+    return dict(ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered,
+                max_line_length=max_line_length, codec=codec, relay=relay)
+
+
 class TcpServer:
     """The writer end: accepts readers on ``host:port`` (loopback unless told otherwise).
 
@@ -119,6 +135,7 @@ class TcpServer:
     ) -> None:
         if handshake_timeout <= 0 or max_handshakes < 1:
             raise ValueError("need handshake_timeout > 0 and max_handshakes >= 1")
+        _check_port(port)
         self.sink = sink
         self.server_name = server_name
         self.host = host
@@ -126,10 +143,7 @@ class TcpServer:
         self.ssl = ssl
         self.handshake_timeout = handshake_timeout
         self.max_handshakes = max_handshakes
-        self.opts: dict[str, Any] = dict(
-            ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length,
-            codec=codec, relay=relay,
-        )
+        self.opts = _link_options(ping_interval, timeout, max_buffered, max_line_length, codec, relay)
         self._server: asyncio.Server | None = None
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
@@ -353,6 +367,10 @@ class TcpClient:
         codec: Codec | None = None,
         relay: Relay | None = None,
     ) -> None:
+        _check_port(port)
+        if not 0 < backoff_initial <= backoff_max or connect_timeout <= 0:
+            raise ValueError(f"need 0 < backoff_initial <= backoff_max and connect_timeout > 0, got "
+                             f"{backoff_initial}, {backoff_max} and {connect_timeout}")
         self.sink = sink
         self.host = host
         self.port = port
@@ -360,10 +378,7 @@ class TcpClient:
         self.expected_server_name = expected_server_name
         self.ssl = ssl
         self.server_hostname = server_hostname
-        self.opts: dict[str, Any] = dict(
-            ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered, max_line_length=max_line_length,
-            codec=codec, relay=relay,
-        )
+        self.opts = _link_options(ping_interval, timeout, max_buffered, max_line_length, codec, relay)
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.connect_timeout = connect_timeout
