@@ -227,6 +227,7 @@ class Writer:
         self.args = args
         self.tables = tables
         self.db: Any = None
+        self.claim: Any = None  # this process's claim on its instance name (store.writer_claim)
         self.gens: dict[str, Any] = {}
         self.server: Any = None
         self.hub: ReplicationHub | None = None
@@ -241,9 +242,11 @@ class Writer:
 
     async def start(self) -> None:
         from ..store.database import connect
+        from ..store.writer_claim import claim_writer
 
         a = self.args
         self.db = await connect(a.db)
+        self.claim = await claim_writer(self.db, a.instance_name)  # a second writer of the same name is refused
         await create_tables(self.db, self.tables)
         self.gens = await open_id_generators(self.db, a.instance_name, self.tables)
         for gen in self.gens.values():
@@ -473,6 +476,8 @@ class Writer:
             await self.server.stop()
         for g in self.gens.values():
             await g.close()
+        if self.claim is not None:
+            await self.claim.release()
         if self.db is not None:
             await self.db.close()
 

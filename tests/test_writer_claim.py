@@ -1,0 +1,80 @@
+"""One process per writer name and database (store.writer_claim), on both engines and through serve."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from cli_run import cli, serve, stop
+from factstream.store.database import connect
+from factstream.store.writer_claim import WriterTaken, claim_writer
+
+
+async def test_a_name_is_claimed_once_until_released(engine_db: Any) -> None:
+    """A second claim (here another connection or open file, as another process would hold) is refused;
+    another name is not; a released name can be claimed again."""
+    other = await connect(engine_db.url)
+    try:
+        first = await claim_writer(engine_db, "master")
+        with pytest.raises(WriterTaken, match="another process is already writing as 'master'"):
+            await claim_writer(other, "master")
+        second_name = await claim_writer(other, "event_persister1")
+        await first.release()
+        again = await claim_writer(other, "master")
+        await again.release()
+        await second_name.release()
+    finally:
+        await other.close()
+
+
+def test_a_killed_writer_leaves_its_name_free(tmp_path: Any) -> None:
+    """The claim goes with the process, however it ends: SIGKILL leaves nothing to clean up."""
+    db_url = f"sqlite:///{tmp_path}/w.db"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import asyncio, sys\n"
+        "from factstream.store.database import connect\n"
+        "from factstream.store.writer_claim import claim_writer\n"
+        "async def main():\n"
+        f"    db = await connect({db_url!r})\n"
+        "    await claim_writer(db, 'master')\n"
+        "    print('claimed', flush=True)\n"
+        "    await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed"
+        out = cli("serve", "--db", db_url, "--port", "0")
+        assert out.returncode == 1 and "another process is already writing as 'master'" in out.stderr, out.stderr
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        proc, _ = serve(db_url)  # starts: the name is free again
+        stop(proc)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_serve_refuses_a_second_writer_of_the_same_name(tmp_path: Any, engine: str, request: Any) -> None:
+    """Two `serve --produce` as master on one database used to run side by side, sharing id blocks and
+    position rows. The second now exits 1 with one line saying what to do; another name is fine."""
+    db_url = f"sqlite:///{tmp_path}/w.db" if engine == "sqlite" else request.getfixturevalue("postgres_dsn")
+    first, _ = serve(db_url, "--produce", "--rate", "100")
+    try:
+        time.sleep(0.5)
+        out = cli("serve", "--db", db_url, "--port", "0", "--produce", timeout=60)
+        assert out.returncode == 1, out
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("factstream serve: another process is already writing as "
+                                                       "'master' to "), out.stderr
+        assert "another --instance-name" in lines[0]
+        other, _ = serve(db_url, "--instance-name", "w2")
+        stop(other)
+    finally:
+        stop(first)
