@@ -86,9 +86,25 @@ def test_a_stream_the_writer_does_not_have_is_named(writer: tuple[str, int]) -> 
     assert out.stderr.strip() == ("factstream tail: no stream cache in the writer's tables (its streams: caches, "
                                   "receipts, to_device)")
     proc = start("tail", f"127.0.0.1:{port}", "--stream", "cache")
-    time.sleep(3)
-    _, err = stop(proc, signal.SIGINT)
-    assert proc.returncode == 130 and no_traceback(err), err
+    warned: list[str] = []
+
+    def read() -> None:
+        for line in proc.stderr or ():
+            warned.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not any("announced" in line for line in warned) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(15) == 130
+    reader.join(10)
+    for fh in (proc.stdout, proc.stderr):
+        if fh is not None:
+            fh.close()
+    err = "".join(warned)
+    assert no_traceback(err), err
     assert ("the writer announced the streams caches, receipts, to_device; --stream cache is not among them "
             "(nothing is shown for it)") in err, err
     ok = start("tail", f"127.0.0.1:{port}", "--stream", "caches", "--count", "50")

@@ -249,8 +249,15 @@ class RawTail:
         self.hinted = False  # the drop hint was printed
         self.announced: set[bytes] = set()  # streams the writer sent a POSITION for (with --stream)
 
-    def check_streams(self) -> None:
-        """Warn when --stream names a stream the writer's first POSITIONs did not include (a typo, say)."""
+    def check_streams(self, tries: int = 30) -> None:
+        """Warn when --stream names a stream the writer's first POSITIONs did not include (a typo, say).
+
+        Called a second after connecting; while no POSITION has arrived yet
+        (a slow machine), it looks again each second, ``tries`` times.
+        """
+        if self.streams and not self.announced and tries > 1:
+            asyncio.get_running_loop().call_later(1.0, self.check_streams, tries - 1)
+            return
         missing = sorted(self.streams - self.announced) if self.streams and self.announced else []
         if missing:
             log.warning("the writer announced the streams %s; --stream %s is not among them (nothing is shown for it)",
