@@ -405,3 +405,20 @@ async def test_clear_user_sync_from_handler_order() -> None:
     await asyncio.sleep(0.01)
     pipe.close()
     assert got == [(ClearUserSyncsCommand("r2"), None)]
+
+
+@pytest.mark.parametrize("kwargs", [{"page_limit": 0}, {"trust_window": -1}, {"verify_grace": -0.5},
+                                    {"start_position": -3}])
+def test_a_follower_refuses_options_that_cannot_work(kwargs: dict[str, Any]) -> None:
+    """A page of 0 rows asked its source for the same nothing forever: refused when the follower is made."""
+    with pytest.raises(ValueError, match="need page_limit >= 1"):
+        Follower(**kwargs)
+
+
+def test_a_publisher_refuses_a_page_of_no_rows() -> None:
+    with pytest.raises(ValueError, match="page_limit must be at least 1, got 0"):
+        Publisher("w", page_limit=0)
+    pub = Publisher("w")
+    with pytest.raises(ValueError, match="page_limit must be at least 1"):
+        pub.page_limit = 0
+    assert pub.page_limit == 1000

@@ -53,6 +53,13 @@ class ForeignStreamError(FactstreamError, ValueError):
 log = logging.getLogger(__name__)
 
 
+def _checked_page_limit(value: int) -> int:
+    # a page of 0 rows would ask a source for the same nothing forever
+    if value < 1:
+        raise ValueError(f"page_limit must be at least 1, got {value}")
+    return value
+
+
 class Publisher:
     """Publishes the facts of the streams one writer instance writes (see module doc)."""
 
@@ -75,7 +82,7 @@ class Publisher:
         #: True when the channel belongs to the application (no Synapse process on it), so
         #: streams outside Synapse's registry may be published; see the module doc.
         self.custom_streams = custom_streams
-        self._page_limit = page_limit
+        self._page_limit = _checked_page_limit(page_limit)
         #: The relay twin running the per-row loops (default: the active implementation).
         self.relay = relay or _relay
         self._streams: dict[str, StreamEmitter] = {}
@@ -98,7 +105,7 @@ class Publisher:
 
     @page_limit.setter
     def page_limit(self, value: int) -> None:
-        self._page_limit = value
+        self._page_limit = _checked_page_limit(value)
         for st in self._streams.values():
             st.page_limit = value
 
