@@ -19,14 +19,18 @@ def _fail(message: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(message)
 
 
+def _integer(text: str, what: str) -> int:
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise _fail(f"expected {what}, got {text!r}") from None
+
+
 def whole_number(least: int = 0, hint: str = "") -> Callable[[str], int]:
     """An integer of at least ``least`` (``hint`` follows the complaint about a smaller one)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text.strip(), 10)
-        except ValueError:
-            raise _fail(f"expected a whole number, got {text!r}") from None
+        value = _integer(text, "a whole number")
         if value < least:
             raise _fail(f"must be at least {least}, got {value}{hint}")
         return value
@@ -80,10 +84,7 @@ def fraction(text: str) -> float:
 
 def port(text: str) -> int:
     """A TCP port, 0-65535 (0: the system picks a free one)."""
-    try:
-        value = int(text.strip(), 10)
-    except ValueError:
-        raise _fail(f"expected a port number, got {text!r}") from None
+    value = _integer(text, "a port number")
     if not 0 <= value <= 65535:
         raise _fail(f"a port is 0-65535 (0 picks a free one), got {value}")
     return value

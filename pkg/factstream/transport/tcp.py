@@ -540,12 +540,16 @@ def load_cert_chain(ctx: _ssl.SSLContext, certfile: str, keyfile: str | None = N
         raise TlsFileError(f"cannot load {certfile}{' and ' + keyfile if keyfile else ''}: {err}") from None
 
 
+def _no_ca(cafile: str | None, err: _ssl.SSLError) -> TlsFileError:
+    return TlsFileError(f"{cafile} holds no PEM CA certificate ({err.reason or err})")
+
+
 def load_ca_file(ctx: _ssl.SSLContext, cafile: str) -> None:
     """``ctx.load_verify_locations(cafile)``, whose error names the file."""
     try:
         ctx.load_verify_locations(cafile)
     except _ssl.SSLError as err:
-        raise TlsFileError(f"{cafile} holds no PEM CA certificate ({err.reason or err})") from None
+        raise _no_ca(cafile, err) from None
 
 
 def server_ssl_context(certfile: str, keyfile: str | None = None, *, client_cafile: str | None = None) -> _ssl.SSLContext:
@@ -565,7 +569,7 @@ def client_ssl_context(
     try:  # with cafile, only it is trusted (not the system's store as well)
         ctx = _ssl.create_default_context(_ssl.Purpose.SERVER_AUTH, cafile=cafile)
     except _ssl.SSLError as err:
-        raise TlsFileError(f"{cafile} holds no PEM CA certificate ({err.reason or err})") from None
+        raise _no_ca(cafile, err) from None
     if not verify:
         log.warning("TLS certificate verification is OFF for replication; anyone on the path can read and inject")
         ctx.check_hostname = False
