@@ -9,7 +9,8 @@ Roles:
   restart     print the recovered POSITION, commit one fact, print its id
   writer      --count facts from --tasks concurrent tasks with random delays and
               random failures (rollbacks), then one final committed fact
-  reader      follow positions from stream_positions until --stop-file exists;
+  reader      print READY once its positions are loaded, then follow positions
+              from stream_positions until --stop-file exists;
               for each new position print what the table holds at or below it
 """
 
@@ -110,6 +111,7 @@ async def reader(args: argparse.Namespace) -> None:
     gen = await make(db, args.instance, args.writers)
     seen: dict[str, int] = {}
     linear = gen.current_token()
+    say("READY", linear)  # the parent starts the writers only now: a slow start would miss every move
     stopping = False
     while True:
         if os.path.exists(args.stop_file):

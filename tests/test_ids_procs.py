@@ -83,6 +83,11 @@ def test_three_writers_and_a_reader(postgres_dsn: str, tmp_path: Path) -> None:
     create_table(postgres_dsn)
     stop = tmp_path / "stop"
     reader = spawn("reader", postgres_dsn, "reader", "--stop-file", str(stop))
+    # The writers start once the reader has loaded its positions: a reader starting after they had
+    # finished (a loaded machine) would find the final position already there and see no move.
+    assert reader.stdout is not None
+    ready = reader.stdout.readline().split()
+    assert ready and ready[0] == "READY", f"reader did not start: {ready} {reader.stderr.read() if reader.stderr else ''}"
     writers = {
         name: spawn(
             "writer", postgres_dsn, name, "--count", "80", "--tasks", "6", "--fail-rate", "0.25",
