@@ -17,6 +17,7 @@ from factstream.commands import RemoteServerUpCommand
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
 from factstream.replication import MemoryUpdateSource
 from factstream.transport.tcp import (
+    FetchError,
     FetchServer,
     RemoteUpdateSource,
     TcpClient,
@@ -396,6 +397,56 @@ async def test_in_memory_stream_catch_up_from_the_writer(writer: Any) -> None:
     await client.stop()
     await server2.stop()
     await fetch.stop()
+
+
+async def test_fetch_failures_are_fetch_errors_naming_the_writer() -> None:
+    """Nothing listening, a port that never answers, an answer that is not one: each a FetchError with the address."""
+    import socket
+
+    with socket.socket() as s:  # a port with nothing listening on it
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(FetchError, match=f"127.0.0.1:{free}"):
+        await RemoteUpdateSource("typing", "127.0.0.1", free, timeout=2).get_updates("master", 0, 5, 10)
+
+    answers: list[bytes] = []
+    done = asyncio.Event()
+    handlers: list[asyncio.Task[None]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        await reader.readline()
+        if answers:
+            writer.write(answers.pop(0))
+            await writer.drain()
+        else:
+            await done.wait()  # holds the request unanswered
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    source = RemoteUpdateSource("typing", "127.0.0.1", port, timeout=0.3)
+    try:
+        with pytest.raises(FetchError, match=rf"127.0.0.1:{port} did not answer a typing fetch within 0.3s"):
+            await source.get_updates("master", 0, 5, 10)
+        for garbage in (b"<html>\n", b'{"updates": 3}\n', b"[1, 2]\n", b"\xff\xfe\n"):
+            answers.append(garbage)
+            with pytest.raises(FetchError, match="not a fetch answer"):
+                await source.get_updates("master", 0, 5, 10)
+        answers.append(b"")  # closed without a word
+        with pytest.raises(FetchError, match="without an answer"):
+            await source.get_updates("master", 0, 5, 10)
+    finally:
+        done.set()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+    for bad in ({"port": 70000}, {"port": -1}, {"timeout": 0}, {"timeout": float("nan")}):
+        with pytest.raises(ValueError):
+            RemoteUpdateSource("typing", "127.0.0.1", **{"port": 1, **bad})
+    with pytest.raises(ValueError, match="max_limit"):
+        FetchServer({}, max_limit=0)
 
 
 @pytest.fixture(scope="module")

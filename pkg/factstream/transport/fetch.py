@@ -35,6 +35,10 @@ class FetchServer:
         self, sources: Mapping[str, UpdateSource], *, host: str = "127.0.0.1", port: int = 0,
         ssl: _ssl.SSLContext | None = None, max_limit: int = 10_000,
     ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be 0-65535, got {port}")
+        if max_limit < 1:
+            raise ValueError(f"max_limit must be at least 1 row, got {max_limit}")
         self.sources = dict(sources)
         self.host = host
         self.port = port
@@ -90,11 +94,20 @@ class FetchServer:
 
 
 class RemoteUpdateSource:
-    """An update source that asks a writer's :class:`FetchServer` (for in-memory streams)."""
+    """An update source that asks a writer's :class:`FetchServer` (for in-memory streams).
+
+    Every failure (nothing listening, no answer within ``timeout`` seconds,
+    an answer that is not one) is a :class:`FetchError` naming the writer's
+    address, which the follower logs before it tries again.
+    """
 
     def __init__(
         self, stream: str, host: str, port: int, *, ssl: _ssl.SSLContext | None = None, timeout: float = 10.0
     ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be 0-65535, got {port}")
+        if not timeout > 0:  # also refuses NaN
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.stream = stream
         self.host = host
         self.port = port
@@ -103,17 +116,28 @@ class RemoteUpdateSource:
 
     async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Updates:
         req = {"stream": self.stream, "instance": instance_name, "from": from_token, "upto": upto_token, "limit": limit}
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=1 << 24), self.timeout
-        )
+        where = f"writer's fetch port {self.host}:{self.port}"
+        writer: asyncio.StreamWriter | None = None
         try:
-            writer.write(_json.dumps(req).encode() + b"\n")
-            line = await asyncio.wait_for(reader.readline(), self.timeout)
+            # One deadline over connect, request and answer; asyncio.timeout rather than wait_for, whose
+            # inner task can finish connecting just as it times out and leave that connection open.
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=1 << 24)
+                writer.write(_json.dumps(req).encode() + b"\n")
+                line = await reader.readline()
+        except TimeoutError:
+            raise FetchError(f"{where} did not answer a {self.stream} fetch within {self.timeout:g}s") from None
+        except (OSError, ValueError) as err:  # ValueError: an answer line past the reader's limit
+            raise FetchError(f"{where}: {type(err).__name__}: {err}") from None
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
         if not line:
-            raise FetchError(f"writer at {self.host}:{self.port} closed the fetch connection")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise FetchError(f"writer at {self.host}:{self.port} refused the fetch: {answer['error']}")
-        return [(int(t), r) for t, r in answer["updates"]], int(answer["upto"]), bool(answer["limited"])
+            raise FetchError(f"{where} closed the fetch connection without an answer")
+        try:
+            answer = json.loads(line)
+            if "error" in answer:
+                raise FetchError(f"{where} refused the {self.stream} fetch: {answer['error']}")
+            return [(int(t), r) for t, r in answer["updates"]], int(answer["upto"]), bool(answer["limited"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise FetchError(f"{where} answered something that is not a fetch answer ({err}): {line[:80]!r}") from None
