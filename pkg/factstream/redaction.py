@@ -16,19 +16,69 @@ __all__ = ["redact_url", "redact_text", "MASK"]
 #: What a password is replaced with.
 MASK = "***"
 
-# scheme://user:password@host... anywhere in a text (the password is what sits
-# between the first ':' after '//' and the last '@' of the authority).
-_URL_SECRET = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:)(?P<secret>[^\s/@]*(?:@[^\s/@]*)*)(?P<at>@)")
+# Where a URL starts in a text: scheme://
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+# What ends a URL's authority-and-path run in a text: white space, a query or fragment, a quote, or the
+# next server of a comma-separated list (nats://a:pw@h1,nats://b:pw@h2).
+_RUN_END = re.compile(r"[\s?#\"'<>]|,(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
+# user:password@host without a scheme (a URL typed without one), as its own word. The host must look like
+# one (a name, an IPv4 or a bracketed IPv6 address, an optional port, then the end of the word or a path),
+# so that text such as a Matrix id or a JSON row is left alone.
+_BARE_SECRET = re.compile(
+    r"(?<![\w/:@.%\-])(?P<head>[A-Za-z0-9._~%+\-]*:)(?!//)(?P<secret>[^\s@'\"]+?)(?P<at>@)"
+    r"(?=(?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(?::\d+)?(?:[/\s'\",;:)?]|$))"
+)
 # password=... in a libpq keyword/value string or a URL query string.
 _KV_SECRET = re.compile(r"(?P<key>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
 
 
+def _mask_authority(run: str) -> str:
+    """``user:password@host/...`` (a URL after its ``scheme://``) with the password masked.
+
+    The password runs from the first ':' to the last '@' of the run, so one
+    holding '@' or an unencoded '/' is masked whole, not cut where a URL
+    parser would end the authority.
+    """
+    at = run.rfind("@")
+    colon = run.find(":", 0, at)
+    if at < 0 or colon < 0:
+        return run
+    return run[: colon + 1] + MASK + run[at:]
+
+
+def _mask_urls(text: str) -> str:
+    """Every ``scheme://user:password@`` in ``text`` masked (each server of a comma-separated list)."""
+    out: list[str] = []
+    pos = 0
+    for m in _SCHEME.finditer(text):
+        if m.start() < pos:
+            continue  # inside a run already masked
+        end = _RUN_END.search(text, m.end())
+        stop = end.start() if end else len(text)
+        out.append(text[pos : m.end()])
+        out.append(_mask_authority(text[m.end() : stop]))
+        pos = stop
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password (in the authority or the query) replaced by ``***``."""
+    """``url`` with any password (in the authority or the query) replaced by ``***``.
+
+    Also a comma-separated list of server URLs (each masked), and a URL given
+    without its scheme (``user:password@host:port``).
+    """
+    if "://" not in url:  # user:password@host typed without a scheme, or libpq's key=value form
+        head, sep, rest = url.partition("?")
+        if "@" in head and "=" not in head:
+            head = _mask_authority(head)
+        return redact_text(head + sep + rest)
     try:
         parts = urlsplit(url)
     except ValueError:
         return redact_text(url)
+    if "," in parts.netloc or "@" in parts.path or parts.password is None and "@" in parts.netloc:
+        return redact_text(url)  # a server list, or a password urlsplit cut short: masked as text
     changed = parts
     if parts.password is not None:
         host = parts.netloc.rsplit("@", 1)[-1]
@@ -45,5 +95,6 @@ def redact_url(url: str) -> str:
 
 def redact_text(text: str) -> str:
     """``text`` with the password of every embedded URL or ``password=`` setting masked."""
-    text = _URL_SECRET.sub(lambda m: m.group("head") + MASK + m.group("at"), text)
+    text = _mask_urls(text)
+    text = _BARE_SECRET.sub(lambda m: m.group("head") + MASK + m.group("at"), text)
     return _KV_SECRET.sub(lambda m: m.group("key") + MASK, text)
