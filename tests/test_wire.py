@@ -129,6 +129,27 @@ def test_encode_redis_publish_error_leaves_counts_alone(wire_impl: ModuleType) -
         wire_impl.encode(UserIpCommand("a b", "t", "ip", "ua", None, 1))
 
 
+def test_encode_redis_publish_refuses_wrong_argument_types_alike(wire_impl: ModuleType) -> None:
+    counts: dict[str, int] = {}
+    for args, what in (((b"c", b"u", None), "counts must be a dict"), ((b"c", b"u", [1]), "counts must be a dict"),
+                       ((None, b"u", counts), "channel must be bytes"), ((b"c", "u", counts), "user_ip_channel must be bytes")):
+        with pytest.raises(TypeError, match=what):
+            wire_impl.encode_redis_publish([PingCommand("1")], *args)
+    assert counts == {}
+
+
+def test_feed_takes_byte_buffers_only(wire_impl: ModuleType) -> None:
+    """An int was taken as that many NUL bytes, which then poisoned the next line; a str got bytes()'s words."""
+    dec = wire_impl.LineDecoder()
+    for bad, what in ((5, "got int"), (True, "got bool"), (None, "got NoneType"), ("PING 1\n", "not str: encode it first")):
+        with pytest.raises(TypeError, match=what):
+            dec.feed(bad)
+    assert dec.buffered == 0
+    assert dec.feed(b"PING 1\n") == [PingCommand("1")]  # nothing of the refused calls was kept
+    assert dec.feed(bytearray(b"PING 2\nPI")) == [PingCommand("2")]
+    assert dec.feed(memoryview(b"xxNG 3\n")[2:]) == [PingCommand("3")]
+
+
 def test_commands_compare_by_value_and_repr() -> None:
     a = RdataCommand("events", "master", 1, ["x"])
     assert a == RdataCommand("events", "master", 1, ["x"])

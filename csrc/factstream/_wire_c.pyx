@@ -53,6 +53,7 @@ from .commands import (
 )
 from .commands import _UNSET
 from .errors import ProtocolError
+from ._wire_args import check_publish_args, chunk_bytes
 
 __all__ = [
     "parse_line", "encode", "encode_lines", "encode_redis_publish", "LineDecoder", "DEFAULT_MAX_LINE_LENGTH",
@@ -945,7 +946,7 @@ cdef class LineDecoder:
         # (untrack, keep, track again) would be all cost.
         cdef bint hold
         if type(data) is not bytes:
-            data = bytes(data)
+            data = chunk_bytes(data)
         hold = self.len + PyBytes_GET_SIZE(data) >= HOLD_MIN_BYTES
         if not hold:
             return self._feed(data)
@@ -962,8 +963,6 @@ cdef class LineDecoder:
         cdef const char* nl
         cdef Py_ssize_t n, ln
         cdef list out = []
-        if type(data) is not bytes:
-            data = bytes(data)
         if self.len:
             p = PyBytes_AS_STRING(data)
             n = PyBytes_GET_SIZE(data)

@@ -604,8 +604,9 @@ cdef enum:
     PUBLISH_TYPES = 32  # distinct command classes tracked in C per call (15 exist)
 
 
-def encode_redis_publish(cmds, bytes channel, bytes user_ip_channel, dict counts) -> bytes:
+def encode_redis_publish(cmds, channel, user_ip_channel, counts) -> bytes:
     """The commands as pipelined Redis ``PUBLISH`` requests (RESP), one bytes object."""
+    check_publish_args(channel, user_ip_channel, counts)
     cdef _Out out = _Out()
     cdef _Out line = _Out()
     cdef bytes main = _publish_header(channel)

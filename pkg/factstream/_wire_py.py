@@ -14,6 +14,7 @@ from json.encoder import JSONEncoder, c_make_encoder, encode_basestring_ascii  #
 from typing import Any
 
 from . import _json
+from ._wire_args import check_publish_args, chunk_bytes
 from .commands import (
     ClearUserSyncsCommand,
     Command,
@@ -226,6 +227,7 @@ def encode_redis_publish(cmds: Iterable[Command], channel: bytes, user_ip_channe
     An encoding error raises :class:`ProtocolError` for the first bad command;
     then nothing is returned and ``counts`` is left as it was.
     """
+    check_publish_args(channel, user_ip_channel, counts)
     main = _publish_header(channel)
     user_ip = _publish_header(user_ip_channel)
     parts = []
@@ -266,7 +268,8 @@ class LineDecoder:
         return len(self._buf)
 
     def feed(self, data: bytes) -> list[Command]:
-        buf = self._buf + bytes(data) if self._buf else bytes(data)
+        data = chunk_bytes(data)
+        buf = self._buf + data if self._buf else data
         out: list[Command] = []
         limit = self.max_line_length
         start = 0
