@@ -835,3 +835,106 @@ def test_send_many_past_the_bound_counts_every_refused_command_before_a_bad_one(
             assert writer.send_many(cmds[130:]) == 0 and writer.stats.dropped == 49
 
     run(scenario())
+
+
+# ------------------------------------------------------------------ lifecycle: close is final
+
+
+async def client_names(url: str, prefix: str) -> list[str]:
+    """Names of the Redis connections whose CLIENT SETNAME starts with ``prefix`` (the server's own view)."""
+    r = await raw_client(url)
+    try:
+        return sorted(c["name"] for c in await r.client_list() if c["name"].startswith(prefix))
+    finally:
+        await r.aclose()
+
+
+async def wait_client_names(url: str, prefix: str, expected: list[str], timeout: float = 5.0) -> None:
+    """Poll CLIENT LIST until the connections named ``prefix...`` are exactly ``expected`` (Redis drops a closed one soon, not at once)."""
+    deadline = time.monotonic() + timeout
+    while (names := await client_names(url, prefix)) != expected:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Redis still lists {names}, expected {expected}, after {timeout}s")
+        await asyncio.sleep(0.01)
+
+
+async def assert_refuses_everything(carrier: RedisCarrier) -> None:
+    """A closed carrier takes no command, waits for nothing and cannot start again; close() stays a no-op."""
+    assert carrier.closed and carrier.pending == 0
+    queued = carrier.stats.queued
+    with pytest.raises(RuntimeError, match="is closed: cannot send"):
+        carrier.send(wire.PingCommand("late"))
+    with pytest.raises(RuntimeError, match="is closed: cannot send"):
+        carrier.send_many([wire.PingCommand("late")])
+    assert carrier.pending == 0 and carrier.stats.queued == queued
+    async with asyncio.timeout(1):  # each answers at once, none waits for its own timeout
+        with pytest.raises(RuntimeError, match="is closed: cannot flush"):
+            await carrier.flush(30)
+        with pytest.raises(RuntimeError, match="is closed: cannot wait for a subscription"):
+            await carrier.wait_subscribed(30)
+        with pytest.raises(RuntimeError, match="is closed: cannot start; make a new carrier"):
+            await carrier.start()
+        await carrier.close()
+    assert carrier._tasks == []
+
+
+def test_close_before_start_is_final(run: Any, redis_url: str, channel_prefix: str) -> None:
+    """close() first, then start(): the carrier refuses to start instead of running with close() a no-op."""
+
+    async def scenario() -> None:
+        name = f"{channel_prefix}-early"
+        carrier = RedisCarrier(redis_url, channel_prefix, client_name=name, **FAST)
+        await carrier.close()
+        await assert_refuses_everything(carrier)
+        await asyncio.sleep(0.1)  # a loop started anyway would have connected by now
+        assert await client_names(redis_url, name) == []
+
+    run(scenario())
+
+
+def test_close_stops_both_connections_and_refuses_what_follows(run: Any, redis_url: str, channel_prefix: str) -> None:
+    """Both connections leave Redis' CLIENT LIST; afterwards nothing is accepted and dropped, nothing hangs."""
+
+    async def scenario() -> None:
+        name = f"{channel_prefix}-life"
+        got: list[wire.Command] = []
+        listener = RedisCarrier(redis_url, channel_prefix, on_command=got.append, **FAST)
+        carrier = RedisCarrier(redis_url, channel_prefix, client_name=name, **FAST)
+        async with listener:
+            await listener.wait_subscribed(5)
+            await carrier.start()
+            await carrier.wait_subscribed(5)
+            await eventually(lambda: carrier.publisher_connected, what="publisher up")
+            await wait_client_names(redis_url, name, [f"{name}:pub", f"{name}:sub"])
+            tasks = list(carrier._tasks)
+            assert len(tasks) == 2
+            carrier.send(wire.PingCommand("last"))
+            await asyncio.gather(carrier.close(), carrier.close())  # the second waits for the same shutdown
+            assert all(task.done() for task in tasks) and not carrier.subscribed
+            await eventually(lambda: wire.PingCommand("last") in got, what="queued command published by close()")
+            await wait_client_names(redis_url, name, [])
+            await assert_refuses_everything(carrier)
+
+    run(scenario())
+
+
+def test_close_wakes_every_waiter_while_redis_is_unreachable(run: Any, channel_prefix: str) -> None:
+    """Waiters get RuntimeError from close(), not a hang: flush() says how many commands were dropped."""
+
+    async def scenario() -> None:
+        carrier = RedisCarrier(f"redis://127.0.0.1:{free_port()}/0", channel_prefix, **FAST)  # nothing listens
+        await carrier.start()
+        carrier.send_many([wire.PingCommand(str(i)) for i in range(3)])
+        subscribed = asyncio.create_task(carrier.wait_subscribed())
+        flushed = asyncio.create_task(carrier.flush())
+        await asyncio.sleep(0.1)
+        assert not subscribed.done() and not flushed.done()
+        async with asyncio.timeout(2):
+            await carrier.close(flush_timeout=0.2)
+            with pytest.raises(RuntimeError, match="closed with 3 commands unpublished"):
+                await flushed
+            with pytest.raises(RuntimeError, match="is closed"):
+                await subscribed
+        await assert_refuses_everything(carrier)
+
+    run(scenario())

@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_redis_carrier import (  # noqa: E402  (helpers and fixtures shared with the carrier tests)
     FAST,
     RedisServer,
+    client_names,
+    wait_client_names,
     eventually,
     kill_client,
     private_redis,
@@ -391,5 +393,40 @@ def test_closing_the_hub_connection_resubscribes(run: Any, redis_url: str, chann
             assert_exact([writer], [reader])
         finally:
             await stop_all([writer, reader])
+
+    run(scenario())
+
+
+def test_stop_is_final_and_leaves_no_connection_behind(run: Any, redis_url: str, channel_prefix: str) -> None:
+    """stop() before start() makes start() refuse; stop() after start() closes both Redis connections."""
+
+    async def scenario() -> None:
+        source = MemoryUpdateSource()
+        early = Reader("r0", redis_url, channel_prefix, source, client_name=f"{channel_prefix}-r0")
+        await early.redis.stop()
+        async with asyncio.timeout(1):
+            with pytest.raises(RuntimeError, match="stopped: make a new one"):
+                await early.redis.start()
+            with pytest.raises(RuntimeError, match="stopped"):
+                await early.redis.wait_connected(30)
+        await early.follower.close()
+
+        name = f"{channel_prefix}-r1"
+        reader = Reader("r1", redis_url, channel_prefix, source, client_name=name)
+        await start_all([reader])
+        await wait_client_names(redis_url, name, [f"{name}:pub", f"{name}:sub"])
+        conn = reader.redis.connection
+        assert conn is not None and reader.hub.connections == [conn]
+        await stop_all([reader])
+        await wait_client_names(redis_url, name, [])
+        assert reader.redis.connection is None and reader.hub.connections == [] and not conn.connected
+        conn.send(wire.ReplicateCommand())  # the hub's late send is ignored: its connection_lost came with stop()
+        async with asyncio.timeout(1):
+            with pytest.raises(RuntimeError, match="stopped"):
+                await reader.redis.wait_connected(30)
+            with pytest.raises(RuntimeError, match="stopped: make a new one"):
+                await reader.redis.start()
+            await reader.redis.stop()  # again: a no-op
+        assert await client_names(redis_url, f"{channel_prefix}-r0") == []
 
     run(scenario())

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from ... import metrics, wire
+from ..._checks import backoff, seconds, text, whole
 from ...backoff import backoff_delay
 from ...commands import Command
 from ...redaction import redact_url as redacted_url
@@ -74,6 +75,19 @@ class RedisCarrierStats:
 CHUNK = 512
 
 
+def _flag(name: str, value: object) -> bool:
+    """A bool option; a truthy string such as ``"no"`` is refused rather than read as True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+class _State:
+    """Where a carrier is in its one life: made, running, closing (flushing), closed."""
+
+    NEW, RUNNING, CLOSING, CLOSED = "new", "running", "closing", "closed"
+
+
 class RedisCarrier:
     """Carries replication commands over Redis pub/sub for one instance.
 
@@ -87,9 +101,16 @@ class RedisCarrier:
     propagated.
 
     Use ``async with RedisCarrier(...) as carrier:`` or ``start()`` /
-    ``close()``. ``send(cmd)`` never blocks and never raises for connection
-    trouble; it returns False when the command was refused (queue full).
+    ``close()``. A carrier lives once: ``close()`` (even before ``start()``)
+    is final and always stops what ``start()`` started; from then on
+    ``start()``, ``send()``, ``flush()`` and ``wait_subscribed()`` raise
+    RuntimeError (a command accepted by a closed carrier would be lost
+    silently). Make a new carrier to connect again. ``send(cmd)`` never
+    blocks and never raises for connection trouble; it returns False when
+    the command was refused (queue full).
     ``listen=False`` makes a publish-only carrier (no subscriber connection).
+    Options that cannot work (a backoff of 0, a timeout of 0, None, NaN or
+    infinity, a batch of 2.5 commands) raise ValueError or TypeError here.
     """
 
     def __init__(
@@ -115,10 +136,24 @@ class RedisCarrier:
         connection_options: Mapping[str, Any] | None = None,
         listen: bool = True,
     ) -> None:
-        if max_pending < 1 or max_batch < 1:
-            raise ValueError("max_pending and max_batch must be at least 1")
-        if not 0 < ping_interval <= ping_timeout:
-            raise ValueError("need 0 < ping_interval <= ping_timeout")
+        # Checked now: a 0 backoff or timeout would retry in a busy loop much later.
+        text("url", url)
+        text("server_name", server_name)
+        max_pending = whole("max_pending", max_pending)
+        max_batch = whole("max_batch", max_batch)
+        pipelining = _flag("pipelining", pipelining)
+        listen = _flag("listen", listen)
+        subscribe_user_ip = _flag("subscribe_user_ip", subscribe_user_ip)
+        ping_interval = seconds("ping_interval", ping_interval)
+        ping_timeout = seconds("ping_timeout", ping_timeout)
+        if ping_interval > ping_timeout:
+            raise ValueError(f"ping_interval ({ping_interval:g}) must not be above ping_timeout ({ping_timeout:g})")
+        connect_timeout = seconds("connect_timeout", connect_timeout)
+        backoff_initial, backoff_max = backoff(backoff_initial, backoff_max)
+        if client_name is not None:
+            text("client_name", client_name)
+        if instance_name is not None:
+            text("instance_name", instance_name)
         self.url = url
         self.server_name = server_name
         self.channels = RedisChannels.for_server(server_name)
@@ -168,7 +203,8 @@ class RedisCarrier:
         self._subscribed_event = asyncio.Event()
         self._rx = 0  # messages read on the current subscriber connection (health check)
         self._publisher_up = False
-        self._closing = False
+        self._state = _State.NEW
+        self._closer: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._hook_tasks: set[asyncio.Task[Any]] = set()
         self._rng = random.Random()
@@ -186,14 +222,16 @@ class RedisCarrier:
 
     async def start(self) -> None:
         """Start both connection loops; returns at once (see ``wait_subscribed``)."""
-        if self._tasks:
+        if self._state == _State.RUNNING:
             raise RuntimeError("RedisCarrier already started")
+        self._check_open("start")
         if not HIREDIS_AVAILABLE:  # pragma: no cover - hiredis is a dependency
             logger.warning("hiredis is not available; redis-py falls back to its slower Python parser")
         logger.info(
             "replicating over Redis %s as %s (channels %s)",
             redacted_url(self.url), self.instance_name or "(anonymous)", ", ".join(self._subscribe_to),
         )
+        self._state = _State.RUNNING
         self._tasks = [asyncio.create_task(self._publisher_main(), name=f"redis-publisher-{self.server_name}")]
         if self.listen:
             self._tasks.append(
@@ -201,27 +239,68 @@ class RedisCarrier:
             )
 
     async def close(self, flush_timeout: float = 1.0) -> None:
-        """Stop both connections, first trying for ``flush_timeout`` s to publish what is queued."""
-        if self._closing:
+        """Stop both connections, first trying for ``flush_timeout`` s to publish what is queued.
+
+        Final, and safe to call any number of times: commands are refused
+        from the first call; every call returns once both connections and
+        every task of this carrier are gone (a cancelled caller does not cut
+        the shutdown short). Closing a carrier never started just marks it closed.
+        """
+        if self._state == _State.CLOSED:
             return
-        if flush_timeout > 0 and self._tasks and (self._queued or self._in_flight):
+        if self._closer is None:
+            if self._state == _State.NEW:
+                self._state = _State.CLOSING
+                self._finish_close()
+                return
+            self._state = _State.CLOSING  # refuse new commands: the flush below must end
+            self._closer = asyncio.get_running_loop().create_task(
+                self._shut_down(flush_timeout), name=f"redis-close-{self.server_name}"
+            )
+        await asyncio.shield(self._closer)
+
+    async def _shut_down(self, flush_timeout: float) -> None:
+        if flush_timeout > 0 and (self._queued or self._in_flight):
             try:
-                await self.flush(timeout=flush_timeout)
-            except TimeoutError:
-                logger.warning("closing with %d commands still unpublished", self._queued + self._in_flight)
-        self._closing = True
+                await self._wait_drained(flush_timeout)
+            except (TimeoutError, RuntimeError):
+                pass
         tasks = self._tasks + list(self._hook_tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        self._finish_close()
+
+    def _finish_close(self) -> None:
+        """Drop what is left and wake every waiter with the news (nothing waits on a closed carrier)."""
+        lost = self._queued + self._in_flight
+        if lost:
+            logger.warning("closing with %d commands still unpublished", lost)
         self._queue.clear()
         self._queued = self._in_flight = 0
         self._report_metrics()
         self._subscribed = self._publisher_up = False
-        for fut in self._drained_waiters:
+        self._state = _State.CLOSED
+        self._subscribed_event.set()  # wait_subscribed() callers see the state and raise
+        waiters, self._drained_waiters = self._drained_waiters, []
+        for fut in waiters:
             if not fut.done():
-                fut.cancel()
+                fut.set_exception(RuntimeError(
+                    f"RedisCarrier closed with {lost} commands unpublished (raise close()'s flush_timeout "
+                    "to give them longer)"
+                ))
+
+    def _check_open(self, what: str) -> None:
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            raise RuntimeError(
+                f"RedisCarrier for {self.server_name!r} is closed: cannot {what}; make a new carrier to connect again"
+            )
+
+    @property
+    def closed(self) -> bool:
+        """True from the first ``close()`` call on: the carrier accepts nothing more."""
+        return self._state in (_State.CLOSING, _State.CLOSED)
 
     async def __aenter__(self) -> RedisCarrier:
         await self.start()
@@ -246,11 +325,17 @@ class RedisCarrier:
         return self._queued + self._in_flight
 
     async def wait_subscribed(self, timeout: float | None = None) -> None:
-        """Wait until the subscription is confirmed (raises TimeoutError after ``timeout``)."""
+        """Wait until the subscription is confirmed (raises TimeoutError after ``timeout``).
+
+        Raises RuntimeError on a closed carrier, also when it is closed while waiting.
+        """
         if not self.listen:
             raise RuntimeError("this carrier was made with listen=False: it never subscribes")
         async with asyncio.timeout(timeout):
-            while not self._subscribed:
+            while True:
+                self._check_open("wait for a subscription")
+                if self._subscribed:
+                    return
                 self._subscribed_event.clear()
                 await self._subscribed_event.wait()
 
@@ -259,7 +344,14 @@ class RedisCarrier:
 
         While the publisher is disconnected this waits for the reconnect; a
         batch lost with a connection counts as done (see ``stats.lost_in_flight``).
+        Raises RuntimeError on a closed carrier, and when ``close()`` ends
+        with commands of this flush still unpublished.
         """
+        if self._state == _State.CLOSED:
+            self._check_open("flush")
+        await self._wait_drained(timeout)
+
+    async def _wait_drained(self, timeout: float | None) -> None:
         if not self._queued and not self._in_flight:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -273,7 +365,8 @@ class RedisCarrier:
         """Queue ``cmd`` for publishing; False if refused because the queue is full.
 
         Encoding errors (a command Synapse could not carry) raise
-        :class:`factstream.wire.ProtocolError` here, at the caller.
+        :class:`factstream.wire.ProtocolError` here, at the caller, and a
+        closed carrier raises RuntimeError (it would never publish it).
         Everything queued in one event-loop tick goes out in one write.
         """
         return self.send_many((cmd,)) == 1
@@ -287,8 +380,10 @@ class RedisCarrier:
         connection, so Redis works on it while the next chunk is packed; the
         rest waits for the publisher task. Accepted commands still count as
         published only when Redis acknowledged them. An encoding error raises
-        at the bad command, the ones before it accepted, as with ``send``.
+        at the bad command, the ones before it accepted, as with ``send``;
+        a closed (or closing) carrier raises RuntimeError and takes none.
         """
+        self._check_open("send commands")
         if not isinstance(cmds, (list, tuple)):
             cmds = list(cmds)
         total = len(cmds)
@@ -526,7 +621,8 @@ class RedisCarrier:
                         self.stats.subscriber_connects += 1
                         self._subscribed_event.set()
                         logger.info("subscribed to Redis channels %s", ", ".join(self._subscribe_to))
-                        self._run_hook(self._on_subscribed, "on_subscribed")
+                        if self._state == _State.RUNNING:  # closing: the owner could send nothing on it
+                            self._run_hook(self._on_subscribed, "on_subscribed")
                 # b"pong" answers our health check; nothing else is expected.
                 msg = gets()
                 if msg is nothing:
@@ -782,7 +878,7 @@ class RedisCarrier:
 
     def _drained(self) -> None:
         """The queue is empty: resync if something may have been lost, wake flush() waiters."""
-        if self._need_resync:
+        if self._need_resync and self._state != _State.CLOSING:  # closing: no one may send positions now
             self._need_resync = False
             if self._overflowing:
                 logger.warning(

@@ -33,13 +33,16 @@ class RedisConnection(Connection):
         self.peer_name = carrier.server_name
 
     def send(self, cmd: Command) -> None:
-        """Publish ``cmd`` (queued, pipelined; refused and counted when the queue is full)."""
-        if self._open:
+        """Publish ``cmd`` (queued, pipelined; refused and counted when the queue is full).
+
+        Nothing is sent once the carrier is closing: ``connection_lost`` follows.
+        """
+        if self._open and not self._carrier.closed:
             self._carrier.send(cmd)
 
     def send_many(self, cmds: Iterable[Command]) -> None:
-        """Publish several commands in order."""
-        if self._open:
+        """Publish several commands in order (nothing once the carrier is closing)."""
+        if self._open and not self._carrier.closed:
             self._carrier.send_many(cmds)
 
     def close(self, reason: str | None = None) -> None:
@@ -49,7 +52,8 @@ class RedisConnection(Connection):
 
     @property
     def connected(self) -> bool:
-        return self._open
+        """True until the subscription is lost or the carrier starts closing."""
+        return self._open and not self._carrier.closed
 
 
 class RedisReplication:
@@ -74,6 +78,10 @@ class RedisReplication:
     see; Synapse also drops pending batches on POSITION), and the catch-up
     fetches the whole fact. Own RDATA/POSITION/LOCK_RELEASED echoes never
     reach the hub.
+
+    Like its carrier it lives once: ``stop()`` (even before ``start()``) is
+    final, and ``start()`` or ``wait_connected()`` afterwards raise
+    RuntimeError; make a new one to connect again.
     """
 
     def __init__(
@@ -126,16 +134,26 @@ class RedisReplication:
         return self.carrier.stats
 
     async def start(self) -> RedisReplication:
-        """Connect both Redis connections (in the background; see ``wait_connected``)."""
+        """Connect both Redis connections (in the background; see ``wait_connected``).
+
+        Raises RuntimeError when already started or stopped (make a new one).
+        """
+        if self.carrier.closed:
+            raise RuntimeError("RedisReplication is stopped: make a new one to connect again")
         await self.carrier.start()
         return self
 
     async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until the subscription is confirmed and the hub has its connection."""
+        """Wait until the subscription is confirmed and the hub has its connection.
+
+        Raises TimeoutError after ``timeout``, RuntimeError once stopped (also while waiting).
+        """
+        if self.carrier.closed:
+            raise RuntimeError("RedisReplication is stopped: it will not connect again; make a new one")
         await self.carrier.wait_subscribed(timeout)
 
     async def stop(self, flush_timeout: float = 1.0) -> None:
-        """Publish what is queued (for up to ``flush_timeout`` s), then disconnect."""
+        """Publish what is queued (for up to ``flush_timeout`` s), then disconnect; final, safe to repeat."""
         await self.carrier.close(flush_timeout)
         self._on_unsubscribed("stopped")
 
