@@ -17,7 +17,8 @@ from factstream.ids import (
     SequenceBehindError,
     create_id_generator,
 )
-from factstream.store.database import Database, connect
+from factstream.ids.generators import MAX_ID, MAX_IDS_PER_CALL
+from factstream.store.database import Database, DatabaseError, connect
 
 TABLES = [("facts", "instance_name", "stream_id")]
 
@@ -109,6 +110,64 @@ async def test_get_next_mult(db: Database) -> None:
         async with gen.get_next_mult(0):
             pass
     await gen.close()
+
+
+async def test_get_next_txn_refuses_a_finished_transaction(db: Database) -> None:
+    """An id reserved in a transaction that had already ended never completed: the stream's position stopped
+    there for good. Now it is refused, nothing is reserved, and the stream goes on."""
+    gen = await make(db)
+    async with db.transaction() as done:
+        pass
+    with pytest.raises(DatabaseError, match="transaction already finished"):
+        await gen.get_next_txn(done)
+    with pytest.raises(DatabaseError, match="transaction already finished"):
+        await gen.get_next_mult_txn(done, 3)
+    async with gen.get_next() as sid:
+        assert sid == 2  # nothing was taken by the refused calls
+    await gen.wait_for("master", sid, timeout=5)  # used to time out: the refused id held the position back
+    assert gen.current_token() == 2
+    await gen.close()
+
+
+async def test_a_bad_n_is_refused_before_anything_changes(db: Database) -> None:
+    """get_next_mult(2.5) used to move a SQLite counter to 3.5 (and write 1003.5 to stream_id_blocks) before
+    failing, breaking the generator for good; True handed out one id; a huge n ran generate_series unbounded
+    on PostgreSQL. Every bad n is refused first, in and out of a transaction, and the next id is still 2."""
+    gen = await make(db)
+    for bad in (2.5, True, "3", None, 0, -1, MAX_IDS_PER_CALL + 1, 10**19):
+        expected = TypeError if isinstance(bad, bool) or not isinstance(bad, int) else ValueError
+        with pytest.raises(expected, match="n .the number of ids|cannot reserve"):
+            async with gen.get_next_mult(bad):  # type: ignore[arg-type]
+                pass
+        with pytest.raises(expected, match="n .the number of ids|cannot reserve"):
+            async with db.transaction() as txn:
+                await gen.get_next_mult_txn(txn, bad)  # type: ignore[arg-type]
+    async with gen.get_next_mult(2) as ids:
+        assert ids == [2, 3]
+    assert gen.current_token() == 3
+    if db.engine == "sqlite":
+        row = await db.fetchone("SELECT typeof(reserved_upto) FROM stream_id_blocks WHERE stream_name = 'events'")
+        assert row == ("integer",)
+    await gen.close()
+
+
+async def test_sqlite_ids_stay_within_signed_64_bit(tmp_path: Path) -> None:
+    """Near the largest BIGINT the counter hands out what fits and refuses the rest clearly (its block record
+    is capped), instead of an OverflowError from the driver on every later id."""
+    db = await connect(f"sqlite:///{tmp_path / 'max.db'}")
+    await db.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
+    await db.execute("INSERT INTO facts VALUES (?, 'master', 'x')", (MAX_ID - 3,))
+    gen = await make(db)
+    async with gen.get_next() as sid:
+        assert sid == MAX_ID - 2
+    with pytest.raises(IdGeneratorError, match="largest signed 64-bit id"):
+        async with gen.get_next_mult(5):
+            pass
+    async with gen.get_next_mult(2) as ids:
+        assert ids == [MAX_ID - 1, MAX_ID]
+    assert gen.current_token() == MAX_ID
+    await gen.close()
+    await db.close()
 
 
 async def test_concurrent_tasks_get_distinct_ids_and_position_reaches_max(db: Database) -> None:

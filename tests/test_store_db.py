@@ -132,6 +132,47 @@ async def test_closed_database_says_so(tmp_path: Path) -> None:
         await db.fetchall("SELECT 1")
 
 
+async def test_a_finished_transaction_refuses_every_verb(db: Database) -> None:
+    """A transaction kept past its block used to run statements outside any transaction (on PostgreSQL on a
+    connection back in the pool) and take hooks that never ran; now every verb says it is finished."""
+    await db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    async with db.transaction() as committed:
+        await committed.execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(RuntimeError):
+        async with db.transaction() as rolled_back:
+            raise RuntimeError("boom")
+    seen: list[str] = []
+    for txn in (committed, rolled_back):
+        assert not txn.open
+        for verb in (
+            lambda: txn.execute("INSERT INTO t VALUES (2)"),
+            lambda: txn.executemany("INSERT INTO t VALUES (?)", [(3,)]),
+            lambda: txn.execute_batch([("INSERT INTO t VALUES (4)", None)]),
+            lambda: txn.execute_batch([]),
+            lambda: txn.fetchall("SELECT id FROM t"),
+            lambda: txn.fetchone("SELECT id FROM t"),
+        ):
+            with pytest.raises(DatabaseError, match="transaction already finished"):
+                await verb()
+        with pytest.raises(DatabaseError, match="transaction already finished"):
+            txn.call_after_commit(seen.append, "commit")
+        with pytest.raises(DatabaseError, match="transaction already finished"):
+            txn.call_after_rollback(seen.append, "rollback")
+    assert await db.fetchall("SELECT id FROM t") == [(1,)]
+    assert seen == []
+    async with db.transaction() as txn:  # the database is fine
+        await txn.execute("INSERT INTO t VALUES (5)")
+    assert await db.fetchall("SELECT id FROM t ORDER BY id") == [(1,), (5,)]
+
+
+async def test_closed_tells_whether_the_database_was_closed(db: Database) -> None:
+    assert not db.closed
+    await db.close()
+    assert db.closed
+    with pytest.raises(DatabaseError, match="is closed; connect"):
+        await db.fetchall("SELECT 1")
+
+
 async def test_bad_urls() -> None:
     with pytest.raises(DatabaseError, match="unsupported database URL"):
         await connect("mysql://x")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cli_run import cli, serve, stop
-from factstream.store.database import connect
+from factstream.store.database import DatabaseError, connect
 from factstream.store.writer_claim import WriterTaken, claim_writer
 
 
@@ -30,6 +30,61 @@ async def test_a_name_is_claimed_once_until_released(engine_db: Any) -> None:
         await second_name.release()
     finally:
         await other.close()
+
+
+async def _other_sessions(db: Any) -> int:
+    """Sessions open on ``db``'s PostgreSQL database besides the one asking."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(db.url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_closing_the_database_releases_its_claims(engine_db: Any) -> None:
+    """An unreleased claim outlived db.close(): on PostgreSQL its connection stayed open (a ResourceWarning at
+    exit) and the name stayed taken until the process ended. Closing the database now releases it."""
+    other = await connect(engine_db.url)
+    try:
+        claim = await claim_writer(engine_db, "master")
+        await engine_db.close()
+        again = await claim_writer(other, "master")  # free: the closed database's claim went with it
+        await again.release()
+        await claim.release()  # still fine, and a no-op
+    finally:
+        await other.close()
+    if engine_db.engine == "postgres":
+        assert await _other_sessions(engine_db) == 0  # nothing left open behind the closed database
+
+
+async def test_a_closed_database_cannot_claim(engine_db: Any) -> None:
+    """A claim on a closed database used to succeed; on PostgreSQL it opened a connection nothing closed."""
+    await engine_db.close()
+    with pytest.raises(DatabaseError, match="is closed; connect"):
+        await claim_writer(engine_db, "master")
+    if engine_db.engine == "postgres":
+        assert await _other_sessions(engine_db) == 0
+
+
+async def test_bad_names_and_arguments_are_refused_clearly(engine_db: Any) -> None:
+    """A name is part of the SQLite lock file's name: '/' gave a raw FileNotFoundError and '../..' put the lock
+    elsewhere. The same names are refused on both engines; a URL instead of a database is a TypeError."""
+    for name in ("a/b", "../../evil", "..", "a\\b", "x\ny", "nul\0"):
+        with pytest.raises(ValueError, match="cannot name a writer"):
+            await claim_writer(engine_db, name)
+    with pytest.raises(ValueError, match="instance_name must not be empty"):
+        await claim_writer(engine_db, "")
+    for name in (None, 5, b"master"):
+        with pytest.raises(TypeError, match="instance_name must be a str"):
+            await claim_writer(engine_db, name)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"takes the Database from connect\(\), not a str"):
+        await claim_writer(engine_db.url, "master")  # type: ignore[arg-type]
+    claim = await claim_writer(engine_db, "event_persister-1.a")  # an ordinary name is fine
+    await claim.release()
 
 
 def test_a_killed_writer_leaves_its_name_free(tmp_path: Any) -> None:

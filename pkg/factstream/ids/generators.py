@@ -29,16 +29,17 @@ import os
 import re
 import weakref
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from .._checks import seconds, text, whole
 from ..backoff import Outage
 from ..redaction import redact_url
 from ..store.database import Database, DatabaseUnavailable, Transaction
 from ..store.migrations import migrate
 from .errors import IdGeneratorError, PositionWaitTimeout, SequenceBehindError
-from .tracker import Listener, PositionTracker
+from .tracker import Listener, PositionTracker, check_names
 
 __all__ = ["IdGenerator", "create_id_generator", "TableSpec"]
 
@@ -52,12 +53,18 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: SQLite counters: ids made durable (``stream_id_blocks``) per write, ahead of use.
 SQLITE_ID_BLOCK = 1000
 
+#: Ids and positions are signed 64-bit (BIGINT columns, PostgreSQL sequences).
+MAX_ID = 2**63 - 1
+
+#: Most ids one ``get_next_mult`` may reserve: more is a bug (or a ``generate_series`` of billions of rows).
+MAX_IDS_PER_CALL = 1_000_000
+
 #: (database file, stream) -> live SQLite writer generator: one counter per stream.
 _SQLITE_WRITERS: weakref.WeakValueDictionary[tuple[str, str], IdGenerator] = weakref.WeakValueDictionary()
 
 
 def _ident(name: str, what: str) -> str:
-    if not _IDENT.match(name):
+    if not isinstance(name, str) or not _IDENT.match(name):
         raise IdGeneratorError(f"{what} {name!r} is not a plain SQL identifier (letters, digits, _)")
     return name
 
@@ -92,6 +99,8 @@ class IdGenerator:
         sequence_name: str | None,
         counter: int | None,
     ) -> None:
+        if not isinstance(backwards, bool):
+            raise TypeError(f"backwards must be True or False, got {type(backwards).__name__} {backwards!r}")
         self._db = db
         self._tracker = tracker
         self.backwards = backwards
@@ -159,12 +168,21 @@ class IdGenerator:
         return sorted(int(r[0]) for r in rows)
 
     async def _reserve(self, n: int, txn: Transaction | None = None) -> list[int]:
+        # every check before any state changes: a bad n must not leave the counter or a block record behind
+        n = whole("n (the number of ids to reserve)", n)
+        if n > MAX_IDS_PER_CALL:
+            raise ValueError(
+                f"cannot reserve {n} ids in one call (at most {MAX_IDS_PER_CALL:,}); reserve them in parts"
+            )
         if self._closed:
             raise IdGeneratorError(f"id generator for stream {self.stream_name!r} is closed")
-        if n < 1:
-            raise ValueError(f"cannot reserve {n} ids; ask for at least 1")
         tracker = self._tracker
         if self._counter is not None:
+            if self._counter + n > MAX_ID:
+                raise IdGeneratorError(
+                    f"stream {self.stream_name!r} is at id {self._counter}: {n} more would pass the largest "
+                    f"signed 64-bit id ({MAX_ID})"
+                )
             while self._counter + n > self._block_end:  # type: ignore[operator]
                 await self._extend_block(self._counter + n, txn)
             # no await between allocation and registration
@@ -194,7 +212,7 @@ class IdGenerator:
         Inside a caller's transaction the record goes through it (the database
         is held by it); should it roll back, the record is written again.
         """
-        upto = needed + SQLITE_ID_BLOCK
+        upto = min(needed + SQLITE_ID_BLOCK, MAX_ID)
         await self._write_block(upto, txn)
         if txn is not None:
             # not awaited in the hook: rollback hooks run while the transaction still holds the database
@@ -261,12 +279,27 @@ class IdGenerator:
         return (await self.get_next_mult_txn(txn, 1))[0]
 
     async def get_next_mult_txn(self, txn: Transaction, n: int) -> list[int]:
-        """Reserve ``n`` ids inside ``txn``; they complete after the commit or the rollback."""
+        """Reserve ``n`` ids inside ``txn``; they complete after the commit or the rollback.
+
+        ``txn`` must be open: ids reserved in a finished transaction would
+        never complete, and the stream's position would stop there for good.
+        """
+        if not isinstance(txn, Transaction):
+            raise TypeError(
+                f"pass the transaction from db.transaction(), not a {type(txn).__name__}: "
+                "'async with db.transaction() as txn: await gen.get_next_txn(txn)'; "
+                "outside a transaction use 'async with gen.get_next() as stream_id'"
+            )
         if txn.database is not self._db:
             raise IdGeneratorError("the transaction belongs to another database than the id generator")
+        txn.ensure_open()
         ids = await self._reserve(n, txn)
-        txn.call_after_commit(self._complete, ids)
-        txn.call_after_rollback(self._complete, ids)
+        try:
+            txn.call_after_commit(self._complete, ids)
+            txn.call_after_rollback(self._complete, ids)
+        except BaseException:
+            self._complete(ids)  # the transaction ended meanwhile: complete now rather than never
+            raise
         return [i * self._sign for i in ids]
 
     # -- reading positions (token orientation: always growing)
@@ -312,8 +345,13 @@ class IdGenerator:
         """Wait until writer ``instance_name`` (None: the linear position) reaches ``position``.
 
         Raises :class:`PositionWaitTimeout` (a ``TimeoutError``) after
-        ``timeout`` seconds, saying how far the writer got.
+        ``timeout`` seconds, saying how far the writer got. ``position`` is in
+        the positive form, on backwards streams too.
         """
+        if instance_name is not None:
+            text("instance_name", instance_name)
+        whole("position", position, 0, MAX_ID)
+        seconds("timeout", timeout, zero=True)
 
         def reached() -> int:
             if instance_name is None:
@@ -461,13 +499,25 @@ class IdGenerator:
 
 
 def _normalise_tables(tables: Sequence[Sequence[str | None]]) -> list[TableSpec]:
+    shape = "(table, instance_column or None, id_column)"
+    if isinstance(tables, (str, bytes)) or not isinstance(tables, Iterable):
+        raise TypeError(f"tables must be a list of {shape}, got {type(tables).__name__} {tables!r}")
+
+    def name(spec: object, what: str, value: object) -> str:
+        if not isinstance(value, str):
+            raise TypeError(
+                f"table spec {spec!r}: the {what} must be a name (str), got {value!r}; "
+                f"only the instance column may be None: {shape}"
+            )
+        return _ident(value, what)
+
     out: list[TableSpec] = []
     for spec in tables:
-        if len(spec) != 3:
-            raise IdGeneratorError(f"table spec {spec!r} must be (table, instance_column or None, id_column)")
+        if isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence) or len(spec) != 3:
+            raise IdGeneratorError(f"table spec {spec!r} must be {shape}")
         table, inst, col = spec
-        assert table is not None and col is not None
-        out.append((_ident(table, "table"), _ident(inst, "instance column") if inst else None, _ident(col, "id column")))
+        out.append((name(spec, "table", table), None if inst is None else name(spec, "instance column", inst),
+                    name(spec, "id column", col)))
     return out
 
 
@@ -592,11 +642,17 @@ async def create_id_generator(
     (``instance_column`` may be None for a single-writer table). With one writer
     this is a single-writer stream; several writers need PostgreSQL. A process
     whose ``instance_name`` is not among ``writers`` is a reader: it tracks
-    positions (``advance``) but cannot reserve ids.
+    positions (``advance``) but cannot reserve ids. ``sequence_name`` is for
+    PostgreSQL; SQLite has no sequences, so there it is checked but not used.
+    Wrong argument types are a ``TypeError`` before anything is read or written.
     """
-    writers = tuple(dict.fromkeys(writers))
-    if not writers:
-        raise IdGeneratorError(f"stream {stream_name!r}: writers must name at least one instance")
+    if not isinstance(db, Database):
+        raise TypeError(f"create_id_generator() takes the Database from connect(), not a {type(db).__name__}")
+    writers = check_names(stream_name, instance_name, writers)
+    if not isinstance(backwards, bool):
+        raise TypeError(f"backwards must be True or False, got {type(backwards).__name__} {backwards!r}")
+    if sequence_name is not None:
+        _ident(text("sequence_name", sequence_name), "sequence name")
     specs = _normalise_tables(tables)
     await migrate(db, ["streams"])
     is_writer = instance_name in writers

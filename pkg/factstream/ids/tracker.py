@@ -32,6 +32,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .._checks import text
 from ._heap import PendingHeap
 from .errors import IdGeneratorError
 
@@ -41,6 +42,27 @@ logger = logging.getLogger(__name__)
 
 #: ``cb(stream_name, instance_name, old, new)``
 Listener = Callable[[str, str, int, int], Any]
+
+
+def check_names(stream_name: object, instance_name: object, writers: object) -> tuple[str, ...]:
+    """Check a stream's identity; returns the writers without duplicates, in order.
+
+    Why strict: a str of writers would be split into one writer per letter,
+    and a None or non-str name would be written to the tables as such.
+    """
+    stream = text("stream_name", stream_name)
+    text("instance_name", instance_name)
+    if isinstance(writers, (str, bytes)) or not isinstance(writers, Iterable):
+        raise TypeError(
+            f"stream {stream!r}: writers must be a sequence of instance names such as ('master',) or "
+            f"['w1', 'w2'], got {type(writers).__name__} {writers!r}"
+        )
+    names = tuple(dict.fromkeys(writers))
+    for name in names:
+        text(f"stream {stream!r}: each writer", name)
+    if not names:
+        raise IdGeneratorError(f"stream {stream!r} needs at least one writer; name it in writers=, e.g. ('master',)")
+    return names
 
 
 class PositionTracker:
@@ -55,11 +77,9 @@ class PositionTracker:
         *,
         heap_class: type[PendingHeap] | None = None,
     ) -> None:
-        if not writers:
-            raise IdGeneratorError(f"stream {stream_name!r} needs at least one writer")
+        self.writers: tuple[str, ...] = check_names(stream_name, instance_name, writers)
         self.stream_name = stream_name
         self.instance_name = instance_name
-        self.writers: tuple[str, ...] = tuple(dict.fromkeys(writers))
         self.is_writer = instance_name in self.writers
         start = min(positions.values(), default=1)
         self._positions: dict[str, int] = {w: int(positions.get(w, start)) for w in self.writers}
@@ -110,11 +130,19 @@ class PositionTracker:
 
     def add_listener(self, cb: Listener) -> None:
         """Call ``cb(stream_name, instance_name, old, new)`` when the local position advances."""
+        if not callable(cb):
+            raise TypeError(f"a listener must be callable as cb(stream_name, instance_name, old, new), got {cb!r}")
         self._listeners.append(cb)
 
     def remove_listener(self, cb: Listener) -> None:
-        """Stop calling ``cb``."""
-        self._listeners.remove(cb)
+        """Stop calling ``cb``; ValueError if it is not a listener (never added, or already removed)."""
+        try:
+            self._listeners.remove(cb)
+        except ValueError:
+            raise ValueError(
+                f"stream {self.stream_name}: {cb!r} is not a listener (never added with add_listener, or already "
+                "removed)"
+            ) from None
 
     # -- writing (local writer)
 

@@ -46,7 +46,7 @@ import inspect
 import logging
 import select
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -115,6 +115,19 @@ class Transaction:
         self._after_rollback: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self.open = True
 
+    def ensure_open(self) -> None:
+        """Raise :class:`DatabaseError` unless the transaction is still open.
+
+        Once ``async with db.transaction()`` has exited, a statement would run
+        outside any transaction (on PostgreSQL, on a connection back in the
+        pool and maybe in another task's hands) and a hook would never run.
+        """
+        if not self.open:
+            raise DatabaseError(
+                "transaction already finished (committed or rolled back); run the statement inside "
+                "'async with db.transaction() as txn:', or start a new transaction"
+            )
+
     @property
     def engine(self) -> str:
         """``"sqlite"`` or ``"postgres"``."""
@@ -127,10 +140,12 @@ class Transaction:
 
     async def execute(self, sql: str, params: Params = ()) -> int:
         """Run one statement; returns the driver's row count (-1 if unknown)."""
+        self.ensure_open()
         return await self._db._txn_execute(self._conn, sql, params)
 
     async def executemany(self, sql: str, seq: Iterable[Params]) -> None:
         """Run one statement once per parameter tuple."""
+        self.ensure_open()
         await self._db._txn_executemany(self._conn, sql, seq)
 
     async def execute_batch(self, steps: Sequence[Step]) -> None:
@@ -142,24 +157,29 @@ class Transaction:
         one per statement. The first failing statement raises; the
         transaction then rolls back as usual.
         """
+        self.ensure_open()
         if steps:
             await self._db._txn_execute_batch(self._conn, steps)
 
     async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         """All rows of a query, as tuples."""
+        self.ensure_open()
         return await self._db._txn_fetchall(self._conn, sql, params)
 
     async def fetchone(self, sql: str, params: Params = ()) -> Row | None:
         """The first row of a query, or None."""
+        self.ensure_open()
         rows = await self._db._txn_fetchall(self._conn, sql, params)
         return rows[0] if rows else None
 
     def call_after_commit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` after this transaction commits."""
+        self.ensure_open()
         self._after_commit.append((fn, args))
 
     def call_after_rollback(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` after this transaction rolls back (or fails to commit)."""
+        self.ensure_open()
         self._after_rollback.append((fn, args))
 
     async def _run_hooks(self, committed: bool) -> None:
@@ -182,6 +202,27 @@ class Database:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._closed = False
+        #: run by close() before the connections go: resources tied to this database (writer claims)
+        self._on_close: dict[int, Callable[[], Awaitable[None]]] = {}
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a closed database cannot be used again; connect() anew)."""
+        return self._closed
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
+
+    async def _close_attached(self) -> None:
+        """Release what was tied to this database (see ``_on_close``), before its connections close."""
+        while self._on_close:
+            _, release = self._on_close.popitem()
+            try:
+                await release()
+            except Exception:  # noqa: BLE001 - closing goes on; report it
+                logger.exception("releasing %r while closing the database failed", release)
 
     # -- the four verbs, outside an explicit transaction (autocommit)
 
@@ -368,7 +409,6 @@ class SqliteDatabase(Database):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="factstream-sqlite")
         self._lock = asyncio.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._closed = False
 
     async def _open(self) -> None:
         def opener() -> sqlite3.Connection:
@@ -390,8 +430,7 @@ class SqliteDatabase(Database):
             ) from err
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        if self._closed:
-            raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
+        self._ensure_open()
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -486,6 +525,7 @@ class SqliteDatabase(Database):
     async def close(self) -> None:
         if self._closed:
             return
+        await self._close_attached()
         async with self._lock:
             if self._conn is not None:
                 await self._run(self._conn.close)
@@ -510,7 +550,6 @@ class PostgresDatabase(Database):
         self._all: set[Any] = set()
         self._opening = 0
         self._cond = asyncio.Condition()
-        self._closed = False
 
     async def _new_conn(self) -> Any:
         import psycopg
@@ -554,8 +593,7 @@ class PostgresDatabase(Database):
     async def _acquire(self) -> Any:
         async with self._cond:
             while True:
-                if self._closed:
-                    raise DatabaseError(f"database {_shown(self.url)} is closed; connect() again")
+                self._ensure_open()
                 while self._idle:
                     conn = self._idle.pop()
                     if _idle_and_alive(conn):
@@ -702,6 +740,7 @@ class PostgresDatabase(Database):
             return rows
 
     async def close(self) -> None:
+        await self._close_attached()
         async with self._cond:
             self._closed = True
             conns = list(self._all)

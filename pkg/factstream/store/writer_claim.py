@@ -11,7 +11,12 @@ drops it when the process dies, however it dies); PostgreSQL by a session
 advisory lock on a connection of the claim's own (dropped with the session).
 A PostgreSQL claim whose connection is lost is made again when the
 connection comes back; if another process claimed the name meanwhile, that
-is logged as an error.
+is logged as an error. Closing the database releases the claims made on it
+(its writer is done), so nothing is left open behind it.
+
+An instance name goes into the lock file's name, so one that is not a plain
+file name component (``/``, ``\\``, ``..``, control characters) is refused
+on both engines, rather than pointing the lock elsewhere.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import os
 from typing import Any
 
+from .._checks import text
 from .database import Database, DatabaseError, DatabaseUnavailable, PostgresDatabase
 
 __all__ = ["WriterTaken", "WriterClaim", "claim_writer"]
@@ -42,6 +48,17 @@ def _lock_key(instance_name: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def _check_name(instance_name: object) -> str:
+    """The instance name, if it can be part of a lock file's name (the same rule on both engines)."""
+    name = text("instance_name", instance_name)
+    if any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name) or ".." in name:
+        raise ValueError(
+            f"instance_name {name!r} cannot name a writer: it becomes part of a lock file's name, so "
+            "leave out '/', '\\', '..' and control characters"
+        )
+    return name
+
+
 def _taken(instance_name: str, where: str) -> WriterTaken:
     return WriterTaken(
         f"another process is already writing as {instance_name!r} to {where}: stop it first, or give this "
@@ -50,21 +67,31 @@ def _taken(instance_name: str, where: str) -> WriterTaken:
 
 
 class WriterClaim:
-    """The claim on a writer name; :meth:`release` gives it up (closing the process does too)."""
+    """The claim on a writer name; :meth:`release` gives it up (closing the database or the process does too)."""
 
     def __init__(self, db: Database, instance_name: str) -> None:
+        if not isinstance(db, Database):
+            raise TypeError(
+                f"claim_writer() takes the Database from connect(), not a {type(db).__name__}: "
+                "db = await connect(url); claim = await claim_writer(db, name)"
+            )
         self.db = db
-        self.instance_name = instance_name
+        self.instance_name = _check_name(instance_name)
         self._fd: int | None = None
         self._conn: Any = None
         self._watch: asyncio.Task[None] | None = None
 
     async def _claim(self) -> None:
+        self.db._ensure_open()  # noqa: SLF001 - a claim on a closed database would outlive it
         if self.db.engine == "sqlite":
             self._claim_file()
         else:
             self._conn = await self._claim_session()
+            if self.db.closed:  # closed while the claim was being made
+                await self.release()
+                self.db._ensure_open()  # noqa: SLF001 - raises
             self._watch = asyncio.get_running_loop().create_task(self._keep())
+        self.db._on_close[id(self)] = self.release  # noqa: SLF001
 
     def _claim_file(self) -> None:
         import fcntl
@@ -73,7 +100,13 @@ class WriterClaim:
         if path == ":memory:":
             return  # a private database: nobody else can write to it
         lock = f"{path}-writer-{self.instance_name}.lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise DatabaseError(
+                f"cannot create the writer lock file {lock!r} ({err.strerror}); check that the database's "
+                "folder is writable, or use a shorter instance name"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -122,7 +155,8 @@ class WriterClaim:
                 self._conn = None  # tried again at the next check
 
     async def release(self) -> None:
-        """Give the claim up."""
+        """Give the claim up (idempotent; closing the database does it too)."""
+        self.db._on_close.pop(id(self), None)  # noqa: SLF001
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
@@ -139,7 +173,11 @@ class WriterClaim:
 
 
 async def claim_writer(db: Database, instance_name: str) -> WriterClaim:
-    """Claim ``instance_name`` on ``db`` for this process; :class:`WriterTaken` when another holds it."""
+    """Claim ``instance_name`` on ``db`` for this process; :class:`WriterTaken` when another holds it.
+
+    ``db`` is the open :class:`Database` from ``connect()``. The claim lasts
+    until :meth:`WriterClaim.release`, ``db.close()`` or the end of the process.
+    """
     claim = WriterClaim(db, instance_name)
     await claim._claim()  # noqa: SLF001
     return claim
