@@ -161,6 +161,36 @@ def test_tail_prints_the_log_lines(nats_url: str, deployment: str, tmp_path: Pat
         stop(writer)
 
 
+def test_serve_short_max_age_and_refused_replicas(nats_url: str, deployment: str, tmp_path: Path) -> None:
+    """--nats-max-age below JetStream's 120 s duplicate window works (the window shrinks to it); --nats-replicas 3
+    on one server is refused by JetStream: serve says so and what to do, exit 1, instead of retrying forever."""
+    writer = start_writer(nats_url, deployment, tmp_path / "w.db", "--duration", "1", "--rate", "20",
+                          "--nats-max-age", "60")
+    try:
+        read_event(writer, "produced")
+    finally:
+        stop(writer)
+
+    async def config() -> Any:
+        import nats
+
+        nc = await nats.connect(nats_url)
+        try:
+            return (await nc.jetstream().stream_info(JetStreamLayout.for_server(deployment).stream)).config
+        finally:
+            await nc.close()
+
+    cfg = asyncio.run(config())
+    assert (cfg.max_age, cfg.duplicate_window) == (60, 60)
+
+    proc = subprocess.run([*CLI, "serve", "--nats", nats_url, "--server-name", f"{deployment}-r3", "--db",
+                           f"sqlite:///{tmp_path / 'r3.db'}", "--nats-replicas", "3"],
+                          capture_output=True, text=True, timeout=60, env=ENV)
+    assert proc.returncode == 1, proc.stderr
+    assert "replicas > 1 not supported" in proc.stderr and "--nats-replicas 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "status", "needle"),
     [

@@ -11,15 +11,18 @@ with the list written.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+from typing import Any
 
 import pytest
 
 from factstream import wire
-from factstream.replication import MemoryUpdateSource
+from factstream.replication import MemoryUpdateSource, Publisher, ReplicationHub
 from factstream.transport.nats import JetStreamLayout, NatsReplication, Retention, subject_token
 
 from nats_helpers import (
+    FAST,
     STREAM,
     Reader,
     Writer,
@@ -188,6 +191,59 @@ async def test_restarted_writer_republishes_what_jetstream_misses(nats_url: str,
         assert again.source.queries == 0
         await stop_all([restarted, again])
     finally:
+        await stop_all([reader])
+
+
+class CutWithoutRows:
+    """A source whose first answer is a page "cut" with no rows, as ``page(limit=0)`` gave; then the real one."""
+
+    def __init__(self, inner: MemoryUpdateSource) -> None:
+        self.inner = inner
+        self.bad_answers = 0
+
+    async def get_updates(self, instance_name: str, from_token: int, upto_token: int, limit: int) -> Any:
+        if not self.bad_answers:
+            self.bad_answers += 1
+            return [], upto_token, True
+        return await self.inner.get_updates(instance_name, from_token, upto_token, limit)
+
+
+async def test_a_cut_page_without_rows_is_retried_not_published_as_a_jump(
+        nats_url: str, deployment: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A restarted writer re-publishing from a source that answers "limited, no rows" once loses nothing."""
+    caplog.set_level(logging.INFO, "factstream.transport.nats")
+    source = MemoryUpdateSource()
+    writer = Writer("w1", nats_url, deployment, source)
+    reader = Reader("r1", nats_url, deployment, source)
+    await start_all([writer, reader])
+    publisher = Publisher("w1")
+    restarted = None
+    try:
+        for i in range(5):
+            writer.write([[f"x{i}"]])
+        await writer.nats.flush(5)
+        await writer.nats.stop()
+        crashed_at = writer.stream.current_token()
+        for i in range(5, 10):  # committed while the writer's link is gone: the repair re-publishes them
+            writer.write([[f"x{i}"]])
+        broken = CutWithoutRows(source)
+        publisher.add_stream(STREAM, broken, writer.stream.current_token())
+        writer.stream.add_listener(publisher.notify)
+        restarted = NatsReplication(ReplicationHub("w1", publisher=publisher), nats_url, deployment, **FAST)
+        await restarted.start()
+        await restarted.wait_connected(5)
+        await restarted.flush(5)
+        await settle([writer], [reader], timeout=5)
+        assert_exact([writer], [reader])  # without the check: POSITION 5 -> 10 and facts 6-10 never delivered
+        assert broken.bad_answers == 1 and restarted.stats.repaired_rows == 5
+        assert reader.source.queries == 0
+        assert any(r.levelno == logging.ERROR and f"limited page without progress after {crashed_at}" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        if restarted is not None:
+            await restarted.stop()
+        publisher.close()
+        writer.publisher.close()
         await stop_all([reader])
 
 

@@ -20,6 +20,25 @@ def test_page_never_splits_a_token() -> None:
     assert page(ups, 10, 3) == (ups[:4], 2, True)
 
 
+def test_page_refuses_a_limit_below_one() -> None:
+    # limit 0 read updates[-1]: "cut at the last token" with no rows, and a writer jumped over them.
+    ups = [(1, "a"), (2, "b"), (3, "c")]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="page limit must be at least 1"):
+            page(ups, 10, bad)
+    with pytest.raises(TypeError, match="page limit must be a whole number"):
+        page(ups, 10, 1.5)  # type: ignore[arg-type]
+    assert page(ups, 10, 1) == ([(1, "a")], 1, True)
+
+
+async def test_memory_source_refuses_a_limit_below_one() -> None:
+    src = MemoryUpdateSource()
+    for t in range(1, 11):
+        src.add("w", t, [t])
+    with pytest.raises(ValueError, match="page limit must be at least 1"):
+        await src.get_updates("w", 5, 10, 0)
+
+
 async def test_memory_source_pages_and_window() -> None:
     src = MemoryUpdateSource(capacity=10)
     for t in range(1, 31):
@@ -64,3 +83,13 @@ async def test_table_source_backwards_ids_give_positive_tokens() -> None:
     assert ups == [(2, ["$a"]), (3, ["$b"]), (3, ["$c"]), (5, ["$d"])] and upto == 10 and not limited
     ups, upto, limited = await src.get_updates("w", 2, 10, 1)
     assert [u[0] for u in ups] == [3, 3] and upto == 3 and limited
+
+
+async def test_table_source_refuses_a_limit_below_one() -> None:
+    db = _SyncDb()
+    db.conn.execute("CREATE TABLE t (stream_id INTEGER, instance_name TEXT, user_id TEXT)")
+    db.conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(1, "w", "a"), (2, "w", "b"), (2, "w", "c")])
+    src = TableUpdateSource(db, "t", ["user_id"])
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="page limit must be at least 1"):
+            await src.get_updates("w", 0, 10, bad)

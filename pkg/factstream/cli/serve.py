@@ -273,7 +273,10 @@ class Writer:
         elif getattr(a, "nats", None):
             from ..transport.nats import NatsReplication, Retention
 
-            retention = Retention(replicas=getattr(a, "nats_replicas", 1), max_age=getattr(a, "nats_max_age", 604800.0))
+            max_age = getattr(a, "nats_max_age", 604800.0)
+            # JetStream refuses a duplicate window (120 s by default) longer than a non-zero max_age.
+            window = min(120.0, max_age) if max_age else 120.0
+            retention = Retention(replicas=getattr(a, "nats_replicas", 1), max_age=max_age, duplicate_window=window)
             self.server = await NatsReplication(self.hub, a.nats, a.server_name, retention=retention).start()
             await self.server.wait_connected(30)
         else:

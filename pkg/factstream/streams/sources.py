@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from .._checks import whole
 from ..errors import FactstreamError
 
 __all__ = [
@@ -73,7 +74,10 @@ def page(updates: Sequence[tuple[int, Any]], upto_token: int, limit: int) -> Upd
 
     Returns Synapse's triple; when cut, ``upto_token`` becomes the last token
     kept. A single token with more than ``limit`` rows is returned whole.
+    ``limit`` must be at least 1: a page of 0 rows would say "cut" with no
+    rows and a caller would jump over the facts it never got.
     """
+    whole("page limit", limit)
     if len(updates) <= limit:
         return list(updates), upto_token, False
     last = updates[limit - 1][0]
@@ -98,15 +102,17 @@ async def fetch_page(
     ended inside a token; if it did, that whole token is fetched and kept (a
     single token larger than the page is returned whole) and the page stops
     after it. Returns ``(rows, upto, limited)`` as Synapse's update functions.
+    ``limit`` must be at least 1 (see :func:`page`).
     """
+    whole("page limit", limit)
     rows = list(await fetch(from_token, upto_token, limit + 1))
     if len(rows) <= limit:
         return rows, upto_token, False
     last = int(rows[limit - 1][0])
     if int(rows[limit][0]) != last:
         return rows[:limit], last, True
-    whole = await fetch(last - 1, last, 1_000_000_000)
-    return [r for r in rows if int(r[0]) < last] + list(whole), last, True
+    last_rows = await fetch(last - 1, last, 1_000_000_000)
+    return [r for r in rows if int(r[0]) < last] + list(last_rows), last, True
 
 
 class TableUpdateSource:

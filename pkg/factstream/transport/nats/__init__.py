@@ -51,7 +51,7 @@ readers from JetStream (:mod:`.inspect`). See docs/nats.md.
 
 from __future__ import annotations
 
-from .client import NatsUnavailable, check_nats, connect_nats, delete_stream
+from .client import NatsUnavailable, StreamConfigError, check_nats, connect_nats, delete_stream
 from .layout import MSG_ID, PREV, JetStreamLayout, KeyStats, NatsStats, Retention, subject_token
 from .replication import NatsConnection, NatsReplication
 from .tail import tail_nats
@@ -68,6 +68,7 @@ __all__ = [
     "check_nats",
     "delete_stream",
     "NatsUnavailable",
+    "StreamConfigError",
     "subject_token",
     "MSG_ID",
     "PREV",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...commands import Command
-from ...errors import ProtocolError
+from ...errors import FactstreamError, ProtocolError
 from ...redaction import redact_url
 from .layout import PREV, JetStreamLayout, Retention
 from .pages import decode_page
@@ -68,6 +68,64 @@ async def connect_nats(url: str, *, name: str, timeout: float = 5.0, **callbacks
 
 class NatsUnavailable(Exception):
     """NATS or its JetStream does not answer at the given URL (the message says what to do)."""
+
+
+class StreamConfigError(FactstreamError):
+    """JetStream refused to create the deployment's stream (an API error 400/500 with a description).
+
+    ``code``, ``err_code`` and ``description`` are JetStream's; the message
+    says what to change. ``permanent``: the configuration itself is refused
+    (replicas on a single server, a duplicate window longer than max_age),
+    so asking again gets the same answer; otherwise the server's state is in
+    the way (another stream takes the subjects, a limit is reached), which an
+    operator can fix while the carrier keeps asking. Not raised for a server
+    that is down, slow or still forming a cluster.
+    """
+
+    def __init__(self, stream: str, code: int, err_code: int, description: str, hint: str,
+                 permanent: bool = True) -> None:
+        super().__init__(f"JetStream refused to create stream {stream}: {description} "
+                         f"(error {code}, err_code {err_code}); {hint}")
+        self.stream = stream
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+        self.permanent = permanent
+
+
+#: err_codes of a 400/500 answer that pass on their own while a cluster forms or elects a leader
+#: (no peers for placement yet, not assigned, not the leader, a raft hiccup): retried as "not available yet".
+_PASSING_ERRORS = frozenset({10005, 10007, 10009, 10041})
+
+#: err_codes about the server's state, not the configuration asked for (err_code -> what to do):
+#: reported as errors and asked again, since they can be fixed on the server while the carrier waits.
+_SERVER_STATE_HINTS = {
+    10065: "another stream already takes the subjects {subjects}: delete it, or pass another subject_prefix",
+    10027: "the account's limit of streams is reached: delete unused streams or raise the limit",
+    10002: "the account's JetStream limits are reached: raise them, or lower Retention(max_bytes=...)",
+    10047: "the server lacks storage for the stream: free some, or lower Retention(max_bytes=...)",
+    10028: "the server lacks memory for the stream: free some, or use Retention(storage='file')",
+}
+
+#: What to do about the configuration errors met in practice (err_code -> hint).
+_CONFIG_HINTS = {
+    10074: "use Retention(replicas=1) on a single server (factstream serve: --nats-replicas 1), "
+           "or run a JetStream cluster",
+    10052: "fix the Retention options (duplicate_window must not be longer than a non-zero max_age)",
+}
+
+
+def _refused(stream: str, subjects: str, err: _ApiError) -> StreamConfigError | None:
+    """The StreamConfigError for a refused STREAM.CREATE, or None when ``err`` is worth retrying quietly."""
+    if err.code not in (400, 500) or err.err_code in _PASSING_ERRORS:
+        return None
+    state = _SERVER_STATE_HINTS.get(err.err_code)
+    if state is not None:
+        return StreamConfigError(stream, err.code, err.err_code, err.description, state.format(subjects=subjects),
+                                 permanent=False)
+    hint = _CONFIG_HINTS.get(err.err_code, "change the Retention options (or the server's JetStream "
+                             "configuration) and start again; asking again gets the same answer")
+    return StreamConfigError(stream, err.code, err.err_code, err.description, hint)
 
 
 async def check_nats(url: str, server_name: str, timeout: float = 5.0) -> None:
@@ -217,7 +275,12 @@ class _Api:
         return resp
 
     async def ensure_stream(self, retention: Retention) -> dict[str, Any]:
-        """The stream's info, creating it with ``retention`` when it does not exist."""
+        """The stream's info, creating it with ``retention`` when it does not exist.
+
+        Raises :class:`StreamConfigError` when JetStream refuses to create
+        it, and the other errors (timeouts, 503, a cluster electing) for the
+        caller to retry.
+        """
         name = self.layout.stream
         try:
             info = await self.request(f"STREAM.INFO.{name}")
@@ -229,9 +292,12 @@ class _Api:
                 logger.info("created JetStream stream %s (%d replicas, %s storage)", name, retention.replicas,
                             retention.storage)
             except _ApiError as err2:
-                if err2.err_code != 10058:  # created concurrently by another instance
-                    raise
-                info = await self.request(f"STREAM.INFO.{name}")
+                if err2.err_code == 10058:  # created concurrently by another instance
+                    return await self.request(f"STREAM.INFO.{name}")
+                refused = _refused(name, self.layout.log_subjects, err2)
+                if refused is not None:
+                    raise refused from None
+                raise
         return info
 
     async def subjects(self) -> tuple[dict[str, int], int, int]:
@@ -309,6 +375,7 @@ class _ApiError(Exception):
         super().__init__(f"JetStream error {code}: {description}")
         self.code = code
         self.err_code = err_code
+        self.description = description
 
 
 def _prev_of(headers: dict[str, str] | None) -> int | None:

@@ -8,6 +8,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..._checks import seconds, whole
+
 logger = logging.getLogger("factstream.transport.nats")
 
 #: JetStream's de-duplication header.
@@ -68,7 +70,11 @@ class Retention:
     ``max_msgs`` bound the whole stream (-1: unlimited); ``replicas`` is the
     number of copies in a cluster (1 on a single server, 3 for a cluster that
     survives one node); ``duplicate_window`` (seconds) is how long message ids
-    are remembered; ``storage`` is ``file`` (survives restarts) or ``memory``.
+    are remembered (0: JetStream's default, 2 minutes or ``max_age`` if
+    shorter), never longer than a non-zero ``max_age`` (JetStream refuses
+    that); ``storage`` is ``file`` (survives restarts) or ``memory``.
+    Options JetStream would refuse raise ValueError/TypeError here, not
+    when the stream is created.
     """
 
     replicas: int = 1
@@ -78,12 +84,22 @@ class Retention:
     duplicate_window: float = 120.0
     storage: str = "file"
 
-    def stream_config(self, layout: JetStreamLayout) -> dict[str, Any]:
-        """The JetStream ``StreamConfig`` for ``layout``."""
+    def __post_init__(self) -> None:
         if self.storage not in ("file", "memory"):
             raise ValueError(f"storage must be 'file' or 'memory', not {self.storage!r}")
-        if not 1 <= self.replicas <= 5:
-            raise ValueError("replicas must be between 1 and 5")
+        whole("replicas", self.replicas, 1, 5)
+        whole("max_bytes", self.max_bytes, -1)
+        whole("max_msgs", self.max_msgs, -1)
+        max_age = int(seconds("max_age", self.max_age, zero=True) * _NS)  # as JetStream compares them, in ns
+        window = int(seconds("duplicate_window", self.duplicate_window, zero=True) * _NS)
+        if max_age and window > max_age:
+            raise ValueError(
+                f"duplicate_window ({self.duplicate_window:g} s) must not be longer than max_age ({self.max_age:g} s): "
+                "JetStream refuses such a stream; pass a duplicate_window of at most max_age, or a longer max_age"
+            )
+
+    def stream_config(self, layout: JetStreamLayout) -> dict[str, Any]:
+        """The JetStream ``StreamConfig`` for ``layout``."""
         return {
             "name": layout.stream,
             "subjects": [layout.log_subjects],

@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ... import wire
+from ..._checks import seconds, whole
 from ...backoff import backoff_delay
 from ...commands import Command, PositionCommand, RdataCommand
 from ...errors import ProtocolError
@@ -29,6 +30,7 @@ from ...redaction import redact_url
 from ...replication import _relay
 from ...replication.carrier import CommandSink, Connection
 from .client import (
+    StreamConfigError,
     _Api,
     _can_write_frames,
     _fast_subscribe,
@@ -145,6 +147,11 @@ class NatsReplication:
     follower should hold its own positions (``Follower(positions=...)``) when
     it restarts; it then resumes from the log with no database query.
     ``retention`` applies when this instance creates the stream.
+
+    Options that cannot work (a timeout or heartbeat <= 0, ``page_limit`` < 1,
+    ``backfill`` < 0, a fractional count) raise ValueError or TypeError here;
+    a stream configuration JetStream refuses is logged as an error and raised
+    by :meth:`wait_connected` (:class:`StreamConfigError`).
     """
 
     def __init__(
@@ -169,10 +176,23 @@ class NatsReplication:
         page_rows: int = 1000,
         page_bytes: int = 256 * 1024,
     ) -> None:
-        if max_in_flight < 1 or max_pending < 1:
-            raise ValueError("max_in_flight and max_pending must be at least 1")
-        if page_rows < 1 or page_bytes < 1024:
-            raise ValueError("page_rows must be at least 1 and page_bytes at least 1024")
+        # Options that cannot work are refused now, not met later as a spin, a hang or a retry loop.
+        max_in_flight = whole("max_in_flight", max_in_flight)
+        max_pending = whole("max_pending", max_pending)
+        page_rows = whole("page_rows", page_rows)
+        page_bytes = whole("page_bytes", page_bytes, 1024)
+        page_limit = whole("page_limit", page_limit)
+        backfill = whole("backfill", backfill, 0)
+        ack_timeout = seconds("ack_timeout", ack_timeout)
+        heartbeat = seconds("heartbeat", heartbeat)
+        consumer_heartbeat = seconds("consumer_heartbeat", consumer_heartbeat)
+        if consumer_heartbeat < 0.1:  # JetStream refuses a shorter idle heartbeat (err_code 10083)
+            raise ValueError(f"consumer_heartbeat must be at least 0.1 seconds (JetStream's shortest idle "
+                             f"heartbeat), got {consumer_heartbeat:g}")
+        connect_timeout = seconds("connect_timeout", connect_timeout)
+        api_timeout = seconds("api_timeout", api_timeout)
+        if retention is not None and not isinstance(retention, Retention):
+            raise TypeError(f"retention must be a Retention, got {type(retention).__name__} {retention!r}")
         self.hub = hub
         name = instance_name or getattr(hub, "instance_name", None)
         if not name:
@@ -222,7 +242,9 @@ class NatsReplication:
         self._ready = asyncio.Event()
         self._repairs: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
-        self._closing = False
+        self._closing = False  # stop() was called: the object cannot start or connect again
+        self._failure: StreamConfigError | None = None  # why it gave up (JetStream refused the stream)
+        self._halted = asyncio.Event()  # set by stop() and by giving up: wakes wait_connected
         self._retry_delay = 0.0
         self._invalid_log = _RateLimitedLog()
         self._error_log = _RateLimitedLog()
@@ -259,7 +281,9 @@ class NatsReplication:
         return getattr(self.hub, "follower", None)
 
     async def start(self) -> NatsReplication:
-        """Connect (in the background; see ``wait_connected``)."""
+        """Connect (in the background; see ``wait_connected``); once only, and never after ``stop``."""
+        if self._closing:
+            raise RuntimeError("NatsReplication stopped: it cannot start again; make a new one")
         if self._tasks:
             raise RuntimeError("NatsReplication already started")
         logger.info("replicating over NATS JetStream %s as %s (stream %s)", redact_url(self.url),
@@ -269,11 +293,37 @@ class NatsReplication:
         return self
 
     async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until the stream is there, the hub has its connection and (reader) the consumer runs."""
+        """Wait until the stream is there, the hub has its connection and (reader) the consumer runs.
+
+        Raises instead of waiting for what will never come: RuntimeError once
+        ``stop`` was called (before or during the wait), and
+        :class:`StreamConfigError` when JetStream refused to create the
+        stream; TimeoutError after ``timeout`` seconds.
+        """
+        self._raise_if_halted()
         async with asyncio.timeout(timeout):
-            await self._ready.wait()
-            if self._consumer is not None:
-                await self._consumer.wait_ready(None)
+            await self._unless_halted(self._ready.wait())
+            consumer = self._consumer
+            if consumer is not None:
+                await self._unless_halted(consumer.wait_ready(None))
+
+    def _raise_if_halted(self) -> None:
+        if self._closing:
+            raise RuntimeError("NatsReplication stopped: it will not connect again; make a new one")
+        if self._failure is not None:
+            raise self._failure
+
+    async def _unless_halted(self, waiting: Any) -> None:
+        """Await ``waiting`` unless ``stop`` or giving up comes first (then raise why)."""
+        task = asyncio.ensure_future(waiting)
+        halted = asyncio.ensure_future(self._halted.wait())
+        try:
+            await asyncio.wait((task, halted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            task.cancel()
+            halted.cancel()
+        self._raise_if_halted()
+        task.result()
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until everything handed over so far is acknowledged by JetStream."""
@@ -298,6 +348,7 @@ class NatsReplication:
                 logger.warning("NATS: %d messages not acknowledged at shutdown (the next start re-publishes them)",
                                len(self._queue) + len(self._retry) + len(self._in_flight))
         self._closing = True
+        self._halted.set()
         _REPLICATIONS.discard(self)
         for task in self._repairs.values():
             task.cancel()
@@ -352,7 +403,20 @@ class NatsReplication:
                 break
             except asyncio.CancelledError:
                 raise
-            except Exception as err:  # noqa: BLE001 - JetStream not ready yet (cluster forming)
+            except StreamConfigError as err:
+                if err.permanent:
+                    # Asking again gets the same answer: say what is wrong and let wait_connected raise it.
+                    logger.error("%s. NatsReplication %s gives up: nothing is published or read until it is made "
+                                 "again with a configuration JetStream accepts", err, self.instance_name)
+                    self._failure = err
+                    self._halted.set()
+                    return
+                # The server's state is in the way (another stream, a limit): fixable there while we ask again.
+                delay = min(10.0, 0.5 * 2 ** min(attempt, 5))
+                attempt += 1
+                logger.error("%s; asking again in %.1fs", err, delay)
+                await asyncio.sleep(delay)
+            except Exception as err:  # noqa: BLE001 - JetStream not ready yet (server down, cluster forming)
                 delay = min(2.0, 0.05 * 2 ** min(attempt, 6))
                 attempt += 1
                 logger.warning("JetStream stream %s not available yet (%s); retrying in %.2fs",
@@ -505,15 +569,23 @@ class NatsReplication:
                     "from the source", st.stream, st.writer, js_last, target)
         repub = publisher.relay.StreamEmitter(st.stream, st.writer, emitter.source, js_last, None, [], self.page_limit)
         pos = js_last
+        delay = 0.05
         while pos < target:
             updates, upto, limited = await emitter.source.get_updates(st.writer, pos, target, self.page_limit)
+            if limited and (upto <= pos or not any(t > pos for t, _ in updates)):
+                # A page "cut" with no fact after pos: publishing it would tell readers to jump to upto
+                # over facts nobody sent them. A broken source: say so and ask again, as the follower does.
+                logger.error("%s/%s: update source returned a limited page without progress after %d (%d rows, "
+                             "up to %d); retrying in %.2fs", st.stream, st.writer, pos, len(updates), upto, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.05
             cmds = repub.commands(updates, upto)
             self.stats.repaired_rows += len(updates)
             self._encode(st, cmds)
             self._wake.set()
             if upto <= pos:
-                if limited:
-                    raise RuntimeError(f"update source returned a limited page without progress after {pos}")
                 break
             pos = upto
             while self._queued_rows > self.max_pending // 2:
