@@ -22,7 +22,7 @@ CSRC = ROOT / "csrc" / "factstream"
 #: Lowest first. A module belongs to the first entry whose prefix it has
 #: (a twin at the package root belongs to the layer it serves).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("factstream._compat", "factstream.errors", "factstream.redaction", "factstream.metrics", "factstream.backoff",
+    ("base", ("factstream._compat", "factstream._checks", "factstream.errors", "factstream.redaction", "factstream.metrics", "factstream.backoff",
               "factstream.interpreter", "factstream.status_lines")),
     ("wire", ("factstream._json", "factstream.commands", "factstream._wire", "factstream.wire")),
     ("store", ("factstream.store",)),

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .. import metrics
+from .. import _checks, metrics
 from . import _relay
 from ..commands import PositionCommand, RdataCommand
 from ..errors import FactstreamError, ProtocolError
@@ -136,10 +136,11 @@ class Follower:
         trust_window: int = 1000,
         verify_grace: float = 1.0,
     ) -> None:
-        if page_limit < 1 or trust_window < 0 or verify_grace < 0 or (start_position or 0) < 0:
-            # a page of 0 rows would ask the source for the same nothing forever
-            raise ValueError(f"need page_limit >= 1, trust_window >= 0, verify_grace >= 0 and start_position "
-                             f">= 0, got {page_limit}, {trust_window}, {verify_grace} and {start_position}")
+        _checks.whole("page_limit", page_limit)  # a page of 0 rows would ask the source for the same nothing forever
+        _checks.whole("trust_window", trust_window, 0)
+        _checks.seconds("verify_grace", verify_grace, zero=True)
+        if start_position is not None:
+            _checks.whole("start_position", start_position, 0)
         self.registry = registry if registry is not None else default_registry()
         self.sources: dict[str, UpdateSource] = dict(sources or {})
         self.start_position = start_position

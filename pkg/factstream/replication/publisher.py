@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable
 from types import ModuleType
 
-from .. import metrics
+from .. import _checks, metrics
 from . import _relay
 from ._relay import StreamEmitter
 from ..backoff import Outage
@@ -55,9 +55,7 @@ log = logging.getLogger(__name__)
 
 def _checked_page_limit(value: int) -> int:
     # a page of 0 rows would ask a source for the same nothing forever
-    if value < 1:
-        raise ValueError(f"page_limit must be at least 1, got {value}")
-    return value
+    return _checks.whole("page_limit", value)
 
 
 class Publisher:

@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from .. import metrics, wire
+from .. import _checks, metrics, wire
 from ..errors import FactstreamError
 from ..backoff import backoff_delay
 from ..replication.carrier import CommandSink
@@ -91,20 +91,14 @@ DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 DEFAULT_MAX_HANDSHAKES = 256
 
 
-def _check_port(port: int) -> None:
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be 0-65535 (0: any free one), got {port}")
-
-
 def _link_options(ping_interval: float, timeout: float, max_buffered: int, max_line_length: int,
                   codec: Codec | None, relay: Relay | None) -> dict[str, Any]:
     """The options every connection of a server or client gets, checked once (a keepalive every 0 s
     would spin, a buffer of 0 commands drop every reader)."""
-    if not (ping_interval > 0 and timeout > 0 and max_buffered >= 1 and max_line_length >= 1):
-        raise ValueError(f"need ping_interval > 0, timeout > 0, max_buffered >= 1 and max_line_length >= 1, got "
-                         f"{ping_interval}, {timeout}, {max_buffered} and {max_line_length}")
-    return dict(ping_interval=ping_interval, timeout=timeout, max_buffered=max_buffered,
-                max_line_length=max_line_length, codec=codec, relay=relay)
+    return dict(ping_interval=_checks.seconds("ping_interval", ping_interval),
+                timeout=_checks.seconds("timeout", timeout),
+                max_buffered=_checks.whole("max_buffered", max_buffered),
+                max_line_length=_checks.whole("max_line_length", max_line_length), codec=codec, relay=relay)
 
 
 class TcpServer:
@@ -133,9 +127,9 @@ class TcpServer:
         codec: Codec | None = None,
         relay: Relay | None = None,
     ) -> None:
-        if handshake_timeout <= 0 or max_handshakes < 1:
-            raise ValueError("need handshake_timeout > 0 and max_handshakes >= 1")
-        _check_port(port)
+        handshake_timeout = _checks.seconds("handshake_timeout", handshake_timeout)
+        _checks.whole("max_handshakes", max_handshakes)
+        _checks.port("port", port)
         self.sink = sink
         self.server_name = server_name
         self.host = host
@@ -367,10 +361,9 @@ class TcpClient:
         codec: Codec | None = None,
         relay: Relay | None = None,
     ) -> None:
-        _check_port(port)
-        if not 0 < backoff_initial <= backoff_max or connect_timeout <= 0:
-            raise ValueError(f"need 0 < backoff_initial <= backoff_max and connect_timeout > 0, got "
-                             f"{backoff_initial}, {backoff_max} and {connect_timeout}")
+        _checks.port("port", port)
+        backoff_initial, backoff_max = _checks.backoff(backoff_initial, backoff_max)
+        connect_timeout = _checks.seconds("connect_timeout", connect_timeout)
         self.sink = sink
         self.host = host
         self.port = port
