@@ -144,16 +144,47 @@ def test_a_recorded_redis_run_reports_what_was_sent(tmp_path: Any, redis_url: st
 
 
 def test_rotation_by_size(tmp_path: Any) -> None:
-    proc, port = serve(f"sqlite:///{tmp_path}/w.db", "--produce", "--rate", "500")
+    proc, port = serve(f"sqlite:///{tmp_path}/w.db", "--produce", "--rate", "4000")
     rec_dir = tmp_path / "rec"
     try:
-        out = cli("record", f"127.0.0.1:{port}", "--dir", str(rec_dir), "--rotate-size", "4k",
-                  "--flush-interval", "0.2s", "--duration", "4s")
+        out = cli("record", f"127.0.0.1:{port}", "--dir", str(rec_dir), "--rotate-size", "64k",
+                  "--flush-interval", "0.1s", "--duration", "4s")
     finally:
         stop(proc)
     assert out.returncode == 0, out.stderr
     files = sorted(os.listdir(rec_dir))
-    assert len(files) >= 3, files
+    assert len(files) >= 2, files
     sizes = [os.path.getsize(rec_dir / f) for f in files]
-    assert all(s < 4096 + 16384 for s in sizes[:-1]), sizes  # rotated once past 4k (plus the member in progress)
+    assert all(s < 65536 + 65536 for s in sizes[:-1]), sizes  # rotated once past 64k (plus the member in progress)
     assert rdata_rows(capture_lines(rec_dir))
+
+
+def test_record_option_mistakes_are_refused_before_connecting(tmp_path: Any) -> None:
+    """A file as --dir, an empty --name, --user-ip over TCP and a tiny --rotate-size were accepted (or a raw
+    [Errno 17]); each is now one line and exit 2."""
+    a_file = tmp_path / "ok.txt"
+    a_file.write_text("x\n")
+    cases = [
+        (["--dir", str(a_file)], f"--dir {a_file} is a file, not a directory"),
+        (["--name", ""], "--name: capture name '' must be non-empty"),
+        (["--user-ip"], "--user-ip applies to --redis"),
+        (["--rotate-size", "1"], "must be at least 64k"),
+        (["--rotate-size", "63k"], "must be at least 64k"),
+    ]
+    for extra, needle in cases:
+        out = cli("record", "127.0.0.1:1", "--connect-timeout", "30", "--dir", str(tmp_path / "d"), *extra)
+        assert out.returncode == 2 and needle in out.stderr and no_traceback(out.stderr), (extra, out.stderr)
+        assert "Errno" not in out.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_dir_made_for_a_failed_connection_is_removed(tmp_path: Any) -> None:
+    new = tmp_path / "new" / "deeper"
+    out = cli("record", "127.0.0.1:1", "--dir", str(new), "--connect-timeout", "0.5")
+    assert out.returncode == 1 and "connection refused" in out.stderr, out.stderr
+    assert not (tmp_path / "new").exists()  # both levels it made, and nothing else
+    assert "lines in" not in out.stderr  # no summary of a recording that never started
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    out = cli("record", "127.0.0.1:1", "--dir", str(kept), "--connect-timeout", "0.5")
+    assert out.returncode == 1 and kept.is_dir()  # a directory the user made stays

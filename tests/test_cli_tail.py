@@ -105,7 +105,7 @@ def test_a_stream_the_writer_does_not_have_is_named(writer: tuple[str, int]) -> 
             fh.close()
     err = "".join(warned)
     assert no_traceback(err), err
-    assert ("the writer announced the streams caches, receipts, to_device; --stream cache is not among them "
+    assert ("the streams the server announced are caches, receipts, to_device; --stream cache is not among them "
             "(nothing is shown for it)") in err, err
     ok = start("tail", f"127.0.0.1:{port}", "--stream", "caches", "--count", "50")
     out_ok, err_ok = ok.communicate(timeout=60)

@@ -220,3 +220,25 @@ async def test_a_catch_up_that_dies_is_reported_and_does_not_stall_the_stream(
     assert [t for _, _, t, _ in got] == [6]
     assert any("catch-up failed" in r.getMessage() for r in caplog.records)
     await fol.close()
+
+
+async def test_a_start_position_past_the_writer_is_said_as_such_not_as_a_restore(
+    relay_impl: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``tail --from 99`` on a writer at 5: the follower assumed 99; the writer's POSITIONs below it are not a
+    position gone backwards (no ERROR blaming a database restore): a warning saying so, then rows after 5."""
+    fol = Follower(relay=relay_impl, start_position=99)
+    got = recorder(fol)
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        feed(fol, [PositionCommand("typing", "worker1", 5, 5), PositionCommand("typing", "worker1", 5, 5),
+                   typing(6), typing(7)], False)
+    assert [t for _, _, t, _ in got] == [6, 7] and fol.position("typing", "worker1") == 7
+    said = [r for r in caplog.records if r.name == "factstream.replication.follower"]
+    assert not [r for r in said if r.levelno >= logging.ERROR], [r.getMessage() for r in said]
+    assert any(r.levelno == logging.WARNING and "start position 99 is past the writer's position 5" in r.getMessage()
+               for r in said)
+    # a position gone back after the writer was heard is still one
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "factstream.replication.follower"):
+        feed(fol, [PositionCommand("typing", "worker1", 2, 2)], False)
+    assert any("went backwards from 7 to 2" in r.getMessage() for r in caplog.records)

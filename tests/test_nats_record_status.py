@@ -223,3 +223,14 @@ def test_nats_status_and_record_mistakes_get_a_clear_error(argv: list[str], stat
     assert out.returncode == status, out.stderr
     assert needle in out.stderr
     assert no_traceback(out.stderr) and "s3cret" not in out.stderr + out.stdout
+
+
+def test_record_with_a_mistyped_server_name_fails_like_tail_and_status(nats_url: str, tmp_path: Path) -> None:
+    """It flooded 'stream not found; retrying' and exited 0 with only its own notes recorded."""
+    rec_dir = tmp_path / "rec"
+    out = cli("record", "--nats", nats_url, "--server-name", "nobody-here-x", "--duration", "2", "--dir", str(rec_dir))
+    assert out.returncode == 1 and no_traceback(out.stderr), out.stderr
+    assert out.stderr.strip() == ("factstream record: no JetStream stream FACTSTREAM_nobody-here-x at "
+                                  f"{nats_url}: no writer of deployment 'nobody-here-x' has published there yet "
+                                  "(check --server-name)")
+    assert not rec_dir.exists()

@@ -23,9 +23,15 @@ import time
 import zlib
 from typing import IO
 
-__all__ = ["CaptureWriter", "recover_parts", "capture_file_name", "prefix_lines"]
+__all__ = ["CaptureWriter", "recover_parts", "capture_file_name", "prefix_lines", "check_capture_name"]
 
 _NAME = re.compile(r"^(?P<capture>[^.]+)\.(?P<stamp>\d{8}T\d{12}Z)\.(?P<seq>\d{6})\.log\.gz(?P<part>\.part)?$")
+
+
+def check_capture_name(capture: str) -> None:
+    """ValueError unless ``capture`` can be a file name's first part (what ``logs parse`` splits on)."""
+    if not capture or "." in capture or "/" in capture:
+        raise ValueError(f"capture name {capture!r} must be non-empty without '.' or '/'")
 
 
 def capture_file_name(capture: str, started: float, seq: int) -> str:
@@ -91,8 +97,7 @@ class CaptureWriter:
 
     def __init__(self, directory: str, capture: str, *, rotate_bytes: int = 64 << 20,
                  rotate_seconds: float = 3600.0, flush_interval: float = 1.0) -> None:
-        if not capture or "." in capture or "/" in capture:
-            raise ValueError(f"capture name {capture!r} must be non-empty without '.' or '/'")
+        check_capture_name(capture)
         self.directory = directory
         self.capture = capture
         self.rotate_bytes = rotate_bytes

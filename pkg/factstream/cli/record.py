@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -24,12 +25,23 @@ from typing import Any
 from .. import transport
 from ..redaction import redact_url
 from .argtypes import duration, size_bytes
-from .capture import CaptureWriter, prefix_lines
+from .capture import CaptureWriter, check_capture_name, prefix_lines
 from .link import LinkError, open_link, utc_stamp
 from .tail import add_link_options, connect_within, link_options, parse_target
 
 log = logging.getLogger("factstream.record")
 PROG = "factstream record"
+#: The smallest --rotate-size: below it a busy deployment rotates many files a second.
+MIN_ROTATE = 64 << 10
+
+
+def rotate_size(text: str) -> int:
+    """argparse type for --rotate-size: a size of at least 64k."""
+    value = size_bytes(text)
+    if value < MIN_ROTATE:
+        raise argparse.ArgumentTypeError(f"must be at least 64k (smaller files would rotate many times a second), "
+                                         f"got {text!r} ({value} bytes; a number without a unit is bytes)")
+    return value
 
 
 def register(subparsers: Any) -> None:
@@ -53,11 +65,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--redis", metavar="URL", help="record a Redis deployment's channels instead (needs --server-name)")
     p.add_argument("--nats", metavar="URL",
                    help="record a NATS JetStream deployment's log and control subject instead (needs --server-name)")
-    p.add_argument("--dir", default=".", help="directory of the capture files (default: the current one)")
+    p.add_argument("--dir", default=".", help="directory of the capture files (default: the current one; created if "
+                                              "missing, and removed again when nothing could be recorded)")
     p.add_argument("--name", dest="capture", help="capture name, the files' first part (default HOST-PORT, "
                                                   "redis-SERVER_NAME or nats-SERVER_NAME)")
-    p.add_argument("--rotate-size", type=size_bytes, default=64 << 20, metavar="SIZE",
-                   help="start a new file when the current one reaches SIZE on disk (default 64M)")
+    p.add_argument("--rotate-size", type=rotate_size, default=64 << 20, metavar="SIZE",
+                   help="start a new file when the current one reaches SIZE on disk (default 64M, at least 64k; "
+                        "a number without a unit is bytes)")
     p.add_argument("--rotate-time", type=duration(), default=3600.0, metavar="DURATION",
                    help="start a new file after DURATION (default 1h)")
     p.add_argument("--flush-interval", type=duration(), default=1.0, metavar="DURATION",
@@ -199,14 +213,17 @@ async def record_nats(args: argparse.Namespace, rec: Recorder, stop: asyncio.Eve
     from ..transport.nats import JetStreamLayout, NatsStats, connect_nats
     from ..transport.nats.client import _Api
     from ..transport.nats.consumer import _LogConsumer
+    from ..transport.nats.tail import require_stream
     from .serve import check_nats
 
     await check_nats(args.nats, args.server_name, PROG, args.connect_timeout)
     layout = JetStreamLayout.for_server(args.server_name)
     shown = redact_url(args.nats)
 
+    closing: list[bool] = []
+
     async def disconnected() -> None:
-        if stop.is_set():
+        if stop.is_set() or closing:
             return  # our own close
         rec.note(f"disconnected NATS {shown}")
         rec.disconnects += 1
@@ -225,43 +242,97 @@ async def record_nats(args: argparse.Namespace, rec: Recorder, stop: asyncio.Eve
     nc = await connect_nats(args.nats, name="factstream-record", timeout=args.connect_timeout,
                             disconnected_cb=disconnected, reconnected_cb=reconnected)
     try:
+        api = _Api(nc, layout)
+        try:
+            await require_stream(api, args.nats, args.server_name)  # a mistyped --server-name: say so, exit 1
+        except LookupError as err:
+            print(f"{PROG}: {err}", file=sys.stderr)
+            return 1
         await nc.subscribe(layout.control_subject, cb=control)
-        consumer = _LogConsumer(_Api(nc, layout), page, NatsStats(), deliver_new=True,
-                                description="factstream record")
+        consumer = _LogConsumer(api, page, NatsStats(), deliver_new=True, description="factstream record")
         rec.note(f"connected nats {shown} stream {layout.stream}")
         consumer.start()
         await stop.wait()
         await consumer.close()
     finally:
+        closing.append(True)
         await nc.close()
     return 0
 
 
-async def record(args: argparse.Namespace) -> int:
+def check_args(args: argparse.Namespace) -> str:
+    """The capture name, once the options are known to fit together (usage errors exit 2)."""
+    from .serve import cli_error
+
     if sum(map(bool, (args.target, args.redis, args.nats))) != 1:
-        print(f"{PROG}: give HOST:PORT (TCP), --redis URL or --nats URL (exactly one)", file=sys.stderr)
-        return 2
+        cli_error(PROG, "give HOST:PORT (TCP), --redis URL or --nats URL (exactly one)", 2)
     if (args.redis or args.nats) and not args.server_name:
         which = "--redis" if args.redis else "--nats"
-        print(f"{PROG}: {which} needs --server-name NAME (it names the deployment's "
-              f"{'channel' if args.redis else 'JetStream stream'})", file=sys.stderr)
-        return 2
+        cli_error(PROG, f"{which} needs --server-name NAME (it names the deployment's "
+                        f"{'channel' if args.redis else 'JetStream stream'})", 2)
     if args.nats and args.user_ip:
-        print(f"{PROG}: --user-ip applies to --redis (over NATS, USER_IP travels on the control subject, "
-              "which is recorded)", file=sys.stderr)
-        return 2
+        cli_error(PROG, "--user-ip applies to --redis (over NATS, USER_IP travels on the control subject, "
+                        "which is recorded)", 2)
+    if args.target and args.user_ip:
+        cli_error(PROG, "--user-ip applies to --redis (it adds the <server-name>/USER_IP channel); a TCP "
+                        "listener sends USER_IP on the connection, which is recorded", 2)
+    if os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        cli_error(PROG, f"--dir {args.dir} is a file, not a directory: give a directory for the capture files "
+                        "(it is created if missing)", 2)
+    if args.capture is not None:
+        try:
+            check_capture_name(args.capture)
+        except ValueError as err:
+            cli_error(PROG, f"--name: {err}", 2)
+        return str(args.capture)
     if args.target:
         host, port = parse_target(args.target, PROG)
-        capture = args.capture or f"{host.replace('.', '_').replace(':', '_')}-{port}"
-    else:
-        kind = "redis" if args.redis else "nats"
-        capture = args.capture or f"{kind}-{args.server_name.replace('.', '_').replace('/', '_')}"
+        return f"{host.replace('.', '_').replace(':', '_').replace('/', '_')}-{port}"
+    kind = "redis" if args.redis else "nats"
+    return f"{kind}-{args.server_name.replace('.', '_').replace('/', '_')}"
+
+
+def missing_dirs(path: str) -> list[str]:
+    """The directories ``os.makedirs(path)`` would create, deepest first."""
+    out = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return out
+
+
+def remove_if_empty(created: list[str]) -> None:
+    """Remove the directories this run created when nothing was written in them (a failed connection)."""
+    for path in created:
+        try:
+            os.rmdir(path)  # only succeeds when empty
+        except OSError:
+            return
+
+
+async def record(args: argparse.Namespace) -> int:
+    capture = check_args(args)
+    created = missing_dirs(args.dir)
     try:
         writer = CaptureWriter(args.dir, capture, rotate_bytes=args.rotate_size, rotate_seconds=args.rotate_time,
                                flush_interval=args.flush_interval)
-    except ValueError as err:
-        print(f"{PROG}: --name: {err}", file=sys.stderr)
-        return 2
+    except OSError as err:
+        remove_if_empty(created)
+        print(f"{PROG}: cannot write capture files in --dir {args.dir}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    try:
+        return await _record(args, writer)
+    finally:
+        if not writer.files and not writer.lines:
+            remove_if_empty(created)
+
+
+async def _record(args: argparse.Namespace, writer: CaptureWriter) -> int:
+    """Record until stopped, then print the summary."""
     for path in writer.recovered:
         log.warning("finished %s left behind by an earlier recorder (complete gzip members kept)", path)
     rec = Recorder(writer)
@@ -297,8 +368,9 @@ async def record(args: argparse.Namespace) -> int:
         if writer.lines and stop.is_set():
             rec.note("disconnected recorder stopped")
         writer.close()
-    print(f"{PROG}: {writer.lines} lines in {len(writer.files)} file(s) under {args.dir} "
-          f"({rec.disconnects} disconnects, {time.monotonic() - started:.1f}s)", file=sys.stderr)
+    if writer.lines or status == 0:
+        print(f"{PROG}: {writer.lines} lines in {len(writer.files)} file(s) under {args.dir} "
+              f"({rec.disconnects} disconnects, {time.monotonic() - started:.1f}s)", file=sys.stderr)
     if interrupted and interrupted[0] == signal.SIGINT:
         return 130
     return status

@@ -36,7 +36,7 @@ from ..streams.rows import Row
 from . import missing_sqlite
 from .argtypes import duration, whole_number
 from .link import LinkError, LinkOptions, open_link, parse_target, utc_stamp
-from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat
+from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat, template
 
 __all__ = ["register", "run", "add_link_options", "connect_within", "link_options", "parse_target"]
 
@@ -98,7 +98,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--writer", action="append", dest="writers", metavar="NAME", help="only rows of this writer (repeatable)")
     p.add_argument("--json", action="store_true",
                    help='one compact JSON object per row: {"stream","writer","token","row"} (per command with --redis)')
-    p.add_argument("--format", metavar="TEMPLATE",
+    p.add_argument("--format", metavar="TEMPLATE", type=template,
                    help=r"print each row with this template: %%s stream, %%w writer, %%t token, %%r row JSON, "
                         r"%%l wire line, %%T arrival time, %%{field} a typed row field, \n \t "
                         f"(default {DEFAULT_FORMAT.replace('%', '%%')!r})")
@@ -235,6 +235,72 @@ _DROPPED_HINT = ("rows the writer sends meanwhile are not shown. With --db DATAB
                  "the database after a drop and misses nothing; --retry N reconnects.")
 
 
+class FilterWatch:
+    """Warns once when --stream/--writer names something no writer announced (a typo, say).
+
+    Without it a mistyped filter prints nothing, forever. Every carrier feeds
+    it the same way: :meth:`saw` for each POSITION (``announced=True``) or
+    RDATA it meets, :meth:`complete` when it learnt every (stream, writer) at
+    once (the JetStream log's subjects). Writers answer a REPLICATE with a
+    POSITION per stream at once, so the check runs ``grace`` seconds after the
+    first POSITION; when only rows arrive (a Redis tail that publishes
+    nothing), ``window`` seconds after the first row.
+    """
+
+    def __init__(self, streams: list[str] | None, writers: list[str] | None, who: str = "announced",
+                 *, grace: float = 1.0, window: float = 10.0, hint: str = "") -> None:
+        self.streams = set(streams or ())
+        self.writers = set(writers or ())
+        self.who = who
+        self.grace = grace
+        self.window = window
+        self.hint = hint
+        self.seen_streams: set[str] = set()
+        self.seen_writers: set[str] = set()
+        self.done = not self.streams and not self.writers  # nothing to check
+        self._timer: asyncio.TimerHandle | None = None
+        self._announced = False
+
+    def saw(self, stream: str, writer: str, announced: bool) -> None:
+        """A POSITION (``announced``) or a row of ``stream`` by ``writer`` arrived."""
+        if self.done:
+            return
+        self.seen_streams.add(stream)
+        self.seen_writers.add(writer)
+        if announced and not self._announced:
+            self._announced = True
+            self._schedule(self.grace)
+        elif self._timer is None:
+            self._schedule(self.window)
+
+    def complete(self) -> None:
+        """Every (stream, writer) there is has been passed to :meth:`saw`: check now."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.check()
+
+    def _schedule(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self.check)
+
+    def check(self) -> None:
+        """Warn about the filters naming nothing seen, listing what was seen (once)."""
+        if self.done:
+            return
+        self.done = True
+        for option, wanted, seen, kind in (("--stream", self.streams, self.seen_streams, "streams"),
+                                           ("--writer", self.writers, self.seen_writers, "writers")):
+            missing = sorted(wanted - seen)
+            hint = "" if self._announced else self.hint  # rows only so far: the list may be incomplete
+            if missing and seen:
+                log.warning("the %s %s are %s; %s %s is not among them (nothing is shown for it)%s",
+                            kind, self.who, ", ".join(sorted(seen)), option, ", ".join(missing), hint)
+            elif missing:
+                log.warning("no %s %s yet; %s %s shows nothing until there is one%s",
+                            kind, self.who, option, ", ".join(missing), hint)
+
+
 class RawTail:
     """The TCP tail without --db: rows printed from the bytes that arrived."""
 
@@ -247,22 +313,7 @@ class RawTail:
         self.batches: dict[tuple[bytes, bytes], list[bytes]] = {}
         self.errors = 0
         self.hinted = False  # the drop hint was printed
-        self.announced: set[bytes] = set()  # streams the writer sent a POSITION for (with --stream)
-
-    def check_streams(self, tries: int = 30) -> None:
-        """Warn when --stream names a stream the writer's first POSITIONs did not include (a typo, say).
-
-        Called a second after connecting; while no POSITION has arrived yet
-        (a slow machine), it looks again each second, ``tries`` times.
-        """
-        if self.streams and not self.announced and tries > 1:
-            asyncio.get_running_loop().call_later(1.0, self.check_streams, tries - 1)
-            return
-        missing = sorted(self.streams - self.announced) if self.streams and self.announced else []
-        if missing:
-            log.warning("the writer announced the streams %s; --stream %s is not among them (nothing is shown for it)",
-                        ", ".join(sorted(s.decode() for s in self.announced)),
-                        ", ".join(s.decode() for s in missing))
+        self.watch = FilterWatch(args.streams, args.writers, "the server announced")
 
     def server_error(self, text: bytes) -> None:
         """Print the writer's ERROR line, with what to do when it dropped this tail for reading too slowly."""
@@ -292,7 +343,9 @@ class RawTail:
         for line in data.split(b"\n"):
             if not line.startswith(b"RDATA "):
                 if line.startswith(b"POSITION "):
-                    self.announced.add(line.split(b" ", 2)[1])
+                    p = line.split(b" ", 3)
+                    if len(p) > 2:
+                        self.watch.saw(p[1].decode("utf-8", "replace"), p[2].decode("utf-8", "replace"), True)
                 elif line.startswith(b"ERROR "):
                     self.server_error(line[6:])
                 continue
@@ -301,6 +354,8 @@ class RawTail:
                 self.errors += 1
                 continue
             _, stream, writer, token, row = f
+            if not self.watch.done:
+                self.watch.saw(stream.decode("utf-8", "replace"), writer.decode("utf-8", "replace"), False)
             if (self.streams is not None and stream not in self.streams) or (
                     self.writers is not None and writer not in self.writers):
                 continue
@@ -365,8 +420,6 @@ async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[b
         if ever:
             log.warning("reconnected to %s; rows sent while disconnected are not shown (use --db to catch up)",
                         opts.target)
-        if not ever and tail.streams:
-            asyncio.get_running_loop().call_later(1.0, tail.check_streams)  # the writer's POSITIONs are in by then
         ever = True
         failures = 0
         reader = asyncio.ensure_future(_pump(link, tail))
@@ -421,9 +474,17 @@ async def tail_log(args: argparse.Namespace, output: Output) -> int:
     """``--nats`` without ``--db``: print the JetStream log's lines until --count or a signal."""
     from ..transport.nats import tail_nats
 
+    watch = FilterWatch(args.streams, None, "in the deployment's log")
+
+    def announced(pairs: list[tuple[str, str]]) -> None:
+        for stream, writer in pairs:
+            watch.saw(stream, writer, True)
+        watch.complete()
+
     try:
         stats = await tail_nats(args.nats, args.server_name, args.streams or (), args.json,
-                                from_start=args.from_start, out=_Lines(output), stop=output.done)  # type: ignore[arg-type]
+                                from_start=args.from_start, out=_Lines(output), stop=output.done,  # type: ignore[arg-type]
+                                announced=announced)
     except LookupError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
@@ -434,11 +495,21 @@ async def tail_log(args: argparse.Namespace, output: Output) -> int:
 
 async def tail_traffic(args: argparse.Namespace, output: Output) -> int:
     """``--redis`` without ``--db``: print every command heard on the channel until --count or a signal."""
+    from ..commands import PositionCommand
     from .tail_redis import tail_redis
+
+    hint = "" if args.replicate else "; --replicate asks every writer to announce its streams"
+    watch = FilterWatch(args.streams, None, "heard on the channel", hint=hint)
+
+    def seen(cmd: Any) -> None:
+        stream = getattr(cmd, "stream_name", None)
+        if stream is not None and not watch.done:
+            watch.saw(stream, getattr(cmd, "instance_name", ""), isinstance(cmd, PositionCommand))
 
     stats = await tail_redis(
         args.redis, args.server_name, args.streams or (), args.json,
         user_ip=args.user_ip, replicate=args.replicate, out=_Lines(output), stop=output.done,  # type: ignore[arg-type]
+        seen=seen,
     )
     if stats.invalid:
         print(f"{PROG}: skipped {stats.invalid} messages that are not replication commands", file=sys.stderr)
@@ -466,6 +537,10 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
         print(f"{PROG}: no stream {', '.join(unknown)} in the writer's tables (its streams: {', '.join(known)})",
               file=sys.stderr)
         return 2
+    held = await _db_positions(args.db)
+    if held:
+        _check_writers(args, held)
+        _check_from(args, held)
     db = await connect(args.db)
     if not args.redis and not args.nats:
         opts = link_options(args, args.name, replicate=False)
@@ -526,6 +601,45 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
     return status
 
 
+async def _db_positions(url: str) -> dict[tuple[str, str], int]:
+    """(stream, writer) -> the position the writer's database holds; empty when it cannot tell."""
+    from .positions import db_positions
+
+    try:
+        _, cells, _ = await db_positions(url)
+    except Exception as err:  # noqa: BLE001 - the checks this feeds are a courtesy; connecting reports real problems
+        log.debug("could not read the writers' positions from the database: %s", err)
+        return {}
+    return {key: max(cell.values()) for key, cell in cells.items() if cell}
+
+
+def _check_writers(args: argparse.Namespace, held: dict[tuple[str, str], int]) -> None:
+    """--writer naming no writer the database knows is a usage error (it would show nothing, silently)."""
+    known = sorted({w for _, w in held})
+    unknown = sorted(set(args.writers or ()) - set(known))
+    if unknown:
+        usage(f"no writer {', '.join(unknown)} in the writer's database (its writers: {', '.join(known)})")
+
+
+def _check_from(args: argparse.Namespace, held: dict[tuple[str, str], int]) -> None:
+    """--from past every writer's position is a usage error (nothing would ever be shown).
+
+    Past only some streams, the reader follows those from the writer's
+    position and says so (a warning of the follower's, per stream).
+    """
+    start = args.from_token
+    if start is None:
+        return
+    mine = {k: v for k, v in held.items() if (not args.streams or k[0] in args.streams)
+            and (not args.writers or k[1] in args.writers)}
+    if not mine:
+        return
+    shown = ", ".join(f"{s}/{w} {v}" for (s, w), v in sorted(mine.items()))
+    if start > max(mine.values()):
+        usage(f"--from {start} is past the writer's current position ({shown}): nothing is stored after it; "
+              f"give a TOKEN up to {max(mine.values())}, or leave --from out to follow from now")
+
+
 async def _watch_tcp(client: Any, args: argparse.Namespace, output: Output) -> int:
     """Until done: notice a lost connection and failed reconnects; fail, or with --retry warn on each.
 
@@ -567,9 +681,10 @@ async def _watch_tcp(client: Any, args: argparse.Namespace, output: Output) -> i
 async def tail(args: argparse.Namespace) -> int:
     check_target(args)
     try:
-        fmt = RowFormat(args.format or DEFAULT_FORMAT, json_output=args.json, timestamps=args.timestamps)
+        fmt = RowFormat(DEFAULT_FORMAT if args.format is None else args.format, json_output=args.json,
+                        timestamps=args.timestamps)
     except FormatError as err:
-        usage(str(err))
+        usage(f"--format: {err}")
     output = Output(fmt, args.count)
     interrupted: list[bool] = []
     loop = asyncio.get_running_loop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from .. import wire
@@ -30,6 +30,7 @@ async def tail_redis(
     out: IO[str] | None = None,
     limit: int | None = None,
     stop: asyncio.Event | None = None,
+    seen: Callable[[Command], None] | None = None,
 ) -> RedisCarrierStats:
     """Print a live deployment's replication traffic, decoded, until cancelled.
 
@@ -39,6 +40,7 @@ async def tail_redis(
     ``replicate`` publishes REPLICATE once subscribed, so writers announce
     their positions (otherwise tail only listens). Stops after ``limit``
     commands or when ``stop`` is set; returns the carrier's counters.
+    ``seen`` is given every command heard, before the ``streams`` filter.
     """
     out = out or sys.stdout
     wanted = frozenset(streams)
@@ -47,6 +49,8 @@ async def tail_redis(
 
     def show(cmd: Command) -> None:
         nonlocal shown
+        if seen is not None:
+            seen(cmd)
         stream = _stream_of(cmd)
         if wanted and stream is not None and stream not in wanted:
             return

@@ -10,6 +10,7 @@ template without a line break gets one appended.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -17,11 +18,11 @@ from typing import Any
 
 from .. import _json
 
-__all__ = ["RowFormat", "FormatError", "DEFAULT_FORMAT"]
+__all__ = ["RowFormat", "FormatError", "DEFAULT_FORMAT", "row_fields", "template"]
 
 DEFAULT_FORMAT = "%s %w %t %r\\n"
 
-_TOKEN = re.compile(r"%\{([A-Za-z_][A-Za-z0-9_]*)\}|%(.)|\\(.)|([^%\\]+)", re.DOTALL)
+_TOKEN = re.compile(r"%\{([A-Za-z_][A-Za-z0-9_]*)\}|(%\{[^}]*\}?)|%(.)|\\(.)|([^%\\]+)|([%\\])", re.DOTALL)
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", "r": "\r"}
 _FIELDS = {"s": "stream", "w": "writer", "t": "token", "r": "row", "l": "line", "T": "time", "%": None}
 
@@ -29,7 +30,34 @@ Piece = Callable[[bytes, bytes, bytes, bytes, bytes, bytes], bytes]
 
 
 class FormatError(ValueError):
-    """A template with an unknown placeholder or escape."""
+    """A template with an unknown placeholder, field or escape, a malformed one, or nothing at all."""
+
+
+def row_fields() -> list[str]:
+    """Every field name a typed row of a known stream has: what ``%{field}`` may name."""
+    from ..streams.registry import SYNAPSE_STREAMS
+
+    return sorted({f.name for d in SYNAPSE_STREAMS for f in dataclasses.fields(d.row_type)})  # type: ignore[arg-type]
+
+
+def _unknown_field(name: str) -> FormatError:
+    import difflib
+
+    known = row_fields()
+    close = difflib.get_close_matches(name, known, 1)
+    hint = f" (did you mean %{{{close[0]}}}?)" if close else ""
+    return FormatError(f"unknown row field %{{{name}}}{hint}; the row fields are: {', '.join(known)}")
+
+
+def template(text: str) -> str:
+    """argparse type for --format: the template, checked now so that a mistake is a usage error, not blank output."""
+    import argparse
+
+    try:
+        RowFormat(text)
+    except FormatError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 class RowFormat:
@@ -47,19 +75,31 @@ class RowFormat:
         self.default = False
         if timestamps:
             template = "%T " + template
+        if not template:
+            raise FormatError(f"the template is empty: give one such as '{DEFAULT_FORMAT}', or leave --format out")
+        known = set(row_fields())
         for m in _TOKEN.finditer(template):
-            field, code, esc, lit = m.groups()
+            field, bad, code, esc, lit, lone = m.groups()
+            if bad is not None:
+                raise FormatError(f"malformed placeholder '{bad}': a row field is written %{{name}} "
+                                  "(letters, digits and _), e.g. %{user_id}")
+            if lone is not None:
+                what = "%% for a percent sign" if lone == "%" else "\\\\ for a backslash"
+                raise FormatError(f"the template ends with a lone '{lone}': write {what}, or a placeholder "
+                                  "(%s stream, %w writer, %t token, %r row, %l line, %T time, %{field})")
             if field is not None:
+                if field not in known:
+                    raise _unknown_field(field)
                 self.fields.append(field)
                 self.parts.append(("field:" + field, b""))
             elif code is not None:
                 if code not in _FIELDS:
-                    raise FormatError(f"unknown placeholder %{code} in --format (known: %s stream, %w writer, "
+                    raise FormatError(f"unknown placeholder %{code} (known: %s stream, %w writer, "
                                       "%t token, %r row, %l line, %T time, %{field}, %%)")
                 self.parts.append(("lit", b"%") if code == "%" else (_FIELDS[code] or "", b""))
             elif esc is not None:
                 if esc not in _ESCAPES:
-                    raise FormatError(f"unknown escape \\{esc} in --format (known: \\n \\t \\r \\\\)")
+                    raise FormatError(f"unknown escape \\{esc} (known: \\n \\t \\r \\\\)")
                 self.parts.append(("lit", _ESCAPES[esc].encode()))
             else:
                 self.parts.append(("lit", lit.encode()))

@@ -110,6 +110,9 @@ class _Key:
     checked_items: int = 0
     #: RDATA above this token is checked against the database first (see Follower._suspect).
     bound: int = 0
+    #: The follower's start_position, when the position was taken from it before the writer said anything:
+    #: a writer then found below it is not a position gone backwards (see Follower._went_backwards).
+    assumed: int | None = None
 
 
 class Follower:
@@ -441,7 +444,7 @@ class Follower:
                     key.stream, key.writer, len(rows),
                 )
                 return
-            pos = key.position = self.start_position
+            pos = key.position = key.assumed = self.start_position
             if token > pos + 1 and key.stream in self.sources:
                 # We do not know what lies between our start and this row: fetch it first.
                 key.queue.append(("rows", token, rows))
@@ -477,7 +480,7 @@ class Follower:
             if self.start_position is None:
                 self._claim(key, new)
                 return
-            pos = key.position = self.start_position
+            pos = key.position = key.assumed = self.start_position
         elif new < pos:
             if self._head_source(key.stream) is not None and not self._in_memory(key.stream):
                 self._spawn(key, self._check_backwards(key, new))
@@ -496,7 +499,13 @@ class Follower:
         old = key.position
         assert old is not None
         in_memory = self._in_memory(key.stream)
-        if in_memory:
+        if key.assumed is not None and old == key.assumed:
+            log.warning(
+                "%s/%s: the start position %d is past the writer's position %d (a start position from another "
+                "deployment, or a writer that started again from scratch); following from %d",
+                key.stream, key.writer, old, new, new,
+            )
+        elif in_memory:
             log.warning(
                 "%s/%s: stream went backwards from %d to %d (its rows live in the writer's memory: the writer "
                 "restarted); reset to %d, rows after it will be delivered",

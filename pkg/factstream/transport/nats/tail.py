@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
+from urllib.parse import unquote
 
 from ... import wire
 from ...errors import ProtocolError
@@ -15,6 +16,29 @@ from .client import _Api, _ApiError, connect_nats
 from .consumer import _LogConsumer
 from .layout import JetStreamLayout, NatsStats, _RateLimitedLog
 from .pages import decode_page
+
+
+async def require_stream(api: _Api, url: str, server_name: str) -> None:
+    """LookupError (saying to check --server-name) when deployment ``server_name`` has no JetStream stream."""
+    try:
+        await api.request(f"STREAM.INFO.{api.layout.stream}")
+    except _ApiError as err:
+        if err.code != 404:
+            raise
+        raise LookupError(f"no JetStream stream {api.layout.stream} at {redact_url(url)}: no writer of deployment "
+                          f"{server_name!r} has published there yet (check --server-name)") from None
+
+
+async def logged_writers(api: _Api) -> list[tuple[str, str]]:
+    """(stream, writer) of every log subject the deployment's stream holds: who ever published there."""
+    subjects, _, _ = await api.subjects()
+    head = api.layout.log_subjects[:-1]  # "<prefix>.log."
+    out = []
+    for subject in subjects:
+        stream, _, writer = subject[len(head):].partition(".") if subject.startswith(head) else ("", "", "")
+        if stream and writer:
+            out.append((unquote(stream), unquote(writer)))
+    return out
 
 
 async def tail_nats(
@@ -28,6 +52,7 @@ async def tail_nats(
     limit: int | None = None,
     stop: asyncio.Event | None = None,
     stream: str | None = None,
+    announced: Callable[[list[tuple[str, str]]], None] | None = None,
 ) -> NatsStats:
     """Print the deployment's log as it grows (``from_start``: from its oldest retained message).
 
@@ -35,7 +60,8 @@ async def tail_nats(
     is a page of lines; they are printed one per line as the codec writes them
     (``json_output``: one JSON object per command, with its message's
     JetStream sequence). ``streams`` keeps only those streams. Stops after
-    ``limit`` lines or when ``stop`` is set.
+    ``limit`` lines or when ``stop`` is set. ``announced`` is given the
+    (stream, writer) pairs the log holds, once, before the first line.
     """
     from ...commands import command_to_json
 
@@ -76,13 +102,9 @@ async def tail_nats(
     nc = await connect_nats(url, name="factstream-tail")
     try:
         api = _Api(nc, layout)
-        try:
-            await api.request(f"STREAM.INFO.{layout.stream}")
-        except _ApiError as err:
-            if err.code != 404:
-                raise
-            raise LookupError(f"no JetStream stream {layout.stream} at {redact_url(url)}: no writer of deployment "
-                              f"{server_name!r} has published there yet (check --server-name)") from None
+        await require_stream(api, url, server_name)
+        if announced is not None:
+            announced(await logged_writers(api))
         consumer = _LogConsumer(api, show, stats, deliver_new=not from_start, description="factstream tail")
         consumer.start()
         await done.wait()
