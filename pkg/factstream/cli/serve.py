@@ -23,9 +23,12 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
+import os
 import random
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +36,7 @@ from typing import Any, NoReturn
 
 from .. import transport
 from ..backoff import Outage
+from ..errors import FactstreamError
 from ..interpreter import settle
 from ..redaction import redact_url
 from ..replication import Publisher, ReplicationHub
@@ -61,56 +65,144 @@ def register(subparsers: Any) -> None:
     )
     add_common(p)
     p.add_argument("--produce", action="store_true", help="write synthetic facts (with random rollbacks)")
-    p.add_argument("--rate", type=number(0), default=0.0, help="facts per second with --produce (0: as fast as possible)")
-    p.add_argument("--duration", type=duration("never stop"), default=0.0, help="stop producing after this many seconds (0: never)")
-    p.add_argument("--rollback-rate", type=fraction, default=0.1, help="share of transactions rolled back (default 0.1)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for --produce")
+    p.add_argument("--rate", type=number(0), default=None,
+                   help="with --produce: facts per second (default 0: as fast as possible)")
+    p.add_argument("--duration", type=duration("never stop"), default=None,
+                   help="with --produce: stop producing after this many seconds; serve goes on serving readers "
+                        "until stopped (Ctrl-C, SIGTERM) (default 0: produce until stopped)")
+    p.add_argument("--rollback-rate", type=fraction, default=None,
+                   help="with --produce: share of transactions rolled back (default 0.1)")
+    p.add_argument("--seed", type=int, default=None, help="with --produce: random seed")
     p.add_argument("--status", action="store_true", help="print JSON status lines on stdout (for supervisors)")
     p.set_defaults(func=run)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=DEFAULT_DB, help=f"database URL (default {DEFAULT_DB})")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--host", default=None, help="TCP: listen address (default 127.0.0.1)")
     p.add_argument(
         "--redis", metavar="URL",
         help="replicate over Redis pub/sub instead of TCP (redis://[:password@]host[:port][/db], rediss://, "
-             "unix://); publishes on the channel named --server-name; --host, --port and --tls-* do not apply",
+             "unix://); publishes on the channel named --server-name; --host, --port and --tls-* are refused with it",
     )
     p.add_argument(
         "--nats", metavar="URL",
         help="replicate over NATS JetStream instead of TCP (nats://host:port, several comma-separated for a "
-             "cluster); the log is the JetStream stream FACTSTREAM_<server-name>; --host, --port and --tls-* do not apply",
+             "cluster); the log is the JetStream stream FACTSTREAM_<server-name>; --host, --port, --tls-*, "
+             "--ping-interval, --timeout and --max-buffered are refused with it",
     )
-    p.add_argument("--nats-replicas", type=whole_number(1), default=1,
+    p.add_argument("--nats-replicas", type=whole_number(1), default=None,
                    help="with --nats: copies of the log in a cluster when this process creates it (default 1; 3 in a cluster)")
-    p.add_argument("--nats-max-age", type=duration(), default=7 * 24 * 3600.0,
+    p.add_argument("--nats-max-age", type=duration(), default=None,
                    help="with --nats: seconds the log keeps facts (the replay window; default 7 days, 0: unlimited)")
-    p.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT}; 0 picks one)")
+    p.add_argument("--port", type=port, default=None, help=f"TCP: listen port (default {DEFAULT_PORT}; 0 picks one)")
     p.add_argument("--server-name", default="factstream",
                    help="name sent in SERVER (readers may check it; default factstream); with --redis, the channel "
                         "name; with --nats, it names the JetStream stream")
     p.add_argument("--instance-name", default="master", help="this writer's instance name (default master)")
     p.add_argument("--metrics-port", type=port, default=0,
                    help="serve Prometheus /metrics on this port of 127.0.0.1 (default 0: none)")
-    p.add_argument("--tls-cert", help="PEM certificate: enables TLS on the listener")
-    p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--tls-cert", help="TCP: PEM certificate, enables TLS on the listener")
+    p.add_argument("--tls-key", help="with --tls-cert: its PEM private key (if not in the --tls-cert file)")
     p.add_argument("--tls-client-ca", metavar="FILE",
                    help="with --tls-cert: PEM CA bundle; readers must present a certificate signed by it (mutual TLS)")
-    p.add_argument("--tls-handshake-timeout", type=duration(), default=10.0, metavar="SECONDS",
+    p.add_argument("--tls-handshake-timeout", type=duration(), default=None, metavar="SECONDS",
                    help="with --tls-cert: drop a connection whose TLS handshake is not done in time (default 10); "
                         "it counts as a reader only once done")
     p.add_argument("--custom-streams", action="store_true",
                    help="this channel (listener or Redis channel) is the application's own: allow streams Synapse "
                         "does not know (without it they are refused, since Synapse processes on the channel "
                         "would fail on them)")
-    p.add_argument("--ping-interval", type=duration(), default=5.0, help="seconds between keepalives (default 5)")
-    p.add_argument("--timeout", type=duration(), default=15.0,
-                   help="close a peer silent this long after its PING (default 15); with --redis, the PING timeout")
-    p.add_argument("--max-buffered", type=whole_number(1), default=10_000,
-                   help="commands buffered per slow reader before it is dropped (default 10000); with --redis, the "
+    p.add_argument("--ping-interval", type=duration(), default=None,
+                   help="TCP and --redis: seconds between keepalives (default 5)")
+    p.add_argument("--timeout", type=duration(), default=None,
+                   help="TCP: close a peer silent this long after its PING (default 15); with --redis, the PING timeout")
+    p.add_argument("--max-buffered", type=whole_number(1), default=None,
+                   help="TCP: commands buffered per slow reader before it is dropped (default 10000); with --redis, the "
                         "outbound queue bound")
     p.add_argument("--no-uvloop", action="store_true", help="use the stdlib event loop")
+
+
+#: Defaults of the options that only mean something with another option or carrier. They are
+#: declared with ``default=None`` so that :func:`misplaced_option` sees only what the user gave;
+#: :func:`with_defaults` fills them in afterwards.
+DEFAULTS: dict[str, Any] = {
+    "host": "127.0.0.1", "port": DEFAULT_PORT, "tls_handshake_timeout": 10.0,
+    "nats_replicas": 1, "nats_max_age": 7 * 24 * 3600.0,
+    "ping_interval": 5.0, "timeout": 15.0, "max_buffered": 10_000,
+    "rate": 0.0, "duration": 0.0, "rollback_rate": 0.1,
+}
+
+#: (dest, option, what it configures): options only the TCP listener uses.
+_TCP_ONLY = (
+    ("host", "--host", "the TCP listener's address"), ("port", "--port", "the TCP listener's port"),
+    ("tls_cert", "--tls-cert", "TLS on the TCP listener"), ("tls_key", "--tls-key", "TLS on the TCP listener"),
+    ("tls_client_ca", "--tls-client-ca", "TLS on the TCP listener"),
+    ("tls_handshake_timeout", "--tls-handshake-timeout", "TLS on the TCP listener"),
+)
+#: Options the TCP listener and the Redis carrier use, and the NATS carrier does not.
+_NOT_NATS = (("ping_interval", "--ping-interval"), ("timeout", "--timeout"), ("max_buffered", "--max-buffered"))
+_PRODUCE_ONLY = (
+    ("rate", "--rate", "it paces the synthetic facts"),
+    ("duration", "--duration", "it stops writing synthetic facts; serve itself runs until stopped"),
+    ("rollback_rate", "--rollback-rate", "it rolls back a share of the synthetic transactions"),
+    ("seed", "--seed", "it seeds the synthetic facts"),
+)
+_NATS_ONLY = (("nats_replicas", "--nats-replicas"), ("nats_max_age", "--nats-max-age"))
+_TLS_FILES = {"--redis": "a rediss:// URL (e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)", "--nats": "a tls:// URL"}
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the user gave the option (those of :data:`DEFAULTS` are None until filled in)."""
+    value = getattr(args, dest, None)
+    return value is not None and value is not False
+
+
+def misplaced_option(args: argparse.Namespace) -> str | None:
+    """Why an option the user gave would do nothing with the others (None: all apply).
+
+    Ignoring it silently would leave the user believing it took effect: a --rate without
+    --produce, a --port on a Redis carrier, a --nats-max-age on TCP.
+    """
+    if args.redis and args.nats:
+        return "--nats replaces the TCP listener and --redis; give only one carrier"
+    carrier = "--redis" if args.redis else "--nats" if args.nats else None
+    if carrier:
+        for dest, flag, what in _TCP_ONLY:
+            if _given(args, dest):
+                hint = f"for TLS use {_TLS_FILES[carrier]}" if flag.startswith("--tls") else f"drop {flag}"
+                return f"{flag} sets {what}, which {carrier} replaces; {hint}"
+    if carrier == "--nats":
+        for dest, flag in _NOT_NATS:
+            if _given(args, dest):
+                return f"{flag} applies to the TCP listener and --redis, not to --nats (JetStream keeps its own " \
+                       f"keepalives and flow control); drop {flag}"
+    if not carrier:
+        for dest, flag in (("tls_key", "--tls-key"), ("tls_client_ca", "--tls-client-ca"),
+                           ("tls_handshake_timeout", "--tls-handshake-timeout")):
+            if _given(args, dest) and not args.tls_cert:
+                if flag == "--tls-client-ca":
+                    return "--tls-client-ca needs --tls-cert and --tls-key: client certificates are checked " \
+                           "during the TLS handshake of the listener"
+                return f"{flag} needs --tls-cert (TLS on the listener is off without it); add --tls-cert or drop {flag}"
+    if carrier != "--nats":
+        for dest, flag in _NATS_ONLY:
+            if _given(args, dest):
+                return f"{flag} needs --nats (it configures the JetStream log); add --nats URL or drop {flag}"
+    if not args.produce:
+        for dest, flag, what in _PRODUCE_ONLY:
+            if _given(args, dest):
+                return f"{flag} needs --produce ({what}); add --produce or drop {flag}"
+    return None
+
+
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the defaults of :data:`DEFAULTS` in place of the options not given."""
+    filled = argparse.Namespace(**vars(args))
+    for dest, value in DEFAULTS.items():
+        if getattr(filled, dest, None) is None:
+            setattr(filled, dest, value)
+    return filled
 
 
 def cli_error(prog: str, message: str, status: int) -> NoReturn:
@@ -174,6 +266,30 @@ async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.
             pass
 
 
+class ListenError(FactstreamError):
+    """A port serve was told to listen on cannot be had, saying which option to change and how."""
+
+    @classmethod
+    def of(cls, err: OSError, flag: str, port: int, host: str) -> ListenError:
+        """The message for ``err``, raised binding ``host:port`` as given by ``flag`` (--port or --metrics-port)."""
+        # asyncio words a bind error as "error while attempting to bind on address (...): ..."; the reason alone
+        why = (err.strerror if isinstance(err, socket.gaierror) else os.strerror(err.errno) if err.errno else "") or str(err)
+        if isinstance(err, socket.gaierror):
+            return cls(f"--host {host}: cannot resolve that name ({why}); give an address of this machine, "
+                       "e.g. 127.0.0.1, or 0.0.0.0 for all of them")
+        if err.errno == errno.EADDRNOTAVAIL:
+            return cls(f"--host {host}: not an address of this machine ({why}); give one of its addresses, "
+                       "e.g. 127.0.0.1, or 0.0.0.0 for all of them")
+        if err.errno == errno.EADDRINUSE:
+            free = "or 0 to pick a free one" if flag == "--port" else "or 0 for no metrics"
+            return cls(f"{flag} {port}: address already in use on {host}:{port} (another process holds it); stop that "
+                       f"process or choose another {flag} ({free})")
+        if err.errno == errno.EACCES:
+            return cls(f"{flag} {port}: not allowed to listen on {host}:{port} ({why}; ports below 1024 need "
+                       f"privileges); choose another {flag}")
+        return cls(f"{flag} {port}: cannot listen on {host}:{port} ({why})")
+
+
 #: ``serve --produce --rate 0``: synthetic transactions per database transaction (group commit).
 GROUP = 64
 #: ``serve --produce``: positions written but not yet published past which producing waits.
@@ -224,7 +340,7 @@ class Writer:
     """The writer process: database, id generators, publisher, hub and carrier (TCP listener or Redis)."""
 
     def __init__(self, args: argparse.Namespace, tables: tuple[StreamTable, ...] = DEMO_TABLES) -> None:
-        self.args = args
+        self.args = with_defaults(args)
         self.tables = tables
         self.db: Any = None
         self.claim: Any = None  # this process's claim on its instance name (store.writer_claim)
@@ -284,15 +400,22 @@ class Writer:
 
             client_ca = getattr(a, "tls_client_ca", None)
             ssl = server_ssl_context(a.tls_cert, a.tls_key, client_cafile=client_ca) if a.tls_cert else None
-            self.server = await TcpServer(
+            server = TcpServer(
                 self.hub, a.server_name, host=a.host, port=a.port, ssl=ssl,
                 ping_interval=a.ping_interval, timeout=a.timeout, max_buffered=a.max_buffered,
                 handshake_timeout=getattr(a, "tls_handshake_timeout", 10.0),
-            ).start()
+            )
+            try:
+                self.server = await server.start()
+            except OSError as err:
+                raise ListenError.of(err, "--port", a.port, a.host) from err
         if a.metrics_port:
             from ..metrics import start_http_server
 
-            start_http_server(a.metrics_port)
+            try:
+                start_http_server(a.metrics_port)
+            except OSError as err:
+                raise ListenError.of(err, "--metrics-port", a.metrics_port, "127.0.0.1") from err
 
     def positions(self) -> dict[str, int]:
         """Stream -> this writer's completed position."""
@@ -501,19 +624,14 @@ async def _reserve_all(
 
 
 async def serve(args: argparse.Namespace) -> int:
+    misplaced = misplaced_option(args)
+    if misplaced:
+        cli_error("factstream serve", misplaced, 2)
+    args = with_defaults(args)
     if args.redis:
-        if args.tls_cert:
-            cli_error("factstream serve", "--tls-cert applies to the TCP listener; for Redis over TLS use a "
-                                          "rediss:// URL (e.g. rediss://host:6380?ssl_ca_certs=/path/ca.pem)", 2)
         await check_redis(args.redis, args.server_name, "factstream serve")
     if args.nats:
-        if args.redis or args.tls_cert:
-            cli_error("factstream serve", "--nats replaces the TCP listener and --redis; give only one carrier "
-                                          "(for TLS to NATS use a tls:// URL)", 2)
         await check_nats(args.nats, args.server_name, "factstream serve")
-    if args.tls_client_ca and not args.tls_cert:
-        cli_error("factstream serve", "--tls-client-ca needs --tls-cert and --tls-key: client certificates are "
-                                      "checked during the TLS handshake of the listener", 2)
     if args.tls_cert:
         import ssl
 
@@ -532,7 +650,7 @@ async def serve(args: argparse.Namespace) -> int:
     writer = Writer(args)
     try:
         await writer.start()
-    except DatabaseError:  # its message names the database with the password masked
+    except (DatabaseError, ListenError):  # their messages name the option or database (its password masked)
         try:
             await writer.stop()
         except Exception:  # noqa: BLE001 - the start error is the one to report
