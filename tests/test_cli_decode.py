@@ -152,3 +152,35 @@ def test_decode_names_a_broken_gzip_and_reads_the_other_inputs(tmp_path: Path) -
     assert 40_000 < cut_after < 50_000
     assert f"{cut_after + 2} lines, 0 bad" in out  # every line before the damage, and the good file
     assert "inputs not read to the end:" in out
+
+
+def test_stdin_named_twice_is_a_usage_error_not_a_closed_file(tmp_path: Path) -> None:
+    ok = tmp_path / "ok.log"
+    ok.write_bytes(b"PING 1\n")
+    for args in (("-", "-"), (str(ok), "-", str(ok), "-")):
+        res = run(*args, stdin=b"PING 1\n")
+        err = res.stderr.decode()
+        assert res.returncode == 2, err
+        assert err == "factstream decode: '-' (stdin) given 2 times; stdin can be read once: give '-' once\n"
+        assert res.stdout == b""
+
+
+def test_gzip_is_recognised_by_its_content_not_its_name(tmp_path: Path) -> None:
+    packed = tmp_path / "capture.log"  # gzip data without .gz
+    packed.write_bytes(gzip.compress(LOG))
+    for res in (run(str(packed)), run("-", stdin=gzip.compress(LOG))):
+        assert res.returncode == 1, res.stderr  # LOG's two bad lines, not an unreadable input
+        assert res.stdout.startswith(b"8 lines, 2 bad") and b"not a replication archive" not in res.stderr
+    cut = tmp_path / "cut.log"
+    cut.write_bytes(gzip.compress(LOG)[:20])
+    res = run(str(cut))
+    assert res.returncode == 2 and b"truncated gzip" in res.stderr
+
+
+def test_sample_with_piped_stdin_reads_stdin_only_when_asked() -> None:
+    """--sample alone reads the sample only (its help says so); '-' adds stdin."""
+    alone = json.loads(run("--sample", "--json", stdin=b"PING 1\n").stdout)
+    both = json.loads(run("--sample", "-", "--json", stdin=b"PING 1\n").stdout)
+    assert both["lines"] == alone["lines"] + 1
+    assert [i["file"] for i in both["inputs"]][0] == "-"
+    assert "stdin only if '-' is one" in " ".join(run("--help").stdout.decode().split())

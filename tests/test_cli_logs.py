@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from cli_run import ENV, FACTSTREAM, cli, no_traceback
+from conftest import PG_HOST, PG_PORT, PG_USER
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SPARK = ("--master", "local[2]", "--conf", "spark.ui.enabled=false")
@@ -115,6 +116,12 @@ def outage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         (("report", "{tmp}/exists", "--capture-pattern", "(unclosed"), "capture"),
         (("stream", "--files", "{tmp}/missing", "--out", "{tmp}/o", "--checkpoint", "{tmp}/ck"),
          "--files {tmp}/missing: not a directory (the recorder's --dir)"),
+        (("stream", "--db", "sqlite:///{tmp}/w.db", "--out", "{tmp}/o", "--checkpoint", "{tmp}/ck", "--streams", "nosuch"),
+         "--streams nosuch: unknown stream(s) nosuch; known: caches, receipts, to_device"),
+        (("stream", "--db", "sqlite:///{tmp}/w.db", "--out", "{tmp}/o", "--checkpoint", "{tmp}/ck", "--glob", "*.log"),
+         "--glob only works with --files DIR"),
+        (("stream", "--files", "{tmp}/in", "--out", "{tmp}/o", "--checkpoint", "{tmp}/ck", "--streams", "caches"),
+         "--streams only works with --db URL"),
     ],
 )
 def test_usage_errors_answer_before_the_jvm_starts(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
@@ -124,6 +131,7 @@ def test_usage_errors_answer_before_the_jvm_starts(tmp_path: Path, args: tuple[s
     (tmp_path / "exists" / "part-0.parquet").write_bytes(b"PAR1")
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "_SUCCESS").write_bytes(b"")
+    (tmp_path / "w.db").write_bytes(b"")
     argv = [a.format(tmp=tmp_path) for a in args]
     began = time.monotonic()
     done = logs(*argv, *SPARK, timeout=60, **NO_JAVA)
@@ -135,6 +143,25 @@ def test_usage_errors_answer_before_the_jvm_starts(tmp_path: Path, args: tuple[s
     assert done.stdout == "" and no_traceback(done.stderr)
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert took < 30  # generous: the JVM alone takes 5-9 s here, and it never starts
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("where", ["missing-postgres-db", "empty-sqlite"])
+def test_stream_from_a_database_without_the_tables_fails_before_the_jvm(tmp_path: Path, where: str) -> None:
+    """The real reason, in one line, at once; the password masked; no checkpoint left to trip the next run."""
+    if where == "missing-postgres-db":
+        url = f"postgresql://{PG_USER}:s3cret@{PG_HOST}:{PG_PORT}/factstream_nosuchdb_x"
+        reason = 'database "factstream_nosuchdb_x" does not exist'
+    else:
+        (tmp_path / "e.db").write_bytes(b"")
+        url, reason = f"sqlite:///{tmp_path}/e.db", "has no usable table for stream(s) caches (demo_caches)"
+    done = logs("stream", "--db", url, "--out", str(tmp_path / "o"), "--checkpoint", str(tmp_path / "ck"),
+                "--streams", "caches", *SPARK, timeout=60, **NO_JAVA)
+    assert done.returncode == 1, done.stderr
+    assert reason in done.stderr and done.stderr.startswith("factstream logs: ")
+    assert len(done.stderr.strip().splitlines()) == 1 and no_traceback(done.stderr), done.stderr
+    assert "s3cret" not in done.stdout + done.stderr and "java" not in done.stderr.lower()
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "o").exists()
 
 
 def test_report_on_archives_suggests_parse(tmp_path: Path) -> None:
@@ -329,6 +356,18 @@ def test_json_series_shows_the_outage_and_marks(outage: dict[str, Any], tmp_path
     assert "chart written to" in done.stderr
 
 
+def test_capture_pattern_matching_no_file_is_refused(outage: dict[str, Any]) -> None:
+    """A pattern that names no capture changes nothing: refused, not silently ignored."""
+    done = logs("report", str(outage["out"]), "--capture-pattern", r"^(?P<capture>nomatch)-", *SPARK)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and no_traceback(done.stderr)
+    assert done.stderr.strip() == (
+        f"factstream logs: --capture-pattern '^(?P<capture>nomatch)-' matches none of the file names in {outage['out']} "
+        "(hs1-9092.20261124T100000000000Z.000000.log): fix it (it is searched in each base name; its capture "
+        "group must not be empty) or leave it out"
+    )
+
+
 def test_chart_by_writer_and_log_scale(outage: dict[str, Any], tmp_path: Path) -> None:
     chart = tmp_path / "by-writer.png"
     done = logs("report", str(outage["out"]), "--chart", str(chart), "--by-writer", "--log-scale", *SPARK)
@@ -355,3 +394,22 @@ def test_chart_of_an_archive_without_timestamps_is_a_message(tmp_path: Path) -> 
     assert "no chart drawn: no RDATA line has a timestamp" in done.stderr
     assert not chart.exists()
     assert "49 lines, 0 malformed" in done.stdout  # the report itself is still printed
+
+
+def test_stream_that_fails_in_its_first_batch_leaves_no_checkpoint(tmp_path: Path) -> None:
+    """A row the reader cannot decode fails batch 0: one line, exit 1, and no checkpoint that recorded nothing."""
+    import sqlite3
+
+    _require_spark()
+    db = tmp_path / "w.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE demo_caches (stream_id BIGINT, instance_name TEXT, cache_func TEXT, keys TEXT, "
+                     "invalidation_ts TEXT)")
+        conn.execute("INSERT INTO demo_caches VALUES (1, 'master', 'notjson', '[', 1)")
+        conn.execute("CREATE TABLE stream_positions (stream_name TEXT, instance_name TEXT, stream_id BIGINT)")
+        conn.execute("INSERT INTO stream_positions VALUES ('caches', 'master', 1)")
+    done = logs("stream", "--db", f"sqlite:///{db}", "--out", str(tmp_path / "o"), "--checkpoint", str(tmp_path / "ck"),
+                "--streams", "caches", "--stop-when-idle", "3", *SPARK, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "factstream logs: the streaming query failed: " in done.stderr and no_traceback(done.stderr), done.stderr
+    assert not (tmp_path / "ck").exists()

@@ -10,7 +10,9 @@ nor pyspark).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import io
 import itertools
 import json
 import sys
@@ -45,14 +47,16 @@ def register(subparsers: Any) -> None:
             "detected per input: bare wire lines, lines prefixed with an ISO-8601 timestamp "
             "and direction (what 'factstream record' writes; its '#' notes count as "
             "#disconnected/#connected), redis-cli MONITOR, --csv and raw SUBSCRIBE output. "
-            "Files ending in .gz are decompressed. Exit status 1 if any line was bad, 2 if an "
+            "gzip input (a file or stdin) is decompressed, whatever its name. Exit status 1 if any line was bad, 2 if an "
             "input could not be read (missing, truncated or corrupt gzip, not an archive); the "
             "other inputs are still read. Try it on the sample that ships with the package: "
             "factstream decode --sample."
         ),
     )
-    p.add_argument("files", nargs="*", metavar="FILE", help="files to read ('-' or nothing for stdin)")
-    p.add_argument("--sample", action="store_true", help="also read the sample log shipped inside the package")
+    p.add_argument("files", nargs="*", metavar="FILE",
+                   help="files to read ('-' for stdin, at most once; nothing and no --sample: stdin)")
+    p.add_argument("--sample", action="store_true",
+                   help="read the sample log shipped inside the package, after the FILEs given (stdin only if '-' is one)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.add_argument("--max-errors", type=whole_number(0), default=100, metavar="N", help="list at most N bad lines (default 100)")
     p.set_defaults(func=run)
@@ -114,13 +118,28 @@ class Summary:
         }
 
 
-def _open(path: str) -> IO[bytes]:
-    if path == "-":
-        return sys.stdin.buffer
-    if path.endswith((".gz", ".gzip")):
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    return open(path, "rb")
+GZIP_MAGIC = b"\x1f\x8b"
 
+
+def _open(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+    """``path`` ('-': stdin, left open) for reading, decompressed if it starts like gzip, whatever its name."""
+    if path == "-":
+        stdin = sys.stdin.buffer
+        head = stdin.peek(2)[:2] if isinstance(stdin, io.BufferedReader) else b""
+        if head == GZIP_MAGIC:
+            return cast("contextlib.AbstractContextManager[IO[bytes]]", gzip.GzipFile(fileobj=stdin, mode="rb"))
+        return contextlib.nullcontext(stdin)
+    fh = open(path, "rb")
+    try:
+        gzipped = fh.read(2) == GZIP_MAGIC
+        fh.seek(0)
+    except OSError:
+        fh.close()
+        raise
+    if gzipped:
+        fh.close()
+        return cast("contextlib.AbstractContextManager[IO[bytes]]", gzip.open(path, "rb"))
+    return fh
 
 class _Lines:
     """The lines of an open input without their newlines, counting how many were read."""
@@ -207,6 +226,10 @@ def _print_text(summary: Summary, out: IO[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.files.count("-") > 1:
+        print(f"factstream decode: '-' (stdin) given {args.files.count('-')} times; stdin can be read once: "
+              "give '-' once", file=sys.stderr)
+        return 2
     paths = list(args.files) + ([sample_log_path()] if getattr(args, "sample", False) else [])
     paths = paths or ["-"]
     summary = summarise(paths, args.max_errors)

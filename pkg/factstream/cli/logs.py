@@ -140,15 +140,15 @@ def register(subparsers: Any) -> None:
                         "exactly once from the source of truth")
     source.add_argument("--files", metavar="DIR", help="closed files of 'factstream record' under DIR (Spark's file "
                         "stream; for carriers that cannot replay, e.g. Redis pub/sub): each closed file exactly once")
-    stream.add_argument("--glob", default="*.log.gz", metavar="GLOB",
+    stream.add_argument("--glob", metavar="GLOB",
                         help="with --files: names of closed files (default *.log.gz; the recorder's open .part files "
                         "never match)")
     stream.add_argument("--header-only", action="store_true", help="with --files: skip the typed columns (faster)")
     stream.add_argument("--out", required=True, metavar="DIR", help="Parquet output directory (appended to)")
     stream.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory of this query")
-    stream.add_argument("--streams", default="", metavar="A,B", help="streams to follow (default: all tables known)")
+    stream.add_argument("--streams", metavar="A,B", help="with --db: streams to follow (default: all tables known)")
     stream.add_argument(
-        "--tables", metavar="JSON", help="JSON file listing the streams' tables [{stream, table, columns, plain_columns}] "
+        "--tables", metavar="JSON", help="with --db: JSON file listing the streams' tables [{stream, table, columns, plain_columns}] "
         "(default: factstream's tables as 'serve' writes them)"
     )
     stream.add_argument("--trigger", type=duration(), default=1.0, metavar="SECONDS", help="micro-batch interval (default 1)")
@@ -490,6 +490,22 @@ def _check_report(args: argparse.Namespace) -> None:
         )
 
 
+def _unmatched_pattern(df: Any, pattern: str, where: str) -> str | None:
+    """Why --capture-pattern would be ignored (it names no file's capture), or None.
+
+    A pattern that matches no file leaves every file a capture of its own,
+    exactly as without it: that is refused like the other inputs that hold nothing.
+    """
+    from ..spark.captures import pattern_matches
+
+    names = sorted({os.path.basename(r["source_file"]) for r in df.select("source_file").distinct().collect()})
+    if not names or any(pattern_matches(pattern, name) for name in names):
+        return None
+    shown = ", ".join(names[:3]) + (f" ... ({len(names)} files)" if len(names) > 3 else "")
+    return (f"--capture-pattern {pattern!r} matches none of the file names in {where} ({shown}): "
+            "fix it (it is searched in each base name; its capture group must not be empty) or leave it out")
+
+
 def run_report(args: argparse.Namespace) -> int:
     try:
         _check_report(args)
@@ -510,6 +526,11 @@ def run_report(args: argparse.Namespace) -> int:
     except Exception as err:
         print(f"factstream logs: cannot read Parquet from {args.dir}: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    if args.capture_pattern is not None:
+        problem = _unmatched_pattern(df, args.capture_pattern, args.dir)
+        if problem:
+            print(f"factstream logs: {problem}", file=sys.stderr)
+            return 2
     with task_progress(spark.sparkContext, "reporting", enabled=_progress_enabled(args)):
         report = build_report(df, bucket_seconds=args.bucket, capture_pattern=args.capture_pattern)
     status = 0
@@ -530,56 +551,114 @@ def run_report(args: argparse.Namespace) -> int:
     return status
 
 
-def run_stream(args: argparse.Namespace) -> int:
-    from ..redaction import redact_url
+#: The names 'factstream record' gives its closed files (its open ones end in .part).
+DEFAULT_GLOB = "*.log.gz"
 
+
+def _stream_tables(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(tables JSON, streams to follow) of a --db stream, or UsageError: checked before the JVM starts."""
     from ..demo.tables import DEMO_TABLES
     from ..replication.tables import tables_from_json, tables_to_json
 
-    tables = tables_to_json(DEMO_TABLES)
+    text = tables_to_json(DEMO_TABLES)
     if args.tables:
         try:
             with open(args.tables) as fh:
-                tables = fh.read()
-            tables_from_json(tables)
+                text = fh.read()
+            tables_from_json(text)
         except (OSError, ValueError) as err:
-            print(f"factstream logs: --tables {args.tables}: {err}", file=sys.stderr)
-            return 2
-    if not args.files:
-        try:
-            import pyspark.sql.datasource  # noqa: F401 - Spark 4's Python data sources
-        except ImportError:
-            print("factstream logs stream: reading a database needs pyspark 4 (its Python data source API); "
-                  "pip install 'pyspark>=4', or stream a recorder's closed files with --files DIR", file=sys.stderr)
-            return 2
+            raise UsageError(f"--tables {args.tables}: {err}") from err
+    from ..spark.streaming import select_streams
+
     try:
-        problem = missing_sqlite(args.db, "logs stream") if args.db else None
-        if problem:
-            raise UsageError(f"--db: {problem}")
-        if args.files and _is_local(args.files):
+        streams = select_streams(tables_from_json(text), args.streams)
+    except ValueError as err:
+        where = f"--tables {args.tables}" if args.tables else "factstream's tables; others need --tables FILE"
+        raise UsageError(f"--streams {args.streams}: {err} ({where})") from err
+    return text, streams
+
+
+def _check_stream(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """Options of 'logs stream' checked before the JVM starts; (tables JSON, streams) with --db."""
+    if args.db:
+        given = [opt for opt, value in (("--glob", args.glob), ("--header-only", args.header_only)) if value]
+        other = "--files DIR (they choose and shape its files)"
+    else:
+        given = [opt for opt, value in (("--streams", args.streams), ("--tables", args.tables)) if value is not None]
+        other = "--db URL (the files of --files hold every stream; choose them with --glob)"
+    if given:
+        them = "them" if len(given) > 1 else "it"
+        raise UsageError(f"{' and '.join(given)} only work{'' if len(given) > 1 else 's'} with {other}; "
+                         f"leave {them} out with {'--db' if args.db else '--files'}")
+    _check_spark_options(args)
+    if args.files:
+        if _is_local(args.files):
             if not os.path.isdir(_local(args.files)):
                 raise UsageError(f"--files {args.files}: not a directory (the recorder's --dir)")
             args.files = _local(args.files)
-        _check_spark_options(args)
+        return "", []
+    try:
+        import pyspark.sql.datasource  # noqa: F401 - Spark 4's Python data sources
+    except ImportError:
+        raise UsageError("reading a database needs pyspark 4 (its Python data source API); "
+                         "pip install 'pyspark>=4', or stream a recorder's closed files with --files DIR") from None
+    problem = missing_sqlite(args.db, "logs stream")
+    if problem:
+        raise UsageError(f"--db: {problem}")
+    return _stream_tables(args)
+
+
+def _checkpoint_unused(checkpoint: str) -> bool:
+    """True if ``checkpoint`` records no finished batch: removing it loses nothing (local paths only)."""
+    commits = os.path.join(_local(checkpoint), "query", "commits")
+    return not (os.path.isdir(commits) and any(not n.startswith(".") for n in os.listdir(commits)))
+
+
+def run_stream(args: argparse.Namespace) -> int:
+    import shutil
+
+    from ..redaction import redact_url
+
+    try:
+        tables, streams = _check_stream(args)
+    except UsageError as err:
+        print(f"factstream logs: {err}", file=sys.stderr)
+        return 2
+    if args.db:
+        from ..spark.streaming import SourceProblem, check_source
+        from ..replication.tables import tables_from_json
+
+        try:
+            check_source(args.db, tables_from_json(tables), streams)
+        except SourceProblem as err:
+            print(f"factstream logs: {err}", file=sys.stderr)
+            return 1
+    # A checkpoint this run creates is removed again if the query fails before finishing a batch:
+    # it holds nothing, and a leftover would make the next run look like a resumption.
+    fresh_checkpoint = _is_local(args.checkpoint) and not os.path.exists(_local(args.checkpoint))
+    try:
         spark = _session(args)
-    except (UsageError, RuntimeError) as err:
+    except RuntimeError as err:
         print(f"factstream logs: {err}", file=sys.stderr)
         return 2
     from ..spark.streaming import run_stream as wait_for, start_stream
 
+    if not getattr(args, "verbose", 0):
+        quiet_py4j()  # py4j logs the traceback of a failed foreachBatch; the one line below says it
+
     def on_batch(batch_id: int, files: int) -> None:
         print(f"batch {batch_id}: {files} files published", file=sys.stderr, flush=True)
 
-    streams = [s.strip() for s in args.streams.split(",") if s.strip()]
     try:
         if args.files:
             from ..spark.filestream import start_file_stream
 
+            glob = args.glob or DEFAULT_GLOB
             query = start_file_stream(
-                spark, args.files, args.out, args.checkpoint, glob=args.glob, typed=not args.header_only,
+                spark, args.files, args.out, args.checkpoint, glob=glob, typed=not args.header_only,
                 trigger_seconds=args.trigger, on_batch=on_batch,
             )
-            what = f"closed files {args.glob} under {args.files}"
+            what = f"closed files {glob} under {args.files}"
         else:
             query = start_stream(
                 spark, args.db, args.out, args.checkpoint, streams=streams, trigger_seconds=args.trigger,
@@ -593,5 +672,7 @@ def run_stream(args: argparse.Namespace) -> int:
         return 130
     except Exception as err:
         print(f"factstream logs: the streaming query failed: {job_error(err)}", file=sys.stderr)
+        if fresh_checkpoint and _checkpoint_unused(args.checkpoint):
+            shutil.rmtree(_local(args.checkpoint), ignore_errors=True)
         return 1
     return 0

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["DISCONNECTED", "RECORDER_PATTERN", "CapturePatternError", "check_pattern", "capture_columns"]
+__all__ = [
+    "DISCONNECTED", "RECORDER_PATTERN", "CapturePatternError", "check_pattern", "capture_columns", "pattern_matches",
+]
 
 #: The ``command`` logs parse gives a recorder's ``<ts> # disconnected <reason>`` line.
 DISCONNECTED = "#disconnected"
@@ -56,6 +58,13 @@ def check_pattern(pattern: str) -> tuple[str, int, int]:
     capture = compiled.groupindex.get("capture", 1)
     order = compiled.groupindex.get("order", 0)
     return pattern.replace("(?P<", "(?<"), capture, order
+
+
+def pattern_matches(pattern: str, base_name: str) -> bool:
+    """Whether ``pattern`` names a capture for a file of this base name (as :func:`capture_columns` matches it)."""
+    _, cap_i, _ = check_pattern(pattern)
+    found = re.search(pattern, base_name)
+    return bool(found and found.group(cap_i))
 
 
 def capture_columns(df: DataFrame, capture_pattern: str | None = None) -> DataFrame:

@@ -55,6 +55,9 @@ __all__ = [
     "ReplicationDataSource",
     "ReplicationStreamReader",
     "FactRange",
+    "SourceProblem",
+    "check_source",
+    "select_streams",
     "publish_batch",
     "start_stream",
     "run_stream",
@@ -102,6 +105,64 @@ async def _recorded_positions(url: str, streams: Sequence[str]) -> Offset:
     return out
 
 
+class SourceProblem(Exception):
+    """The database cannot serve the query (unreachable, or without the streams' tables): say so before Spark runs."""
+
+
+def select_streams(tables: Mapping[str, StreamTable], wanted: str | Sequence[str] | None) -> list[str]:
+    """The streams to follow: ``wanted`` (comma list or names), all of ``tables`` if none.
+
+    Raises ValueError naming the unknown streams and the known ones.
+    """
+    names = wanted.split(",") if isinstance(wanted, str) else list(wanted or ())
+    chosen = [s.strip() for s in names if s.strip()]
+    unknown = [s for s in chosen if s not in tables]
+    if unknown:
+        raise ValueError(f"unknown stream(s) {', '.join(unknown)}; known: {', '.join(sorted(tables))}")
+    return chosen or sorted(tables)
+
+
+async def _missing_tables(url: str, tables: Sequence[StreamTable]) -> list[str]:
+    """What of ``tables`` (table or column) the database at ``url`` lacks."""
+    from ..store.database import connect
+
+    db = await connect(url, max_connections=1)
+    try:
+        missing = []
+        for t in tables:
+            try:
+                await db.fetchall(f"SELECT stream_id, instance_name, {', '.join(t.columns)} FROM {t.table} WHERE 1 = 0", ())
+            except Exception:  # noqa: BLE001 - the driver's own "no such table/column"
+                missing.append(f"{t.stream} ({t.table})")
+        return missing
+    finally:
+        await db.close()
+
+
+def check_source(url: str, tables: Mapping[str, StreamTable], streams: Sequence[str], timeout: float = 10.0) -> None:
+    """Raise SourceProblem unless ``url`` can be reached and holds the tables of ``streams``.
+
+    Run on the driver before the query starts: from inside Spark a missing
+    database is only "Failed when Python streaming data source perform
+    latestOffset", after the JVM started and the checkpoint was made.
+    """
+    from ..redaction import redact_url
+    from ..store.database import DatabaseError
+
+    try:
+        missing = _run(asyncio.wait_for(_missing_tables(url, [tables[s] for s in streams]), timeout))
+    except DatabaseError as err:
+        raise SourceProblem(str(err)) from None
+    except TimeoutError:
+        raise SourceProblem(f"no answer from {redact_url(url)} within {timeout:g} s; check the host and port") from None
+    if missing:
+        raise SourceProblem(
+            f"{redact_url(url)} has no usable table for stream(s) {', '.join(missing)} (each needs stream_id, "
+            "instance_name and the stream's columns): not the database of a writer of these streams? Give the "
+            "writer's --db, choose --streams, or describe its tables with --tables"
+        )
+
+
 class FactRange(InputPartition):
     """Rows of one (stream, writer) with tokens in ``(start, end]``: one Spark task."""
 
@@ -111,24 +172,38 @@ class FactRange(InputPartition):
 
 
 class ReplicationStreamReader(DataSourceStreamReader):
-    """Offsets are positions; see the module docstring for why this is exactly once."""
+    """Offsets are positions; see the module docstring for why this is exactly once.
+
+    The constructor never raises: pyspark's stream-reader runner calls
+    ``reader.stop()`` in a ``finally`` that also covers the constructor, so an
+    exception here surfaced as "UnboundLocalError: ... 'reader'" instead of
+    itself. A bad option is raised by the first call instead.
+    """
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.url = options["db"]
+        self.url = options.get("db") or ""
         self.tables_option = options.get("tables")
-        tables = _tables(self.tables_option)
-        wanted = [s.strip() for s in (options.get("streams") or "").split(",") if s.strip()]
-        unknown = [s for s in wanted if s not in tables]
-        if unknown:
-            raise ValueError(f"unknown streams {unknown}; known: {sorted(tables)}")
-        self.streams = wanted or sorted(tables)
-        self.tokens_per_task = int(options.get("tokensPerTask", "50000"))
-        self.page_rows = int(options.get("pageRows", "5000"))
+        self.streams: list[str] = []
+        self.problem: Exception | None = None
+        try:
+            if not self.url:
+                raise ValueError("the factstream source needs the 'db' option: the writer's database URL")
+            self.streams = select_streams(_tables(self.tables_option), options.get("streams"))
+            self.tokens_per_task = int(options.get("tokensPerTask", "50000"))
+            self.page_rows = int(options.get("pageRows", "5000"))
+        except Exception as err:  # noqa: BLE001 - raised again by the first call (see the class docstring)
+            self.problem = err
+
+    def _check(self) -> None:
+        if self.problem is not None:
+            raise self.problem
 
     def initialOffset(self) -> dict[str, Any]:
+        self._check()
         return {s: {} for s in self.streams}
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        self._check()
         recorded = _run(_recorded_positions(self.url, self.streams))
         out: dict[str, Any] = {s: dict((start or {}).get(s, {})) for s in self.streams}
         for stream, writers in recorded.items():
@@ -137,6 +212,7 @@ class ReplicationStreamReader(DataSourceStreamReader):
         return out
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        self._check()
         parts: list[InputPartition] = []
         for stream in sorted(end):
             for writer in sorted(end[stream]):
@@ -269,11 +345,15 @@ def start_stream(
     """Start the query: facts of ``db``'s ``tables`` appended to ``out`` exactly once, offsets in ``checkpoint``.
 
     ``tables`` are the writer's stream tables (or their JSON, ``tables_to_json``).
+    Raises ValueError for an unknown stream and SourceProblem for a database
+    that cannot be reached or lacks the tables, before the query starts.
     """
     from ..replication.tables import tables_to_json
 
-    spark.dataSource.register(ReplicationDataSource)
     option = tables if isinstance(tables, str) else tables_to_json(tables)
+    chosen = select_streams(_tables(option), streams)
+    check_source(db, _tables(option), chosen)
+    spark.dataSource.register(ReplicationDataSource)
     reader = spark.readStream.format(SOURCE_NAME).option("db", db).option("tables", option)
     if streams:
         reader = reader.option("streams", ",".join(streams))
