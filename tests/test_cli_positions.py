@@ -136,3 +136,20 @@ def test_positions_waits_for_a_writer_that_is_still_starting_as_tail_does(tmp_pa
         stop(writer)
     never = cli("positions", "--connect", f"127.0.0.1:{free_port()}", "--connect-timeout", "1")
     assert never.returncode == 1 and "127.0.0.1" in never.stderr and no_traceback(never.stderr)
+
+
+def test_options_positions_would_ignore_are_refused(tmp_path: Any) -> None:
+    """--connect with --redis asked only Redis (a dead TCP port exited 0 unmentioned); TLS options and
+    --server-name without what they apply to did nothing."""
+    from cli_run import free_port
+
+    secret = "pos-s3cret"
+    both = cli("positions", "--connect", f"127.0.0.1:{free_port()}", "--redis", f"redis://:{secret}@127.0.0.1:1",
+               "--server-name", "hs1", "--connect-timeout", "1")
+    assert both.returncode == 2 and "--connect" in both.stderr and "--redis" in both.stderr and "not both" in both.stderr
+    assert secret not in both.stdout + both.stderr and both.stdout == "" and no_traceback(both.stderr)
+    db = f"sqlite:///{tmp_path}/absent.db"
+    for extra, named in ((("--tls",), "--tls"), (("--insecure",), "--insecure"), (("--server-name", "hs1"), "--server-name")):
+        out = cli("positions", "--db", db, *extra)
+        assert out.returncode == 2 and named in out.stderr and "--connect" in out.stderr, (extra, out.stderr)
+    assert not (tmp_path / "absent.db").exists()

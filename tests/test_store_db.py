@@ -198,8 +198,78 @@ async def test_postgres_pool_is_bounded(postgres_dsn: str) -> None:
 
 
 async def test_sqlite_missing_folder_is_explained(tmp_path: Path) -> None:
-    with pytest.raises(DatabaseError, match="check that its folder exists"):
+    with pytest.raises(DatabaseError, match="its folder '.*/no/such' does not exist"):
         await connect(f"sqlite:///{tmp_path / 'no' / 'such' / 'dir.db'}")
+
+
+async def test_sqlite_directory_and_non_database_file_are_named(tmp_path: Path) -> None:
+    with pytest.raises(DatabaseError, match="is a directory, not a SQLite database file; name a file, e.g. sqlite:///"):
+        await connect(f"sqlite:///{tmp_path}")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(DatabaseError, match="'.*notes.txt' is not a SQLite database"):
+        await connect(f"sqlite:///{tmp_path / 'notes.txt'}")
+    assert (tmp_path / "notes.txt").read_text() == "hello"
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("t.db", "'t.db' is a file path, not a database URL; write sqlite:///t.db"),
+    ("/abs/t.db", "write sqlite:////abs/t.db"),
+    ("sqlite://t.db", "'sqlite://t.db' names no file (the path follows a third slash); write sqlite:///t.db"),
+    ("host=h dbname=d password=pw1", "key=value connection string; write it as a URL"),
+    ("postgresql://u:pw1@[::1/x", "bad host or port in postgresql://u:***@[::1/x: '[::1' opens '['"),
+    ("postgresql://u:pw1@h1:5432,[::1/x", "'[::1' opens '[' without its closing"),
+    ("postgres://u:pw1@fe80::1/x", "'fe80::1' looks like an IPv6 address without its brackets"),
+    ("postgresql://u:pw1@[db]/x", "brackets hold an IPv6 address, got 'db'"),
+    ("postgresql://u:pw1@h:99999/x", "the port in 'h:99999' must be a number 0-65535"),
+])
+def test_urls_that_name_no_database_say_how_to_write_them(url: str, words: str) -> None:
+    with pytest.raises(database.DatabaseURLError) as caught:
+        database.check_url(url)
+    assert words in str(caught.value) and "pw1" not in str(caught.value)
+
+
+def test_well_formed_urls_pass_the_check() -> None:
+    for url, engine in (("sqlite:///t.db", "sqlite"), ("sqlite:////abs/t.db", "sqlite"), ("sqlite:///:memory:", "sqlite"),
+                        ("postgresql://u:p@[::1]:5432/d", "postgres"), ("postgresql://h1:5432,[::1]:5433/d", "postgres"),
+                        ("postgresql:///d?host=/var/run/postgresql", "postgres"), ("postgres://u@h/d", "postgres")):
+        assert database.check_url(url) == engine, url
+    assert database.sqlite_path("sqlite:////abs/t.db") == "/abs/t.db"
+
+
+async def test_postgres_that_never_answers_is_given_up_on_within_connect_timeout() -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, never answered: another service's port, a firewall
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(database.DatabaseUnavailable, match="no PostgreSQL answered at postgresql://u:\\*\\*\\*@"
+                           f"127.0.0.1:{port}/x within 2 s: is that PostgreSQL's port"):
+            await connect(f"postgresql://u:pw1@127.0.0.1:{port}/x", connect_timeout=2)
+        assert asyncio.get_running_loop().time() - began < 5
+        with pytest.raises(database.DatabaseUnavailable, match="within 3 s"):  # the URL's own setting wins
+            await connect(f"postgresql://u@127.0.0.1:{port}/x?connect_timeout=3", connect_timeout=2)
+        connecting = asyncio.ensure_future(connect(f"postgresql://u@127.0.0.1:{port}/x"))
+        await asyncio.sleep(0.5)
+        connecting.cancel()  # Ctrl-C: the connect in progress ends at once
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(asyncio.CancelledError):
+            await connecting
+        assert asyncio.get_running_loop().time() - began < 1
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
+        await server.wait_closed()
+
+
+async def test_connect_timeout_must_be_a_duration() -> None:
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="connect_timeout"):
+            await connect("postgresql://u@127.0.0.1:1/x", connect_timeout=bad)
 
 
 async def test_execute_batch_runs_every_step_in_order_inside_the_transaction(db: Database) -> None:

@@ -80,9 +80,12 @@ def register(subparsers: Any) -> None:
                     "and as live writers announce them. " + COLUMNS_HELP,
         epilog="example: factstream positions --db sqlite:///factstream.db --connect 127.0.0.1:9092",
     )
-    p.add_argument("--db", default=None, help="database URL (sqlite:///file.db or postgresql://...); read only")
-    p.add_argument("--connect", metavar="HOST:PORT", help="also ask a writer's TCP replication listener (REPLICATE)")
-    p.add_argument("--redis", metavar="URL", help="also ask a Redis deployment's writers (needs --server-name)")
+    p.add_argument("--db", default=None, help="database URL (sqlite:///file.db or postgresql://...; PostgreSQL gets 10 s to answer, "
+                        "?connect_timeout=SECONDS in the URL to change); read only")
+    p.add_argument("--connect", metavar="HOST:PORT",
+                   help="also ask a writer's TCP replication listener (REPLICATE); not with --redis")
+    p.add_argument("--redis", metavar="URL",
+                   help="also ask a Redis deployment's writers (needs --server-name); not with --connect")
     p.add_argument("--server-name", help="with --redis: the deployment's channel; with --connect: the expected name")
     p.add_argument("--wait", type=duration(), default=1.0, help="seconds to collect POSITION answers (default 1)")
     p.add_argument("--connect-timeout", type=duration(), default=10.0, metavar="SECONDS",
@@ -104,6 +107,42 @@ def check_sqlite_exists(url: str) -> None:
     if problem:
         print(f"{PROG}: {problem}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def db_url_problem(url: str) -> tuple[int, str] | None:
+    """(exit status, message) for a --db that names no database, before anything connects; None if fine.
+
+    A URL written wrong (a bare path, ``sqlite://t.db``, a host without its
+    ``]``) is a usage error with the form to write; a directory is named as
+    one rather than as "no database at".
+    """
+    from ..store.database import DatabaseURLError, check_url, sqlite_path
+
+    try:
+        engine = check_url(url)
+    except DatabaseURLError as err:
+        return 2, f"--db: {err}"
+    if engine == "sqlite" and os.path.isdir(path := sqlite_path(url)):
+        return 1, f"{path!r} is a directory, not a database file; give the writer's --db URL"
+    return None
+
+
+def check_options(args: argparse.Namespace) -> str | None:
+    """The first option given that positions would ignore or cannot use, as a usage message (None: fine).
+
+    --connect and --redis are two ways to reach the writers and --server-name
+    means something different to each: one of them, never both.
+    """
+    if args.connect and args.redis:
+        return ("give either --connect HOST:PORT (a TCP listener) or --redis URL --server-name NAME, not both "
+                "(run positions twice to ask both)")
+    if args.redis and not args.server_name:
+        return "--redis needs --server-name NAME (the deployment's channel)"
+    if not args.connect and (args.tls or args.cafile or args.insecure):
+        return "--tls/--cafile/--insecure apply to --connect HOST:PORT (for Redis over TLS use a rediss:// URL)"
+    if args.server_name and not (args.connect or args.redis):
+        return "--server-name applies to --connect or --redis"
+    return None
 
 
 async def _tables(db: Any) -> dict[str, set[str]]:
@@ -237,8 +276,9 @@ async def redis_positions(args: argparse.Namespace) -> dict[tuple[str, str], int
 
 
 async def positions(args: argparse.Namespace) -> int:
-    if args.redis and not args.server_name:
-        print(f"{PROG}: --redis needs --server-name NAME (the deployment's channel)", file=sys.stderr)
+    problem = check_options(args)
+    if problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
     if not args.db and not args.connect and not args.redis:
         if not os.path.isfile("factstream.db"):
@@ -246,6 +286,9 @@ async def positions(args: argparse.Namespace) -> int:
                   "--redis URL --server-name NAME (there is no ./factstream.db here)", file=sys.stderr)
             return 2
         args.db = "sqlite:///factstream.db"
+    if args.db and (bad := db_url_problem(args.db)):
+        print(f"{PROG}: {bad[1]}", file=sys.stderr)
+        return bad[0]
     table: dict[tuple[str, str], dict[str, Any]] = {}
     header: dict[str, Any] = {}
     listed: list[str] = []

@@ -35,6 +35,16 @@ retried here (a statement cut off may or may not have committed); callers
 that must ride out an outage retry whole transactions with backoff
 (:class:`factstream.backoff.Outage`). The other pooled connections, opened
 before the outage, are dropped at once so the next call opens a fresh one.
+A server that accepts the connection but never answers (another service's
+port, a firewall that swallows packets) is given up on after
+``connect_timeout`` (10 s unless the URL's ``?connect_timeout=N`` says
+otherwise), and a connect in progress ends at once when its task is
+cancelled (Ctrl-C).
+
+A URL that cannot name a database (a bare path, ``sqlite://file.db`` with two
+slashes, an IPv6 host without its closing bracket) is a
+:class:`DatabaseURLError` saying how to write it, raised before anything is
+opened: :func:`check_url`.
 """
 
 from __future__ import annotations
@@ -44,18 +54,23 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
+import os
 import select
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
+from .. import _checks
 from ..errors import FactstreamError
 from ..redaction import redact_text, redact_url
 
-__all__ = ["Database", "DatabaseError", "DatabaseUnavailable", "Transaction", "connect", "to_pyformat"]
+__all__ = [
+    "CONNECT_TIMEOUT", "Database", "DatabaseError", "DatabaseURLError", "DatabaseUnavailable", "Transaction",
+    "check_url", "connect", "sqlite_path", "to_pyformat",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +91,15 @@ class DatabaseError(FactstreamError):
 
 class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached, or the connection died under a statement; retrying later may work."""
+
+
+class DatabaseURLError(DatabaseError):
+    """A URL that names no database as written (the caller's mistake: retrying cannot help)."""
+
+
+#: Seconds a PostgreSQL server has to answer a connect, unless the URL's ``connect_timeout`` (or
+#: PGCONNECT_TIMEOUT) says otherwise; psycopg's own default is 130 s of silence.
+CONNECT_TIMEOUT = 10.0
 
 
 @functools.lru_cache(maxsize=1024)
@@ -398,6 +422,26 @@ def _driver_text(err: BaseException) -> str:
 # ----------------------------------------------------------------------------- SQLite
 
 
+def _sqlite_open_problem(path: str, url: str, err: sqlite3.Error) -> str:
+    """Why SQLite could not open ``path``, in words that say what to change.
+
+    SQLite says "unable to open database file" for a directory, a missing
+    folder and a folder it may not write alike.
+    """
+    if os.path.isdir(path):
+        return (f"{path!r} is a directory, not a SQLite database file; name a file, e.g. "
+                f"{url.rstrip('/')}/factstream.db")
+    if getattr(err, "sqlite_errorname", "") == "SQLITE_NOTADB":
+        return f"{path!r} is not a SQLite database ({err}); give the URL of a database file"
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        return (f"cannot create SQLite database {path!r}: its folder {folder!r} does not exist "
+                "(sqlite:///relative.db, sqlite:////absolute/path.db)")
+    return (f"cannot open SQLite database {path!r} ({err}); check that the file and its folder "
+            f"{folder!r} are readable and writable")
+
+
+
 class SqliteDatabase(Database):
     """SQLite through the stdlib driver, in one dedicated thread."""
 
@@ -424,10 +468,7 @@ class SqliteDatabase(Database):
         except sqlite3.Error as err:
             self._executor.shutdown(wait=False)
             self._closed = True
-            raise DatabaseError(
-                f"cannot open SQLite database {self.path!r} ({err}); check that its folder exists and is "
-                "writable (sqlite:///relative.db, sqlite:////absolute/path.db)"
-            ) from err
+            raise DatabaseError(_sqlite_open_problem(self.path, self.url, err)) from err
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         self._ensure_open()
@@ -541,21 +582,50 @@ class PostgresDatabase(Database):
 
     engine = "postgres"
 
-    def __init__(self, url: str, max_connections: int = 10) -> None:
+    def __init__(self, url: str, max_connections: int = 10, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         super().__init__(url)
         if max_connections < 1:
             raise DatabaseError("max_connections must be at least 1")
         self.max_connections = max_connections
+        self.connect_timeout = _checks.seconds("connect_timeout", connect_timeout)
         self._idle: list[Any] = []
         self._all: set[Any] = set()
         self._opening = 0
         self._cond = asyncio.Condition()
 
+    def _timeout_args(self) -> dict[str, Any]:
+        """psycopg's ``connect_timeout``, unless the URL or PGCONNECT_TIMEOUT sets one (libpq: whole seconds)."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            given = "connect_timeout" in conninfo_to_dict(self.url)
+        except Exception:  # noqa: BLE001 - a URL libpq cannot parse: connect() below says why
+            given = False
+        if given or os.environ.get("PGCONNECT_TIMEOUT"):
+            return {}
+        return {"connect_timeout": max(1, math.ceil(self.connect_timeout))}
+
+    def _timeout_shown(self, args: dict[str, Any]) -> str:
+        """The connect timeout psycopg applied, for a message ("10 s")."""
+        from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo
+
+        try:
+            return f"{timeout_from_conninfo(conninfo_to_dict(self.url, **args))} s"
+        except Exception:  # noqa: BLE001 - only for the message
+            return "the connect timeout"
+
     async def _new_conn(self) -> Any:
         import psycopg
 
+        args = self._timeout_args()
         try:
-            return await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+            return await psycopg.AsyncConnection.connect(self.url, autocommit=True, **args)
+        except psycopg.errors.ConnectionTimeout:
+            # Accepted, then silence: another service's port (Redis's 6379), or a firewall dropping packets.
+            raise DatabaseUnavailable(
+                f"no PostgreSQL answered at {_shown(self.url)} within {self._timeout_shown(args)}: is that "
+                "PostgreSQL's port? (a slow server: add ?connect_timeout=SECONDS to the URL)"
+            ) from None
         except psycopg.Error as err:
             # from None: the driver's exception (and its traceback) would show its text unredacted.
             raise DatabaseUnavailable(
@@ -754,30 +824,108 @@ class PostgresDatabase(Database):
 # ----------------------------------------------------------------------------- connect
 
 
-async def connect(url: str, *, max_connections: int = 10) -> Database:
+async def connect(url: str, *, max_connections: int = 10, connect_timeout: float = CONNECT_TIMEOUT) -> Database:
     """Open a database by URL.
 
     ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (the
     SQLAlchemy rule: the path is whatever follows the third slash, so
     ``f"sqlite:///{abs_path}"`` works), ``sqlite:///:memory:``, or ``postgresql://user@host:port/dbname``
-    (``postgres://`` accepted). ``max_connections`` bounds the PostgreSQL pool.
+    (``postgres://`` accepted). ``max_connections`` bounds the PostgreSQL pool; ``connect_timeout``
+    is how long a PostgreSQL server has to answer each connect (the URL's ``?connect_timeout=N`` wins).
+    A URL that names no database is a :class:`DatabaseURLError` (see :func:`check_url`).
     """
-    scheme = urlsplit(url).scheme.lower()
-    if scheme == "sqlite":
-        rest = url[len("sqlite://") :]
-        path = rest[1:] if rest.startswith("/") else ""
-        if not path:
-            raise DatabaseError(f"no file in {url!r}; use sqlite:///path/file.db or sqlite:///:memory:")
-        db = SqliteDatabase(url, path)
+    if check_url(url) == "sqlite":
+        db = SqliteDatabase(url, sqlite_path(url))
         await db._open()
         return db
-    if scheme in ("postgresql", "postgres"):
-        pg = PostgresDatabase(url, max_connections=max_connections)
-        conn = await pg._acquire()  # fail fast on a bad URL
-        await pg._release(conn)
-        return pg
-    raise DatabaseError(
-        f"unsupported database URL {_shown(url)!r}; use sqlite:///path/file.db, sqlite:///:memory: "
-        "or postgresql://user@host:port/dbname"
-    )
+    pg = PostgresDatabase(url, max_connections=max_connections, connect_timeout=connect_timeout)
+    conn = await pg._acquire()  # fail fast on a bad URL
+    await pg._release(conn)
+    return pg
 
+
+_URL_FORMS = "sqlite:///path/file.db, sqlite:///:memory: or postgresql://user@host:port/dbname"
+
+
+def check_url(url: str) -> str:
+    """The engine ``url`` names, ``"sqlite"`` or ``"postgres"``; :class:`DatabaseURLError` saying how to write it.
+
+    Checked before anything is opened, so that a path typed without its
+    scheme, ``sqlite://file.db`` (two slashes: no path) or a host missing
+    its ``]`` is named as such, not as "no database at 'sqlite://file.db'"
+    or a bare "Invalid IPv6 URL".
+    """
+    if "://" not in url and not url.lower().startswith("sqlite:"):
+        raise DatabaseURLError(_no_scheme(url))
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        sqlite_path(url)
+        return "sqlite"
+    if scheme in ("postgresql", "postgres"):
+        _check_postgres_host(url)
+        return "postgres"
+    raise DatabaseURLError(f"unsupported database URL {_shown(url)!r}; use {_URL_FORMS}")
+
+
+def _no_scheme(url: str) -> str:
+    """What to write instead of a URL without a scheme: a file path, or libpq's key=value form."""
+    if "=" in url:
+        return (f"{_shown(url)!r} is a key=value connection string; write it as a URL: "
+                "postgresql://user:password@host:port/dbname")
+    if not url:
+        return f"empty database URL; use {_URL_FORMS}"
+    return f"{url!r} is a file path, not a database URL; write sqlite:///{url}"
+
+
+def sqlite_path(url: str) -> str:
+    """The file (or ``:memory:``) a ``sqlite:`` URL names; :class:`DatabaseURLError` if it names none.
+
+    The path is what follows the third slash: ``sqlite://t.db`` has none
+    (``t.db`` is where a URL's host goes), so it is refused with the form that
+    names ``t.db``, not read as a file name that does not exist.
+    """
+    rest = url[len("sqlite:") :]
+    if rest.startswith("///"):
+        path = rest[3:]
+        if path:
+            return path
+    typed = rest.lstrip("/")
+    if not typed:
+        raise DatabaseURLError(f"no file in {url!r}; use sqlite:///path/file.db or sqlite:///:memory:")
+    raise DatabaseURLError(f"{url!r} names no file (the path follows a third slash); write sqlite:///{typed}")
+
+
+def _check_postgres_host(url: str) -> None:
+    """A malformed host or port of a PostgreSQL URL, named (password masked) before libpq reads it."""
+    run = url.split("://", 1)[1] if "://" in url else ""
+    run = run.split("?", 1)[0].split("#", 1)[0]
+    hosts = run[run.rfind("@") + 1 :].split("/", 1)[0]  # the last '@': a password may hold '@' or '/'
+    for host in hosts.split(","):  # libpq takes a list: host1:5432,host2:5433
+        if not host:
+            continue
+        fault = _host_fault(host)
+        if fault:
+            raise DatabaseURLError(f"bad host or port in {_shown(url)}: {fault}")
+
+
+def _host_fault(host: str) -> str | None:
+    """What is wrong with one ``host[:port]`` of a PostgreSQL URL, or None."""
+    brackets = "an IPv6 address goes in brackets: postgresql://user@[::1]:5432/dbname"
+    if host.startswith("["):
+        addr, close, after = host[1:].partition("]")
+        if not close:
+            return f"{host!r} opens '[' without its closing ']' ({brackets})"
+        if ":" not in addr:
+            return f"{host!r}: brackets hold an IPv6 address, got {addr!r}"
+        port = after[1:] if after.startswith(":") else None
+        if after and port is None:
+            return f"{host!r}: after ']' comes ':PORT' or nothing, got {after!r}"
+    elif "]" in host:
+        return f"{host!r} closes ']' without its opening '[' ({brackets})"
+    elif host.count(":") > 1:
+        return f"{host!r} looks like an IPv6 address without its brackets: postgresql://user@[{host}]/dbname"
+    else:
+        port = host.partition(":")[2] if ":" in host else None
+    if port and not (port.isdigit() and int(port) <= 65535):
+        return f"the port in {host!r} must be a number 0-65535, got {port!r}"
+    return None
