@@ -95,8 +95,6 @@ def test_a_signal_ends_a_postgres_connect_in_progress(silent_port: int, command:
     assert SECRET not in out + err and no_traceback(err)
 
 
-@pytest.mark.xfail(strict=True, reason="tail's own SIGINT/SIGTERM handler only sets output.done, which nothing "
-                   "awaits during tail_follow's connect(args.db): needs a change in cli/tail.py")
 def test_ctrl_c_ends_tail_while_its_database_connect_is_in_progress(silent_port: int) -> None:
     proc = start("tail", "127.0.0.1:1", "--db", f"postgresql://postgres:{SECRET}@127.0.0.1:{silent_port}/x")
     time.sleep(1.5)

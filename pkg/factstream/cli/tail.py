@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
 import time
-from typing import IO, Any
+from collections.abc import Awaitable
+from typing import IO, Any, TypeVar
 
 from .. import _json, transport
 from ..streams.rows import Row
@@ -41,6 +43,7 @@ from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat, template
 __all__ = ["register", "run", "add_link_options", "connect_within", "link_options", "parse_target"]
 
 log = logging.getLogger("factstream.tail")
+T = TypeVar("T")
 PROG = "factstream tail"
 
 
@@ -537,11 +540,15 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
         print(f"{PROG}: no stream {', '.join(unknown)} in the writer's tables (its streams: {', '.join(known)})",
               file=sys.stderr)
         return 2
-    held = await _db_positions(args.db)
+    held = await _unless_stopped(_db_positions(args.db), output)
+    if held is None:
+        return 0  # stopped (Ctrl-C, SIGTERM) while the database was asked: tail() gives the status
     if held:
         _check_writers(args, held)
         _check_from(args, held)
-    db = await connect(args.db)
+    db = await _unless_stopped(connect(args.db), output)
+    if db is None:
+        return 0
     if not args.redis and not args.nats:
         opts = link_options(args, args.name, replicate=False)
         try:
@@ -601,13 +608,36 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
     return status
 
 
+async def _unless_stopped(aw: Awaitable[T], output: Output) -> T | None:
+    """``aw``'s result, or None when tail is stopped first (its signal handlers only set ``output.done``):
+    a database connect in progress is cancelled instead of holding Ctrl-C up until it times out."""
+    task = asyncio.ensure_future(aw)
+    stop = asyncio.ensure_future(output.done.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
 async def _db_positions(url: str) -> dict[tuple[str, str], int]:
-    """(stream, writer) -> the position the writer's database holds; empty when it cannot tell."""
+    """(stream, writer) -> the position the writer's database holds; empty when it cannot tell.
+
+    A database that cannot be reached is reported here, once (connecting again would wait as long again).
+    """
+    from ..store.database import DatabaseError
     from .positions import db_positions
 
     try:
         _, cells, _ = await db_positions(url)
-    except Exception as err:  # noqa: BLE001 - the checks this feeds are a courtesy; connecting reports real problems
+    except DatabaseError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the checks this feeds are a courtesy (a foreign database...)
         log.debug("could not read the writers' positions from the database: %s", err)
         return {}
     return {key: max(cell.values()) for key, cell in cells.items() if cell}
