@@ -183,6 +183,22 @@ def test_watch_a_live_synapse_deployment(deployment: SynapseDeployment) -> None:
     assert f"{deployment.server_name} via {REDIS}" in text.stdout
     assert "receipts" in text.stdout and "db lag" in text.stdout, text.stdout
 
+    # --duration shorter than --interval (default 5): one report when the duration ends; Synapse's writers have
+    # answered the REPLICATE by then, so it is healthy.
+    began = time.monotonic()
+    quick = factstream("synapse", "watch", "--redis", REDIS, "--server-name", deployment.server_name,
+                       "--duration", "2", "--json", timeout=60)
+    assert quick.returncode == 0 and 2 <= time.monotonic() - began < 3.5, (quick.stdout, quick.stderr)
+    [doc] = [json.loads(line) for line in quick.stdout.splitlines()]
+    assert doc["healthy"] is True and writer(doc, "receipts", "worker1") is not None, doc
+
+    # A mistyped server name: the deployment's Redis answers, none of its writers does. Not healthy.
+    typo = factstream("synapse", "watch", "--redis", REDIS, "--server-name", deployment.server_name + "x",
+                      "--duration", "3", "--interval", "1", "--json", timeout=60)
+    assert typo.returncode == 1, (typo.stdout, typo.stderr)
+    last = json.loads(typo.stdout.splitlines()[-1])
+    assert last["healthy"] is False and [p["kind"] for p in last["problems"]] == ["silent"], last
+
 
 def test_watch_errors_are_one_line(tmp_path: Path) -> None:
     cases = [

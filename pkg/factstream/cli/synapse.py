@@ -52,7 +52,9 @@ def register(subparsers: Any) -> None:
             "Subscribe to a Synapse deployment's replication channel on Redis and report, every --interval, each "
             "(stream, writer)'s token, rows/s and idle time; with --db also how far the wire is behind the database, "
             "frozen streams and committed rows the wire skipped. Human output, JSON lines (--json) and/or "
-            "Prometheus metrics (--metrics-port). Exit status with --duration: 0 healthy at the end, 1 not, 2 could not watch."
+            "Prometheus metrics (--metrics-port). Exit status with --duration: 0 healthy at the end, 1 not (a problem, or "
+            "no writer heard on the channel: check --server-name), 2 could not watch (Redis never reached, database "
+            "unreachable or not Synapse's, metrics endpoint cannot listen)."
         ),
     )
     w.add_argument("--redis", required=True, metavar="URL", help="Synapse's Redis: redis://[:password@]host:port/0")
@@ -61,10 +63,12 @@ def register(subparsers: Any) -> None:
     w.add_argument("--interval", type=duration(), default=5.0, help="seconds between reports (default 5)")
     w.add_argument("--frozen-after", type=duration(), default=30.0, metavar="S",
                    help="seconds before rows the wire has not announced, or a writer left behind, count (default 30)")
-    w.add_argument("--metrics-port", type=port, metavar="PORT", help="serve Prometheus metrics on this port")
+    w.add_argument("--metrics-port", type=port, metavar="PORT",
+                   help="serve Prometheus metrics on this port (0: any free one, printed on stderr)")
     w.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR",
                    help="address of the metrics endpoint (default 127.0.0.1; 0.0.0.0 for every interface)")
-    w.add_argument("--duration", type=duration(), metavar="S", help="stop after S seconds (default: run until interrupted)")
+    w.add_argument("--duration", type=duration(), metavar="S",
+                   help="stop after S seconds, with a last report then (default: run until interrupted)")
     w.add_argument("--no-replicate", action="store_true",
                    help="only listen: do not ask writers for their positions on connecting")
     w.add_argument("--json", action="store_true", help="one JSON object per report")
@@ -219,19 +223,16 @@ def _print_changes(before: Any, after: Any) -> None:
 
 def run_watch(args: argparse.Namespace) -> int:
     from .. import transport
-    from ..synapse.snapshot import CheckError, engine_of
-    from ..synapse.watch import WatchOptions, run_watch as watch
+    from ..synapse.snapshot import CheckError
+    from ..synapse.watch import WatchError, WatchOptions, run_watch as watch
 
     def fail(message: str) -> int:
         print(f"factstream synapse watch: {redact_text(message)}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
 
-    if args.db:
-        try:
-            if engine_of(args.db) != "postgresql":
-                return fail("--db: watch compares the wire with a PostgreSQL database (a Synapse with workers)")
-        except CheckError as err:
-            return fail(str(err))
+    if args.db and _scheme(args.db) not in ("postgresql", "postgres"):
+        return fail("--db: watch compares the wire with Synapse's PostgreSQL database: give its "
+                    "postgresql://host:port/dbname URL (a SQLite Synapse has no workers to watch)")
     opts = WatchOptions(
         redis_url=args.redis, server_name=args.server_name, db_url=args.db, interval=args.interval,
         frozen_after=args.frozen_after, json_output=args.json, metrics_port=args.metrics_port,
@@ -239,9 +240,15 @@ def run_watch(args: argparse.Namespace) -> int:
     )
     try:
         return transport.run(lambda: watch(opts, sys.stdout))
-    except CheckError as err:
+    except (CheckError, WatchError) as err:
         return fail(str(err))
-    except OSError as err:  # e.g. the metrics port is taken
+    except OSError as err:
         return fail(f"{err.strerror or err}")
     except ValueError as err:  # a malformed Redis URL
         return fail(f"bad --redis URL: {err}")
+
+
+def _scheme(url: str) -> str:
+    """The lower-case scheme of a database URL without its driver (``postgresql+psycopg`` -> ``postgresql``)."""
+    head, sep, _ = url.partition("://")
+    return head.split("+")[0].lower() if sep else ""

@@ -19,7 +19,7 @@ from ..redaction import redact_text, redact_url
 from .streams import SYNAPSE_ID_STREAMS, SynapseIdStream
 
 __all__ = ["CheckError", "SequenceState", "TableState", "RowsAbove", "StreamState", "DatabaseSnapshot",
-           "connect", "take_snapshot", "engine_of"]
+           "connect", "take_snapshot", "engine_of", "require_synapse_schema"]
 
 
 class CheckError(FactstreamError):
@@ -205,18 +205,28 @@ def _stream_state(cur: Any, engine: str, stream: SynapseIdStream) -> StreamState
     return state
 
 
+#: Tables every Synapse schema has had (since before its stream writers existed): without them
+#: the database is not Synapse's (factstream's own database has a stream_positions table too).
+SYNAPSE_MARKER_TABLES = ("schema_version", "stream_positions", "events", "event_json", "room_memberships")
+
+
+def require_synapse_schema(cur: Any, engine: str, url: str) -> None:
+    """CheckError unless the database has Synapse's core tables: an empty table of streams is not health."""
+    missing = [t for t in SYNAPSE_MARKER_TABLES if not _table_exists(cur, engine, t)]
+    if missing:
+        raise CheckError(f"{redact_url(url)} is not a Synapse database (no {', '.join(missing)} "
+                         f"table{'s' if len(missing) > 1 else ''}); point --db at the database "
+                         "that the database section of Synapse's homeserver.yaml names")
+
+
 def take_snapshot(conn: Any, url: str) -> DatabaseSnapshot:
     """Read every stream's sequence, table tops and positions through ``conn`` (no writes)."""
     engine = engine_of(url)
     cur = conn.cursor()
     try:
-        if not _table_exists(cur, engine, "stream_positions"):
-            raise CheckError(f"{redact_url(url)} is not a Synapse database (no stream_positions table); "
-                             "point --db at the database Synapse's homeserver.yaml names")
-        version = None
-        if _table_exists(cur, engine, "schema_version"):
-            row = _one(cur, "SELECT version FROM schema_version")
-            version = int(row[0]) if row else None
+        require_synapse_schema(cur, engine, url)
+        row = _one(cur, "SELECT version FROM schema_version")
+        version = int(row[0]) if row else None
         streams = [_stream_state(cur, engine, s) for s in SYNAPSE_ID_STREAMS]
         known = {s.name for s in SYNAPSE_ID_STREAMS}
         cur.execute("SELECT stream_name, instance_name, stream_id FROM stream_positions")

@@ -12,22 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import errno
 import json
 import logging
+import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import IO, Any
 
 from .. import wire
+from ..errors import FactstreamError
 from ..redaction import redact_text, redact_url
 from ..transport.redis import RedisCarrier
 from .watch_db import DbProbe
 from .watch_metrics import WatchMetrics
 from .watchdog import AUDITED_STREAMS, Problem, Watchdog
 
-__all__ = ["WatchOptions", "run_watch"]
+__all__ = ["WatchOptions", "WatchError", "run_watch", "SILENT_AFTER"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds after subscribing (and sending REPLICATE) by which a live deployment's writers have answered.
+SILENT_AFTER = 2.0
+
+
+class WatchError(FactstreamError):
+    """The watch could not run at all (metrics endpoint refused, Redis never reached)."""
 
 
 @dataclass
@@ -52,8 +63,12 @@ def _now_iso() -> str:
 
 def _text(opts: WatchOptions, writers: list[dict[str, Any]], problems: list[Problem], redis_up: bool,
           db_error: str | None) -> str:
-    state = "healthy" if not problems and redis_up else ("NOT SUBSCRIBED to Redis" if not redis_up else
-                                                          f"{len(problems)} problem(s)")
+    if not redis_up:
+        state = "NOT SUBSCRIBED to Redis"
+    elif problems:
+        state = f"{len(problems)} problem(s)"
+    else:
+        state = "healthy" if writers else "waiting for the writers to answer"
     lines = [f"{_now_iso()}  {opts.server_name} via {redact_url(opts.redis_url)}: {state}"]
     if db_error:
         lines.append(f"  database probe failed: {db_error}")
@@ -68,51 +83,115 @@ def _text(opts: WatchOptions, writers: list[dict[str, Any]], problems: list[Prob
             row += f" {'-' if w['db_lag'] is None else str(w['db_lag']):>7}"
         lines.append(row)
     for p in problems:
-        lines.append(f"  {p.kind.upper()} {p.stream}/{p.writer}: {p.summary}")
+        where = f" {p.stream}/{p.writer}" if p.stream else ""
+        lines.append(f"  {p.kind.upper()}{where}: {p.summary}")
     return "\n".join(lines)
 
 
-async def run_watch(opts: WatchOptions, out: IO[str]) -> int:
-    """Watch until cancelled (or ``duration`` seconds); 0 if the last report was healthy, else 1."""
+def _silent(opts: WatchOptions, seconds: float) -> Problem:
+    """The problem of a channel on which no writer spoke: most likely the wrong server name or Redis."""
+    why = ("although the REPLICATE sent on subscribing asks every Synapse writer to answer at once"
+           if opts.replicate else "(with --no-replicate an idle deployment is quiet too: drop it to ask the writers)")
+    return Problem(
+        "silent", "", "",
+        f"nothing heard from any writer on the channel {opts.server_name!r} of {redact_url(opts.redis_url)} "
+        f"in {seconds:.1f}s, {why}: check that --server-name is the server_name in homeserver.yaml and that "
+        "--redis names the host and port of its redis section (pub/sub ignores the /db number), "
+        "and that Synapse runs with redis enabled")
+
+
+def _serve_metrics(metrics: WatchMetrics, port: int, host: str) -> Any:
+    """Start the metrics endpoint, or WatchError naming the option to change."""
+    try:
+        return metrics.serve(port, host)
+    except socket.gaierror as err:
+        raise WatchError(f"--metrics-host {host!r}: cannot listen there ({err.strerror or err}); give an address of "
+                         "this machine, e.g. 127.0.0.1 or 0.0.0.0 for every interface") from None
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if err.errno == errno.EADDRINUSE:
+            raise WatchError(f"--metrics-port {port}: {host}:{port} is already in use by another process; choose "
+                             "another port (0 picks a free one)") from None
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise WatchError(f"--metrics-host {host!r}: not an address of this machine ({reason}); use 127.0.0.1, "
+                             "0.0.0.0 for every interface, or one of its interface addresses") from None
+        if err.errno == errno.EACCES:
+            raise WatchError(f"--metrics-port {port}: permission denied ({reason}); ports below 1024 need root: "
+                             "choose a port above 1023") from None
+        raise WatchError(f"cannot serve metrics on {host}:{port} (--metrics-host, --metrics-port): {reason}") from None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None) -> int:
+    """Watch until cancelled (or ``duration`` seconds); 0 if the last report was healthy, else 1.
+
+    WatchError when it could not watch at all: the metrics endpoint cannot
+    listen, or Redis was never reached during the whole ``duration``.
+    """
+    err = sys.stderr if err is None else err
+    started = time.monotonic()
+    deadline = None if opts.duration is None else started + opts.duration
     dog = Watchdog(frozen_after=opts.frozen_after)
     probe = DbProbe(opts.db_url) if opts.db_url else None
     if probe is not None:
         await asyncio.to_thread(probe.open)
     metrics = WatchMetrics() if opts.metrics_port is not None else None
-    server = metrics.serve(opts.metrics_port, opts.metrics_host) if metrics and opts.metrics_port is not None else None
+    server = None
+    if metrics is not None and opts.metrics_port is not None:
+        server = _serve_metrics(metrics, opts.metrics_port, opts.metrics_host)
+        err.write(f"factstream synapse watch: Prometheus metrics on "
+                  f"http://{_url_host(opts.metrics_host)}:{server[0].server_port}/metrics\n")
+        err.flush()
     carrier: RedisCarrier
+    subscribed_at: list[float] = []
+    # Synapse's writers answer a REPLICATE within milliseconds; without one, only traffic speaks.
+    grace = SILENT_AFTER if opts.replicate else max(SILENT_AFTER, opts.frozen_after)
 
     def subscribed() -> None:
+        if not subscribed_at:
+            subscribed_at.append(time.monotonic())
         if opts.replicate:
             carrier.send(wire.ReplicateCommand())
 
     carrier = RedisCarrier(opts.redis_url, opts.server_name, on_command=dog.on_command, on_subscribed=subscribed,
                            client_name="factstream-synapse-watch")
-    started = time.monotonic()
     healthy = False
-    warned_redis = False
+    warned_redis = warned_silent = False
     try:
         async with carrier:
             while True:
-                await asyncio.sleep(opts.interval)
+                wait = opts.interval if deadline is None else min(opts.interval, deadline - time.monotonic())
+                await asyncio.sleep(max(wait, 0.0))
+                final = deadline is not None and time.monotonic() >= deadline
                 db_error = None
                 if probe is not None:
                     try:
                         views = await asyncio.to_thread(probe.probe, dog.tokens(), dog.audit_ranges(AUDITED_STREAMS))
                         dog.on_database(views)
-                    except Exception as err:  # keep watching the wire; say what the database said
-                        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                    except Exception as exc:  # keep watching the wire; say what the database said
+                        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                         db_error = redact_text(first)
                         probe.close()
+                now = time.monotonic()
                 problems = dog.problems()
                 writers = dog.snapshot()
                 redis_up = carrier.subscribed
-                if not redis_up and not warned_redis and time.monotonic() - started > 10:
+                if not redis_up and not warned_redis and now - started > 10:
                     log.warning("not subscribed to %s yet (still retrying)", redact_url(opts.redis_url))
                     warned_redis = True
-                healthy = redis_up and not problems and db_error is None
+                listened = now - subscribed_at[0] if subscribed_at else 0.0
+                if subscribed_at and not dog.writers and (listened >= grace or final):
+                    problems.insert(0, _silent(opts, listened))
+                    if opts.json_output and not warned_silent:  # a terminal's report already says it
+                        log.warning("%s", problems[0].summary)
+                        warned_silent = True
+                healthy = redis_up and bool(dog.writers) and not problems and db_error is None
                 if metrics is not None:
-                    metrics.update(writers, problems, redis_up=redis_up, commands_seen=dog.commands_seen)
+                    metrics.update(writers, problems, redis_up=redis_up, commands_seen=dog.commands_seen,
+                                   healthy=healthy)
                 if opts.json_output:
                     out.write(json.dumps({
                         "ts": _now_iso(), "server_name": opts.server_name, "healthy": healthy,
@@ -122,7 +201,7 @@ async def run_watch(opts: WatchOptions, out: IO[str]) -> int:
                 else:
                     out.write(_text(opts, writers, problems, redis_up, db_error) + "\n\n")
                 out.flush()
-                if opts.duration is not None and time.monotonic() - started >= opts.duration:
+                if final:
                     break
     finally:
         if probe is not None:
@@ -130,6 +209,11 @@ async def run_watch(opts: WatchOptions, out: IO[str]) -> int:
         if server is not None:
             try:
                 server[0].shutdown()
+                server[0].server_close()
             except (TypeError, AttributeError):
                 pass
+    if not subscribed_at:
+        raise WatchError(f"could not watch: never subscribed to {redact_url(opts.redis_url)} during the whole "
+                         f"--duration ({opts.duration:g}s; see the connection errors above): check the --redis URL "
+                         "(host, port, password) and that Redis runs there")
     return 0 if healthy else 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .snapshot import connect
+from .snapshot import connect, require_synapse_schema
 from .streams import SYNAPSE_ID_STREAMS, SynapseIdStream
 from .watchdog import AUDITED_STREAMS, DbView
 
@@ -30,9 +30,18 @@ class DbProbe:
         self.streams: list[SynapseIdStream] = [s for s in SYNAPSE_ID_STREAMS if s.wire and s.positive]
 
     def open(self) -> None:
-        """Connect (CheckError with a redacted reason if the database cannot be reached)."""
+        """Connect (CheckError with a redacted reason if the database cannot be reached or is not Synapse's)."""
         if self._conn is None:
-            self._conn = connect(self.url)
+            conn = connect(self.url)
+            try:
+                cur = conn.cursor()
+                require_synapse_schema(cur, "postgresql", self.url)
+                cur.close()
+                conn.rollback()
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
 
     def close(self) -> None:
         """Disconnect."""

@@ -54,8 +54,8 @@ class WatchMetrics:
         return start_http_server(port, addr=host, registry=self.registry)
 
     def update(self, writers: Sequence[dict[str, Any]], problems: Sequence[Problem], *, redis_up: bool,
-               commands_seen: int) -> None:
-        """Set every figure from one report."""
+               commands_seen: int, healthy: bool | None = None) -> None:
+        """Set every figure from one report (``healthy`` as the report judged it; default: no problem)."""
         flagged = {(p.kind, p.stream, p.writer) for p in problems}
         for w in writers:
             key = (w["stream"], w["writer"])
@@ -75,7 +75,7 @@ class WatchMetrics:
             self.behind.labels(**labels).set(1 if ("writer_behind", *key) in flagged else 0)
             self.unpublished.labels(**labels).set(w["unpublished"])
         self.up.set(1 if redis_up else 0)
-        self.healthy.set(0 if problems else 1)
+        self.healthy.set(1 if (not problems if healthy is None else healthy) else 0)
         if commands_seen > self._commands_seen:
             self.commands.inc(commands_seen - self._commands_seen)
             self._commands_seen = commands_seen

@@ -1,0 +1,159 @@
+"""``factstream synapse check`` / ``watch`` as a user meets them: wrong database, wrong channel, wrong options.
+
+Fast companions of test_synapse_check.py and test_synapse_watch.py (which run
+Synapse itself): the installed executable against the real Redis and
+PostgreSQL, with a factstream ``serve --redis`` as the writer that answers a
+watch's REPLICATE the way a Synapse writer does. A check must never call a
+database healthy that is not Synapse's; a watch must never call a channel
+healthy on which no writer spoke, must stop on time, and must name the option
+a user has to change.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli_run import cli, free_port, no_traceback, start, stop
+
+def reports(stdout: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def watch(redis: str, server_name: str, *extra: str, timeout: float = 30) -> tuple[int, str, str, float]:
+    """Run ``synapse watch`` to completion: (exit status, stdout, stderr, seconds it ran)."""
+    began = time.monotonic()
+    proc = cli("synapse", "watch", "--redis", redis, "--server-name", server_name, *extra, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - began
+
+
+@pytest.fixture
+def redis_writer(redis_url: str, channel_prefix: str, tmp_path: Path) -> Iterator[str]:
+    """A factstream writer on the channel ``channel_prefix``, subscribed (so it answers REPLICATE)."""
+    proc = start("serve", "--db", f"sqlite:///{tmp_path / 'w.db'}", "--redis", redis_url,
+                 "--server-name", channel_prefix, "--status")
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, f"serve exited: {stop(proc)[1]}"
+            if json.loads(line).get("subscribed") is True:
+                break
+        else:
+            raise AssertionError("serve never subscribed to Redis")
+        yield channel_prefix
+    finally:
+        stop(proc)
+
+
+@pytest.mark.redis
+def test_watch_on_a_channel_no_writer_speaks_is_silent_not_healthy(redis_url: str, channel_prefix: str) -> None:
+    """A mistyped --server-name: Redis answers, nobody else does. Before: "healthy": true and exit 0."""
+    code, out, err, _ = watch(redis_url, channel_prefix, "--interval", "1", "--duration", "2.5", "--json")
+    assert code == 1, (out, err)
+    docs = reports(out)
+    assert docs and all(d["healthy"] is False for d in docs), docs
+    assert docs[0]["redis_subscribed"] is True and docs[0]["problems"] == []  # 1 s in: still waiting for answers
+    problems = docs[-1]["problems"]
+    assert isinstance(problems, list) and len(problems) == 1, problems
+    silent: dict[str, str] = problems[0]
+    assert silent["kind"] == "silent" and channel_prefix in silent["summary"]
+    assert "--server-name" in silent["summary"] and "server_name in homeserver.yaml" in silent["summary"]
+    assert err.count("nothing heard from any writer") == 1 and no_traceback(err), err  # said once on stderr too
+
+    code, out, err, _ = watch(redis_url, channel_prefix, "--interval", "1", "--duration", "1")
+    assert code == 1 and "SILENT: nothing heard from any writer" in out, (out, err)
+    assert "healthy" not in out.splitlines()[0], out
+
+
+@pytest.mark.redis
+def test_watch_a_writer_answers_is_healthy_and_duration_is_honoured(redis_url: str, redis_writer: str) -> None:
+    """--duration 2 with the default --interval 5: one report at 2 s, not at 5 s."""
+    code, out, err, took = watch(redis_url, redis_writer, "--duration", "2", "--json")
+    assert code == 0, (out, err)
+    [doc] = reports(out)
+    assert doc["healthy"] is True and doc["problems"] == [] and doc["writers"], doc
+    assert 2 <= took < 3.5, took
+
+
+@pytest.mark.redis
+def test_watch_that_never_reaches_redis_could_not_watch(redis_url: str, channel_prefix: str) -> None:
+    """Redis refused for the whole --duration: exit 2 (could not watch), as the help says; not 1 (unhealthy)."""
+    dead = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
+    for url in (dead, redis_url.replace("redis://", "redis://:s3cret@")):  # refused port; refused credentials
+        code, out, err, took = watch(url, channel_prefix, "--interval", "1", "--duration", "1.5", "--json")
+        assert code == 2, (url, out, err)
+        assert err.splitlines()[-1].startswith("factstream synapse watch: could not watch: never subscribed to "), err
+        assert "s3cret" not in out + err and no_traceback(err)
+        assert took < 3.5, took
+
+
+@pytest.mark.redis
+def test_watch_names_the_option_to_change(redis_url: str, channel_prefix: str) -> None:
+    base = ("synapse", "watch", "--redis", redis_url, "--server-name", channel_prefix, "--duration", "1")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli(*base, "--metrics-port", str(port))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"factstream synapse watch: --metrics-port {port}: ") and "in use" in proc.stderr
+    for host in ("nohost.invalid", "192.0.2.1"):  # no such name; not an address of this machine
+        proc = cli(*base, "--metrics-port", "0", "--metrics-host", host)
+        assert proc.returncode == 2, (host, proc.stderr)
+        assert proc.stderr.startswith(f"factstream synapse watch: --metrics-host '{host}': "), proc.stderr
+    for db in ("/var/lib/synapse/homeserver.db", "sqlite:///homeserver.db"):
+        proc = cli(*base, "--db", db)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "--db" in proc.stderr and "postgresql://" in proc.stderr and "sqlite:///" not in proc.stderr
+
+
+@pytest.mark.redis
+def test_watch_says_where_metrics_on_port_0_are(redis_url: str, channel_prefix: str) -> None:
+    proc = start("synapse", "watch", "--redis", redis_url, "--server-name", channel_prefix, "--metrics-port", "0")
+    try:
+        assert proc.stderr is not None
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: lines.put(proc.stderr.readline() if proc.stderr else ""), daemon=True).start()
+        try:
+            line = lines.get(timeout=15)
+        except queue.Empty:
+            raise AssertionError("watch said nothing about where its metrics are") from None
+        prefix = "factstream synapse watch: Prometheus metrics on "
+        assert line.startswith(prefix), line
+        with urllib.request.urlopen(line[len(prefix):].strip(), timeout=10) as r:
+            assert "factstream_synapse_watch_redis_up" in r.read().decode()
+    finally:
+        stop(proc)
+
+
+@pytest.mark.redis
+@pytest.mark.postgres
+def test_watch_refuses_a_database_that_is_not_synapses(redis_url: str, channel_prefix: str, postgres_dsn: str) -> None:
+    proc = cli("synapse", "watch", "--redis", redis_url, "--server-name", channel_prefix, "--db", postgres_dsn,
+               "--duration", "1")
+    assert proc.returncode == 2 and "is not a Synapse database" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_check_refuses_a_factstream_database(tmp_path: Path) -> None:
+    """factstream's own database has a stream_positions table too. Before: "healthy: no inconsistencies", exit 0."""
+    db = f"sqlite:///{tmp_path / 'factstream.db'}"
+    proc = start("serve", "--db", db, "--port", "0", "--status")
+    assert proc.stdout is not None and json.loads(proc.stdout.readline())["event"] == "listening"
+    stop(proc)
+    check = cli("synapse", "check", "--db", db)
+    assert check.returncode == 2 and check.stdout == "", check.stdout
+    assert check.stderr.startswith(f"factstream synapse check: {db} is not a Synapse database (no schema_version, ")
+    assert check.stderr.count("\n") == 1 and "homeserver.yaml" in check.stderr
+    check = cli("synapse", "check", "--db", db, "--json")
+    assert check.returncode == 2 and json.loads(check.stdout)["healthy"] is None
