@@ -316,3 +316,21 @@ def test_serve_ctrl_c_exits_130_and_sigterm_is_a_clean_stop(tmp_path: Any, sig: 
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == status, err
     assert no_traceback(err), err
+
+
+def test_a_logged_traceback_needs_vv_or_debug() -> None:
+    """-v is more logging, not tracebacks: a record logged with its exception (py4j's failed calls,
+    log.exception) ends with the exception's one line unless -vv/--debug (docs/cli.md)."""
+    import logging
+
+    from factstream.cli import RedactingFormatter
+
+    try:
+        raise ValueError("cannot reach postgresql://u:hunter2@h/x")
+    except ValueError:
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "query failed", None, __import__("sys").exc_info())
+    quiet = RedactingFormatter("%(message)s", tracebacks=False).format(record)
+    assert quiet == "query failed\n  ValueError: cannot reach postgresql://u:***@h/x", quiet
+    record.exc_text = None
+    full = RedactingFormatter("%(message)s", tracebacks=True).format(record)
+    assert "Traceback" in full and "hunter2" not in full

@@ -164,3 +164,38 @@ def test_status_over_redis(tmp_path: Any, redis_url: str, channel_prefix: str) -
         stop(writer)
     out = cli("status", "--redis", redis_url, "--server-name", channel_prefix, "--metrics", "127.0.0.1:1")
     assert out.returncode == 2 and "not visible" in out.stderr
+
+
+def test_status_metrics_must_be_a_writers_prometheus_endpoint(tmp_path: Any) -> None:
+    """--metrics at the replication port, or at another HTTP server, is named as such (it used to say "this
+    is a bug", or "0 connected readers"); HOST:PORT/metrics is read as given."""
+    import http.server
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = b"hello\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    metrics_port = free_port()
+    proc, port = serve(f"sqlite:///{tmp_path}/w.db", "--metrics-port", str(metrics_port))
+    try:
+        for where, complaint in ((f"127.0.0.1:{port}", "replication listener"),
+                                 (f"127.0.0.1:{other.server_address[1]}", "exports no factstream_* metric")):
+            out = cli("status", f"127.0.0.1:{port}", "--interval", "0.2", "--metrics", where)
+            assert out.returncode == 1 and no_traceback(out.stderr), out.stderr
+            assert "is not a Prometheus metrics endpoint of a factstream writer" in out.stderr
+            assert complaint in out.stderr and "internal error" not in out.stderr, out.stderr
+        out = cli("status", f"127.0.0.1:{port}", "--interval", "0.2", "--metrics", f"127.0.0.1:{metrics_port}/metrics")
+        assert out.returncode == 0 and "connected reader(s)" in out.stdout, out.stderr
+    finally:
+        stop(proc)
+        other.shutdown()
+        other.server_close()

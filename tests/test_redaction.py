@@ -14,6 +14,12 @@ URLS = [
     ("tls://u:s3cret@h:4222", f"tls://u:{MASK}@h:4222"),
     # a server list (NATS clusters): each server's password
     ("nats://u:s3cret@h1:4222,nats://v:s3cret@h2:4222", f"nats://u:{MASK}@h1:4222,nats://v:{MASK}@h2:4222"),
+    # a userinfo without ':': a NATS token, or a Redis password that lost its colon (not a postgresql:// user)
+    ("nats://s3cret@127.0.0.1:4222", f"nats://{MASK}@127.0.0.1:4222"),
+    ("tls://s3cret@h:4222", f"tls://{MASK}@h:4222"),
+    ("nats://s3cret@h1:4222,tls://s3cret@h2:4222", f"nats://{MASK}@h1:4222,tls://{MASK}@h2:4222"),
+    ("redis://s3cret@127.0.0.1:6379/0", f"redis://{MASK}@127.0.0.1:6379/0"),
+    ("rediss://s3cret@h:6380?ssl_cert_reqs=none", f"rediss://{MASK}@h:6380?ssl_cert_reqs=none"),
     # typed without a scheme
     ("u:s3cret@127.0.0.1:4222", f"u:{MASK}@127.0.0.1:4222"),
     (":s3cret@127.0.0.1:6379", f":{MASK}@127.0.0.1:6379"),
@@ -31,6 +37,7 @@ URLS = [
 
 #: URLs without a password come out as they went in.
 PLAIN = ["sqlite:///x.db", "sqlite:////tmp/a@b.db", "postgresql://postgres@127.0.0.1/x", "postgresql:///db?host=/tmp",
+         "postgres://postgres@h:5432/x,postgresql://u@h2/y",
          "nats://h1:4222,nats://h2:4222", "redis://127.0.0.1:6379", "w.db", "/tmp/a@b.db"]
 
 

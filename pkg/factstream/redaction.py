@@ -28,21 +28,28 @@ _BARE_SECRET = re.compile(
     r"(?<![\w/:@.%\-])(?P<head>[A-Za-z0-9._~%+\-]*:)(?!//)(?P<secret>[^\s@'\"]+?)(?P<at>@)"
     r"(?=(?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(?::\d+)?(?:[/\s'\",;:)?]|$))"
 )
+# Schemes whose userinfo without ':' is a secret too: NATS token auth (nats://TOKEN@host), and for Redis a
+# password that lost its colon (redis://PASSWORD@host; a bare user name is rare there). In postgresql://user@
+# it is a user name, shown as it is.
+_TOKEN_SCHEMES = frozenset({"nats", "tls", "ws", "wss", "redis", "rediss"})
 # password=... in a libpq keyword/value string or a URL query string.
 _KV_SECRET = re.compile(r"(?P<key>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
 
 
-def _mask_authority(run: str) -> str:
+def _mask_authority(run: str, scheme: str = "") -> str:
     """``user:password@host/...`` (a URL after its ``scheme://``) with the password masked.
 
     The password runs from the first ':' to the last '@' of the run, so one
     holding '@' or an unencoded '/' is masked whole, not cut where a URL
-    parser would end the authority.
+    parser would end the authority. For a scheme of :data:`_TOKEN_SCHEMES`,
+    a userinfo without ':' (a token) is masked whole.
     """
     at = run.rfind("@")
-    colon = run.find(":", 0, at)
-    if at < 0 or colon < 0:
+    if at < 0:
         return run
+    colon = run.find(":", 0, at)
+    if colon < 0:
+        return MASK + run[at:] if scheme.lower() in _TOKEN_SCHEMES and at > 0 else run
     return run[: colon + 1] + MASK + run[at:]
 
 
@@ -56,7 +63,7 @@ def _mask_urls(text: str) -> str:
         end = _RUN_END.search(text, m.end())
         stop = end.start() if end else len(text)
         out.append(text[pos : m.end()])
-        out.append(_mask_authority(text[m.end() : stop]))
+        out.append(_mask_authority(text[m.end() : stop], m.group()[:-3]))
         pos = stop
     out.append(text[pos:])
     return "".join(out)
@@ -78,7 +85,7 @@ def redact_url(url: str) -> str:
     except ValueError:
         return redact_text(url)
     if "," in parts.netloc or "@" in parts.path or parts.password is None and "@" in parts.netloc:
-        return redact_text(url)  # a server list, or a password urlsplit cut short: masked as text
+        return redact_text(url)  # a server list, a token, or a password urlsplit cut short: masked as text
     changed = parts
     if parts.password is not None:
         host = parts.netloc.rsplit("@", 1)[-1]

@@ -77,10 +77,16 @@ class _Parser(argparse.ArgumentParser):
         return parsed, extras
 
     def error(self, message: str) -> NoReturn:
-        """A bad value for a named option is one line naming it; other mistakes show the usage too."""
+        """A bad value for a named option is one line naming it; other mistakes show the usage too.
+
+        The message quotes what was typed (``unrecognized arguments: --nats
+        nats://u:pw@host``), so passwords are masked in it.
+        """
+        message = redact_text(message)
         if message.startswith("argument "):
             self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        super().error(message)
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +121,26 @@ def _add_to_subcommands(subparsers: Any) -> None:
 
 
 class RedactingFormatter(logging.Formatter):
-    """Log lines with every password masked (driver errors quote connection strings)."""
+    """Log lines with every password masked (driver errors quote connection strings).
+
+    Tracebacks attached to a record (``log.exception``, ``exc_info=``, py4j's
+    failed calls) are shown only with ``tracebacks`` (``-vv`` or ``--debug``);
+    otherwise the record ends with the exception's one line, as the CLI's
+    own errors do.
+    """
+
+    def __init__(self, fmt: str, *, tracebacks: bool = True) -> None:
+        super().__init__(fmt)
+        self.tracebacks = tracebacks
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        if self.tracebacks:
+            return super().formatException(ei)
+        err = ei[1]
+        return f"  {type(err).__name__}: {one_line(str(err))}" if err is not None else ""
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return super().formatStack(stack_info) if self.tracebacks else ""
 
     def format(self, record: logging.LogRecord) -> str:
         return redact_text(super().format(record))
@@ -201,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.verbose = verbose
     args.debug = debug
     handler = logging.StreamHandler()
-    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", tracebacks=debug))
     logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), handlers=[handler])
     if not getattr(args, "func", None):
         parser.print_help()

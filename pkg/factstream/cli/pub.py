@@ -22,7 +22,7 @@ from ..commands import CLIENT_COMMANDS, Command
 from ..errors import ProtocolError
 from ..redaction import redact_url
 from .argtypes import duration
-from .link import LinkError, parse_target
+from .link import LinkError, check_redis, parse_target, refuse_tls_options
 from .tail import add_link_options, connect_within, link_options
 
 PROG = "factstream pub"
@@ -128,9 +128,8 @@ async def pub_redis(args: argparse.Namespace, cmds: list[Command]) -> int:
     import redis.asyncio as aioredis
 
     from ..transport.redis import RedisChannels
-    from .serve import check_redis
 
-    await check_redis(args.redis, args.server_name, PROG)
+    await check_redis(args.redis, args.server_name, PROG, args.connect_timeout)
     channels = RedisChannels.for_server(args.server_name)
     client = aioredis.from_url(args.redis)
     heard = 0
@@ -151,6 +150,7 @@ async def pub(args: argparse.Namespace) -> int:
         if not args.server_name:
             print(f"{PROG}: --redis needs --server-name NAME (the deployment's channel)", file=sys.stderr)
             return 2
+        refuse_tls_options(args, PROG)
     elif not args.target:
         print(f"{PROG}: say where to send: HOST:PORT (TCP, as a client) or --redis URL --server-name NAME",
               file=sys.stderr)

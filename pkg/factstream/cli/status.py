@@ -19,13 +19,14 @@ import json
 import re
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
 from .. import transport
 from ..redaction import redact_url
 from .argtypes import duration
-from .link import LinkError, parse_target, utc_stamp
+from .link import LinkError, check_nats, check_redis, cli_exit, parse_target, refuse_tls_options, utc_stamp
 from .tail import add_link_options, connect_within, link_options
 
 PROG = "factstream status"
@@ -106,9 +107,7 @@ async def watch_tcp(args: argparse.Namespace, tally: Tally) -> str:
 async def watch_redis(args: argparse.Namespace, tally: Tally) -> str:
     import redis.asyncio as aioredis
 
-    from .serve import check_redis
-
-    await check_redis(args.redis, args.server_name, PROG)
+    await check_redis(args.redis, args.server_name, PROG, args.connect_timeout)
     client = aioredis.from_url(args.redis)
     try:
         pubsub = client.pubsub()
@@ -129,8 +128,6 @@ async def watch_nats(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
     """Listen on the log subjects for --interval (rows/s), then read writers and readers from JetStream."""
     from ..transport.nats import JetStreamLayout, connect_nats
     from ..transport.nats.inspect import inspect_deployment
-    from .serve import check_nats, cli_error
-
     await check_nats(args.nats, args.server_name, PROG, args.connect_timeout)
     layout = JetStreamLayout.for_server(args.server_name)
 
@@ -147,18 +144,58 @@ async def watch_nats(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
     try:
         return await inspect_deployment(args.nats, args.server_name, timeout=args.connect_timeout)
     except LookupError as err:
-        cli_error(PROG, str(err), 1)
+        cli_exit(PROG, str(err), 1)
+
+
+def metrics_url(where: str) -> str:
+    """The URL of ``--metrics``: ``HOST:PORT`` (its /metrics), ``HOST:PORT/PATH``, or a whole http(s) URL."""
+    if "://" in where:
+        return where
+    return f"http://{where}" if "/" in where else f"http://{where}/metrics"
+
+
+def fetch_metrics(where: str, timeout: float) -> str:
+    """The text of a factstream writer's Prometheus endpoint; exit 1 saying why when ``where`` is not one.
+
+    Any other port could answer: the replication listener (its SERVER line
+    is no HTTP: "BadStatusLine", reported as a bug), or another HTTP server
+    whose page, holding no factstream gauge, read as "0 connected readers".
+    """
+    import http.client
+
+    url = metrics_url(where)
+    shown = redact_url(url)
+    text = ""
+    hint = "give the writer's 'serve --metrics-port' as --metrics HOST:PORT"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - a user-given local endpoint
+            text = str(resp.read().decode("utf-8", "replace"))
+    except http.client.RemoteDisconnected:
+        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer: it closed the "
+                       f"connection without an HTTP answer; {hint}", 1)
+    except http.client.BadStatusLine as err:
+        first = str(err.line if hasattr(err, "line") else err).strip()[:40]
+        what = " (a replication listener: its greeting is SERVER)" if first.startswith("SERVER ") else ""
+        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer: it answered "
+                       f"{first!r}, not HTTP{what}; {hint}", 1)
+    except urllib.error.HTTPError as err:
+        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer (HTTP {err.code} "
+                       f"{err.reason}); {hint}", 1)
+    except (http.client.HTTPException, ValueError) as err:
+        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer "
+                       f"({type(err).__name__}: {redact_url(str(err))}); {hint}", 1)
+    except OSError as err:
+        cli_exit(PROG, f"cannot read metrics from {shown}: {getattr(err, 'reason', err)}", 1)
+    if not any(line.startswith(("factstream_", "# HELP factstream_", "# TYPE factstream_"))
+               for line in text.splitlines()):
+        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer (it answered HTTP "
+                       f"but exports no factstream_* metric); {hint}", 1)
+    return text
 
 
 def readers_from_metrics(where: str, timeout: float) -> list[dict[str, Any]]:
     """Connected readers from a server's /metrics (the factstream_reader_* gauges)."""
-    url = where if "://" in where else f"http://{where}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - a user-given local endpoint
-            text = resp.read().decode("utf-8", "replace")
-    except OSError as err:
-        print(f"{PROG}: cannot read metrics from {redact_url(url)}: {getattr(err, 'reason', err)}", file=sys.stderr)
-        raise SystemExit(1) from None
+    text = fetch_metrics(where, timeout)
     readers: dict[tuple[str, str, str], dict[str, Any]] = {}
     field = {"factstream_reader_connected_since_seconds": "connected_since",
              "factstream_reader_buffered_commands": "buffered", "factstream_reader_last_ping_seconds": "last_ping"}
@@ -191,6 +228,7 @@ async def status(args: argparse.Namespace) -> int:
         return 2
     if args.target:
         parse_target(args.target, PROG)
+    refuse_tls_options(args, PROG)
     if args.metrics and args.redis:
         print(f"{PROG}: --metrics lists a TCP server's readers; Redis readers are not visible to writers",
               file=sys.stderr)

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from ...commands import Command
 from ...errors import FactstreamError, ProtocolError
@@ -22,14 +23,51 @@ from .pages import decode_page
 
 logger = logging.getLogger("factstream.transport.nats")
 
+#: URL schemes nats-py speaks (tls:// and wss:// insist on TLS).
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
 def _servers(url: str) -> list[str]:
+    """The server URLs of ``url``; ValueError (saying what to write) for one nats-py would misread.
+
+    nats-py takes ``http://h:4222`` as host "http" and a bad port as "invalid
+    connect url option", both found only when connecting.
+    """
     servers = [u.strip() for u in url.split(",") if u.strip()]
     if not servers:
         raise ValueError("empty NATS URL (expected nats://host:port[,nats://host2:port2...])")
     for s in servers:
-        if "://" not in s:
-            raise ValueError(f"bad NATS URL {redact_url(s)!r} (expected nats://host:port, tls://host:port)")
+        scheme = s.split("://", 1)[0].lower() if "://" in s else ""
+        if scheme not in NATS_SCHEMES:
+            raise ValueError(f"bad NATS URL {redact_url(s)!r} (expected nats://host:port, tls://host:port for TLS, "
+                             "or ws:// / wss://)")
+        try:
+            parts = urlsplit(s)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+        except ValueError:
+            raise ValueError(f"bad NATS URL {redact_url(s)!r}: the port must be a number "
+                             "(expected nats://host:port)") from None
+        if not parts.hostname:
+            raise ValueError(f"bad NATS URL {redact_url(s)!r}: no host (expected nats://host:port)")
     return servers
+
+
+def _tls_not_offered(nc: Any, info: dict[str, Any]) -> str | None:
+    """Why the server ``nc`` is connecting to cannot be used for a tls:// URL (None: it can).
+
+    nats-py upgrades to TLS only when the server's INFO requires it: a
+    ``tls://`` URL pointing at a plaintext port used to connect, and send the
+    password, in the clear. A server that offers TLS without requiring it is
+    upgraded; one that does not offer it is refused before anything is sent.
+    """
+    uri: Any = getattr(getattr(nc, "_current_server", None), "uri", None)
+    if uri is None or uri.scheme != "tls" or info.get("tls_required") or nc.options.get("tls_handshake_first"):
+        return None
+    if info.get("tls_available"):
+        info["tls_required"] = True  # nats-py reads this next, from the same dict, and upgrades
+        return None
+    return (f"the NATS server at {uri.hostname}:{uri.port} does not offer TLS, but the URL asks for it (tls://); "
+            "nothing was sent: configure TLS on the server, or use nats:// to connect in plaintext")
 
 
 async def connect_nats(url: str, *, name: str, timeout: float = 5.0, **callbacks: Any) -> Any:
@@ -59,7 +97,11 @@ async def connect_nats(url: str, *, name: str, timeout: float = 5.0, **callbacks
     forever = options["max_reconnect_attempts"] < 0
     if forever:
         options["max_reconnect_attempts"] = 1
-    nc = _client_class()()
+    client = _client_class()
+    if not _TLS_CHECKED and any(s.lower().startswith("tls://") for s in options["servers"]):
+        raise ValueError("this nats-py version cannot be made to insist on TLS for a tls:// URL (it would connect "
+                         "in plaintext to a server without TLS); install the nats-py version factstream supports")
+    nc = client()
     await nc.connect(**options)
     if forever:
         nc.options["max_reconnect_attempts"] = -1  # from now on nats-py reconnects forever
@@ -135,16 +177,19 @@ async def check_nats(url: str, server_name: str, timeout: float = 5.0) -> None:
     out a NATS restart); a command started against a wrong URL, a server that
     is not running or one without JetStream should say so at once instead.
     """
-    _servers(url)
+    servers = _servers(url)
     JetStreamLayout.for_server(server_name)
     shown = redact_url(url)
+    seen: list[BaseException] = []
+
+    async def _note(err: Exception) -> None:
+        seen.append(err)
+
     try:
         nc = await connect_nats(url, name="factstream-check", timeout=timeout, allow_reconnect=False,
-                                max_reconnect_attempts=1)
-    except Exception as err:  # noqa: BLE001 - every failure to connect means the same to the user
-        why = str(err) or type(err).__name__
-        raise NatsUnavailable(f"cannot reach NATS at {shown} ({redact_url(why)}); start it with JetStream "
-                              "(e.g. nats-server -js -p 4222) or pass the right --nats URL") from None
+                                max_reconnect_attempts=1, error_cb=_note)
+    except Exception as err:  # noqa: BLE001 - every failure to connect is said in words below
+        raise NatsUnavailable(_why_unreachable(shown, servers, [*seen, err], timeout)) from None
     try:
         try:
             await _Api(nc, JetStreamLayout.for_server(server_name), timeout).request("INFO")
@@ -153,6 +198,45 @@ async def check_nats(url: str, server_name: str, timeout: float = 5.0) -> None:
                                   "start nats-server with -js (JetStream enabled)") from None
     finally:
         await nc.close()
+
+
+def _why_unreachable(shown: str, servers: list[str], errors: list[BaseException], timeout: float) -> str:
+    """What a failed first connect means and what to do, from the errors nats-py met (the last one first).
+
+    nats-py ends most failures with "no servers available for connection";
+    the error behind it (a refused credential, an unknown host, nothing
+    listening) is what the user can act on.
+    """
+    def has(kind: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+        return next((e for e in reversed(errors) if isinstance(e, kind)), None)
+
+    text = [str(e) for e in errors]
+    tls = next((t for t in text if "does not offer TLS" in t), None)
+    if tls is not None:
+        return f"cannot use NATS at {shown}: {tls}"
+    if any("Authorization Violation" in t or "Authentication" in t for t in text):
+        if any("@" in urlsplit(s).netloc for s in servers):
+            return (f"NATS at {shown} refused the credentials (Authorization Violation); check the user and "
+                    "password (nats://USER:PASSWORD@host:port) or token (nats://TOKEN@host:port) in the --nats URL")
+        return (f"NATS at {shown} requires credentials (Authorization Violation); put them in the --nats URL: "
+                "nats://USER:PASSWORD@host:port or nats://TOKEN@host:port")
+    import socket
+
+    unknown = has(socket.gaierror)
+    if unknown is not None and not has((ConnectionRefusedError, TimeoutError)):
+        hosts = ", ".join(sorted({repr(urlsplit(s).hostname) for s in servers}))
+        return (f"cannot reach NATS at {shown}: unknown host {hosts} ({getattr(unknown, 'strerror', None) or unknown}); "
+                "check the host in the --nats URL")
+    if has(ConnectionRefusedError) and not has(TimeoutError):
+        return (f"cannot reach NATS at {shown}: nothing listens there (connection refused); start it with "
+                "JetStream (e.g. nats-server -js -p 4222) or pass the right --nats URL")
+    if has(TimeoutError):
+        return (f"cannot reach NATS at {shown}: no answer within {timeout:g}s (--connect-timeout); is it a NATS "
+                "port? (a NATS server greets at once)")
+    last = errors[-1]
+    why = redact_url(str(last) or type(last).__name__)
+    return (f"cannot reach NATS at {shown} ({why}); start it with JetStream (e.g. nats-server -js -p 4222) "
+            "or pass the right --nats URL")
 
 
 async def delete_stream(url: str, server_name: str, *, stream: str | None = None) -> bool:
@@ -175,6 +259,8 @@ async def delete_stream(url: str, server_name: str, *, stream: str | None = None
 FastHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
 
 _CLIENT: Any = None
+#: Whether _CLIENT checks a new connection's INFO against a tls:// URL (nats-py's internals as expected).
+_TLS_CHECKED = False
 
 
 def _client_class() -> Any:
@@ -184,18 +270,31 @@ def _client_class() -> Any:
     and awaits a callback in a task: a few times the cost of what the carrier
     does with it. Subscriptions registered with :func:`_fast_subscribe` get
     their data messages handed over raw instead; status messages (JetStream
-    heartbeats, flow control) still take nats-py's own path. If nats-py's
-    internals change, the fast path is simply not installed.
+    heartbeats, flow control) still take nats-py's own path. Each new
+    connection's INFO is checked against a tls:// URL (:func:`_tls_not_offered`).
+    If nats-py's internals change, the fast path is simply not installed, and
+    without the INFO check tls:// URLs are refused (:func:`connect_nats`).
     """
-    global _CLIENT
+    global _CLIENT, _TLS_CHECKED
     if _CLIENT is not None:
         return _CLIENT
     from nats.aio.client import Client
+    from nats.errors import Error as NatsError
+
+    class TlsNotOffered(NatsError):
+        """A tls:// URL met a server without TLS (a nats-py Error, so its connect loop moves on)."""
 
     class FastClient(Client):
         def __init__(self) -> None:
             super().__init__()
             self.factstream_fast: dict[int, FastHandler] = {}
+
+        async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+            if initial_connection:  # the INFO of a new connection, before nats-py decides on TLS and sends CONNECT
+                refused = _tls_not_offered(self, info)
+                if refused is not None:
+                    raise TlsNotOffered(refused)
+            await super()._process_info(info, initial_connection)
 
         async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                                headers: bytes | None) -> None:
@@ -209,8 +308,13 @@ def _client_class() -> Any:
 
     import inspect
 
+    _TLS_CHECKED = list(inspect.signature(Client._process_info).parameters) == ["self", "info", "initial_connection"]
+    if not _TLS_CHECKED:
+        del FastClient._process_info
     params = inspect.signature(Client._process_msg).parameters
-    _CLIENT = FastClient if list(params)[:6] == ["self", "sid", "subject", "reply", "data", "headers"] else Client
+    if list(params)[:6] != ["self", "sid", "subject", "reply", "data", "headers"]:
+        del FastClient._process_msg  # nats-py's own message path
+    _CLIENT = FastClient
     return _CLIENT
 
 
