@@ -385,9 +385,12 @@ def test_chart_of_an_archive_without_timestamps_is_a_message(tmp_path: Path) -> 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "bare.log").write_text("".join(f"RDATA events master {t} {_ev(t)}\n" for t in range(1, 50)))
     out = tmp_path / "pq"
-    loud = logs("parse", str(tmp_path / "in"), "--out", str(out), "-v", *SPARK)
+    quiet = logs("parse", str(tmp_path / "in"), "--out", str(out), "-v", *SPARK)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "WARN" not in quiet.stderr  # -v is our INFO lines; Java's notices are tracebacks' kin: -vv
+    loud = logs("parse", str(tmp_path / "in"), "--out", str(tmp_path / "pq2"), "-vv", *SPARK)
     assert loud.returncode == 0, loud.stderr
-    assert "WARN" in loud.stderr  # -v lets Java's notices through (hidden by default: test above)
+    assert "WARN" in loud.stderr  # -vv lets Java's notices through (hidden by default: test above)
     chart = tmp_path / "c.png"
     done = logs("report", str(out), "--chart", str(chart), *SPARK)
     assert done.returncode == 1

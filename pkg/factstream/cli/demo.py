@@ -72,11 +72,11 @@ async def orchestrate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     if args.redis:
-        from .serve import check_redis
+        from .link import check_redis
 
         await check_redis(args.redis, args.server_name or "demo.hs", "factstream demo")
     if args.nats:
-        from .serve import check_nats
+        from .link import check_nats
 
         await check_nats(args.nats, args.server_name or "demo.hs", "factstream demo")
     workdir = args.workdir or tempfile.mkdtemp(prefix="factstream-demo-")

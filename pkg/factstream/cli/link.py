@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
 import ssl as _ssl
 import time
@@ -30,8 +31,10 @@ from .. import wire
 from ..errors import ProtocolError
 from ..redaction import redact_url
 
-__all__ = ["LinkError", "Link", "LinkOptions", "open_link", "parse_target", "target_problem", "utc_stamp",
+__all__ = ["LinkError", "Link", "LinkOptions", "connect_within", "open_link", "parse_target", "target_problem", "utc_stamp",
            "check_nats", "check_redis", "cli_exit", "redis_failure", "refuse_tls_options"]
+
+log = logging.getLogger("factstream.link")
 
 
 class LinkError(Exception):
@@ -380,3 +383,20 @@ async def check_nats(url: str, server_name: str, prog: str, timeout: float = 5.0
         cli_exit(prog, str(err), 2)
     except NatsUnavailable as err:
         cli_exit(prog, str(err), 1)
+
+
+async def connect_within(opts: LinkOptions, *, quiet: bool = False) -> Any:
+    """open_link, retrying a refused/failed connect with backoff until ``connect_timeout``; LinkError after."""
+    deadline = time.monotonic() + opts.connect_timeout
+    delay = 0.05
+    while True:
+        try:
+            return await open_link(opts)
+        except LinkError as err:
+            left = deadline - time.monotonic()
+            if err.permanent or left <= delay:
+                raise
+            if not quiet:
+                log.info("%s; retrying for %.1fs more", err, left)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)

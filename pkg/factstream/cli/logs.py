@@ -203,7 +203,8 @@ def _session(args: argparse.Namespace) -> Any:
 
     conf = _conf(args)
     conf.setdefault("spark.ui.showConsoleProgress", "false")
-    verbose = int(getattr(args, "verbose", 0) or 0)
+    # Java's notices and stack traces are tracebacks too: shown with -vv/--debug, not with -v.
+    verbose = bool(getattr(args, "debug", False))
     sys.stdout.flush()
     sys.stderr.flush()
     saved_out, saved_err = os.dup(1), os.dup(2)
@@ -369,7 +370,7 @@ def run_parse(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_sigint)
     # py4j logs a traceback when a signal cuts one of its calls short.
-    if not getattr(args, "verbose", 0):
+    if not getattr(args, "debug", False):
         quiet_py4j()
     bad: list[tuple[str, str]] = []
     try:
@@ -643,7 +644,7 @@ def run_stream(args: argparse.Namespace) -> int:
         return 2
     from ..spark.streaming import run_stream as wait_for, start_stream
 
-    if not getattr(args, "verbose", 0):
+    if not getattr(args, "debug", False):
         quiet_py4j()  # py4j logs the traceback of a failed foreachBatch; the one line below says it
 
     def on_batch(batch_id: int, files: int) -> None:

@@ -209,7 +209,7 @@ async def live_positions(args: argparse.Namespace) -> dict[tuple[str, str], int]
     """(stream, writer) -> position announced by the writer at --connect, after REPLICATE."""
     from ..transport.tcp import client_ssl_context
     from .link import LinkError, LinkOptions, parse_target
-    from .tail import connect_within
+    from .link import connect_within
 
     host, port = parse_target(args.connect, PROG)
     ssl = None
@@ -255,9 +255,9 @@ async def redis_positions(args: argparse.Namespace) -> dict[tuple[str, str], int
     """(stream, writer) -> position, from the POSITION answers to one REPLICATE published on the channel."""
     import redis.asyncio as aioredis
 
-    from .serve import check_redis
+    from .link import check_redis
 
-    await check_redis(args.redis, args.server_name, PROG)
+    await check_redis(args.redis, args.server_name, PROG, args.connect_timeout)
     got: dict[tuple[str, str], int] = {}
     client = aioredis.from_url(args.redis)
     try:

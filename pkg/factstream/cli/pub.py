@@ -23,7 +23,8 @@ from ..errors import ProtocolError
 from ..redaction import redact_url
 from .argtypes import duration
 from .link import LinkError, check_redis, parse_target, refuse_tls_options
-from .tail import add_link_options, connect_within, link_options
+from .link import connect_within
+from .tail import add_link_options, link_options
 
 PROG = "factstream pub"
 

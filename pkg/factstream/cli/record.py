@@ -27,7 +27,8 @@ from ..redaction import redact_url
 from .argtypes import duration, size_bytes
 from .capture import CaptureWriter, check_capture_name, prefix_lines
 from .link import LinkError, open_link, utc_stamp
-from .tail import add_link_options, connect_within, link_options, parse_target
+from .link import connect_within
+from .tail import add_link_options, link_options, parse_target
 
 log = logging.getLogger("factstream.record")
 PROG = "factstream record"
@@ -165,9 +166,9 @@ async def record_redis(args: argparse.Namespace, rec: Recorder, stop: asyncio.Ev
     from redis.exceptions import RedisError
 
     from ..transport.redis import RedisChannels
-    from .serve import check_redis
+    from .link import check_redis
 
-    await check_redis(args.redis, args.server_name, PROG)
+    await check_redis(args.redis, args.server_name, PROG, args.connect_timeout)
     channels = RedisChannels.for_server(args.server_name)
     names = [channels.main] + ([channels.user_ip] if args.user_ip else [])
     shown = redact_url(args.redis)
@@ -214,7 +215,7 @@ async def record_nats(args: argparse.Namespace, rec: Recorder, stop: asyncio.Eve
     from ..transport.nats.client import _Api
     from ..transport.nats.consumer import _LogConsumer
     from ..transport.nats.tail import require_stream
-    from .serve import check_nats
+    from .link import check_nats
 
     await check_nats(args.nats, args.server_name, PROG, args.connect_timeout)
     layout = JetStreamLayout.for_server(args.server_name)
@@ -262,7 +263,7 @@ async def record_nats(args: argparse.Namespace, rec: Recorder, stop: asyncio.Eve
 
 def check_args(args: argparse.Namespace) -> str:
     """The capture name, once the options are known to fit together (usage errors exit 2)."""
-    from .serve import cli_error
+    from .link import cli_exit as cli_error
 
     if sum(map(bool, (args.target, args.redis, args.nats))) != 1:
         cli_error(PROG, "give HOST:PORT (TCP), --redis URL or --nats URL (exactly one)", 2)

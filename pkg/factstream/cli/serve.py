@@ -32,7 +32,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from .. import transport
 from ..backoff import Outage
@@ -44,6 +44,7 @@ from ..demo.tables import DEMO_TABLES
 from ..replication.tables import StreamTable, create_tables, open_id_generators
 from ..replication.written import WrittenRows
 from ..status_lines import emit
+from .link import check_nats, check_redis, cli_exit
 from .argtypes import duration, fraction, number, port, whole_number
 
 log = logging.getLogger(__name__)
@@ -203,67 +204,6 @@ def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(filled, dest, None) is None:
             setattr(filled, dest, value)
     return filled
-
-
-def cli_error(prog: str, message: str, status: int) -> NoReturn:
-    """Print ``prog: message`` on stderr and exit with ``status`` (2: usage, 1: environment)."""
-    print(f"{prog}: {message}", file=sys.stderr)
-    raise SystemExit(status)
-
-
-async def check_nats(url: str, server_name: str, prog: str, timeout: float = 5.0) -> None:
-    """Exit with a message saying what to do when ``url`` is malformed or no JetStream answers there."""
-    from ..transport.nats import NatsUnavailable
-    from ..transport.nats import check_nats as check
-
-    try:
-        await check(url, server_name, timeout)
-    except ValueError as err:
-        cli_error(prog, str(err), 2)
-    except NatsUnavailable as err:
-        cli_error(prog, str(err), 1)
-
-
-async def check_redis(url: str, server_name: str, prog: str, timeout: float = 5.0) -> None:
-    """Exit with a message saying what to do when ``url`` is malformed or Redis does not answer.
-
-    The carrier itself reconnects forever (right for a running process riding
-    out a Redis restart); a command started against a wrong URL or a Redis
-    that is not running should say so at once instead.
-    """
-    from redis.exceptions import AuthenticationError, RedisError
-
-    from ..transport.redis import RedisChannels, connection_kwargs_from_url, redacted_url
-
-    shown = redacted_url(url)
-    try:
-        RedisChannels.for_server(server_name)
-    except ValueError as err:
-        cli_error(prog, f"--server-name: {err} (it names the Redis channel)", 2)
-    try:
-        cls, kwargs = connection_kwargs_from_url(url)
-        conn = cls(**{"protocol": 2, "socket_connect_timeout": timeout, "retry": None, "retry_on_error": [], **kwargs})
-    except (ValueError, TypeError) as err:
-        what = str(err) if isinstance(err, ValueError) else f"unsupported option in Redis URL {shown!r}: {err}"
-        cli_error(prog, f"{what} (expected redis://[[user]:password@]host[:port][/db], rediss://... or "
-                        "unix:///path/to/redis.sock; percent-encode special characters in the password)", 2)
-    try:
-        async with asyncio.timeout(timeout):
-            await conn.connect()  # type: ignore[no-untyped-call]  # redis-py: AbstractConnection.connect() is unannotated
-            await conn.send_command("PING")
-            await conn.read_response()
-    except AuthenticationError as err:
-        cli_error(prog, f"Redis at {shown} refused the credentials ({err}); put the right password in the URL "
-                        "(redis://:PASSWORD@host:port)", 1)
-    except (RedisError, OSError, TimeoutError) as err:
-        why = "timed out" if isinstance(err, TimeoutError) else (str(err) or type(err).__name__)
-        cli_error(prog, f"cannot reach Redis at {shown} ({why}); start Redis there "
-                        "(e.g. redis-server --port 6379) or pass the right --redis URL", 1)
-    finally:
-        try:
-            await conn.disconnect()
-        except Exception:  # noqa: BLE001 - closing a socket that never opened may fail any way
-            pass
 
 
 class ListenError(FactstreamError):
@@ -626,7 +566,7 @@ async def _reserve_all(
 async def serve(args: argparse.Namespace) -> int:
     misplaced = misplaced_option(args)
     if misplaced:
-        cli_error("factstream serve", misplaced, 2)
+        cli_exit("factstream serve", misplaced, 2)
     args = with_defaults(args)
     if args.redis:
         await check_redis(args.redis, args.server_name, "factstream serve")
@@ -640,10 +580,10 @@ async def serve(args: argparse.Namespace) -> int:
         try:
             server_ssl_context(args.tls_cert, args.tls_key, client_cafile=args.tls_client_ca)
         except TlsFileError as err:
-            cli_error("factstream serve", f"cannot use the TLS files: {err}", 2)
+            cli_exit("factstream serve", f"cannot use the TLS files: {err}", 2)
         except (OSError, ssl.SSLError) as err:
             given = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--tls-client-ca": args.tls_client_ca}
-            cli_error("factstream serve", f"cannot load the TLS files ({', '.join(f'{k} {v}' for k, v in given.items() if v)})"
+            cli_exit("factstream serve", f"cannot load the TLS files ({', '.join(f'{k} {v}' for k, v in given.items() if v)})"
                                           f": {err}", 2)
     from ..store.database import DatabaseError
 

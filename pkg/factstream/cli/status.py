@@ -27,7 +27,8 @@ from .. import transport
 from ..redaction import redact_url
 from .argtypes import duration
 from .link import LinkError, check_nats, check_redis, cli_exit, parse_target, refuse_tls_options, utc_stamp
-from .tail import add_link_options, connect_within, link_options
+from .link import connect_within
+from .tail import add_link_options, link_options
 
 PROG = "factstream status"
 _METRIC = re.compile(r'^(factstream_reader_\w+)\{(.*)\} (\S+)$')

@@ -37,10 +37,10 @@ from .. import _json, transport
 from ..streams.rows import Row
 from . import missing_sqlite
 from .argtypes import duration, whole_number
-from .link import LinkError, LinkOptions, open_link, parse_target, utc_stamp
+from .link import LinkError, LinkOptions, connect_within, open_link, parse_target, utc_stamp
 from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat, template
 
-__all__ = ["register", "run", "add_link_options", "connect_within", "link_options", "parse_target"]
+__all__ = ["register", "run", "add_link_options", "link_options", "parse_target"]
 
 log = logging.getLogger("factstream.tail")
 T = TypeVar("T")
@@ -124,7 +124,7 @@ def register(subparsers: Any) -> None:
 
 
 def usage(message: str) -> None:
-    from .serve import cli_error
+    from .link import cli_exit as cli_error
 
     cli_error(PROG, message, 2)
 
@@ -184,23 +184,6 @@ def link_options(args: argparse.Namespace, client_name: str, *, replicate: bool 
     return LinkOptions(host, port, client_name=client_name, expected_server_name=args.server_name, ssl=ssl,
                        connect_timeout=args.connect_timeout, ping_interval=args.ping_interval,
                        timeout=args.timeout, replicate=replicate)
-
-
-async def connect_within(opts: LinkOptions, *, quiet: bool = False) -> Any:
-    """open_link, retrying a refused/failed connect with backoff until ``connect_timeout``; LinkError after."""
-    deadline = time.monotonic() + opts.connect_timeout
-    delay = 0.05
-    while True:
-        try:
-            return await open_link(opts)
-        except LinkError as err:
-            left = deadline - time.monotonic()
-            if err.permanent or left <= delay:
-                raise
-            if not quiet:
-                log.info("%s; retrying for %.1fs more", err, left)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
 
 class Output:
@@ -727,14 +710,14 @@ async def tail(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     if args.nats:
-        from .serve import check_nats
+        from .link import check_nats
 
-        await check_nats(args.nats, args.server_name, PROG)
+        await check_nats(args.nats, args.server_name, PROG, args.connect_timeout)
         status = await (tail_follow(args, output) if args.db else tail_log(args, output))
     elif args.redis:
-        from .serve import check_redis
+        from .link import check_redis
 
-        await check_redis(args.redis, args.server_name, PROG)
+        await check_redis(args.redis, args.server_name, PROG, args.connect_timeout)
         status = await (tail_follow(args, output) if args.db else tail_traffic(args, output))
     elif args.db:
         status = await tail_follow(args, output)
