@@ -63,6 +63,22 @@ def test_pub_over_tcp_sends_only_valid_client_commands() -> None:
     assert lines[2:4] == ["USER_SYNC worker1 @a:hs DEV start 1700000000000", "FEDERATION_ACK worker1 17"]
 
 
+def test_pub_takes_its_commands_after_the_options_too() -> None:
+    """``pub HOST:PORT --wait 0.3 'CMD'`` said "unrecognized arguments: CMD": the commands may follow the options."""
+    peer = LineServer()
+    try:
+        out = cli("pub", f"127.0.0.1:{peer.port}", "--wait", "0.3", "FEDERATION_ACK worker1 17",
+                  "--client-name", "mixed", "FEDERATION_ACK worker1 18")
+    finally:
+        peer.close()
+    assert out.returncode == 0, out.stderr
+    lines = peer.received.decode().splitlines()
+    assert lines[0] == "NAME mixed"
+    assert lines[2:4] == ["FEDERATION_ACK worker1 17", "FEDERATION_ACK worker1 18"]
+    wrong = cli("pub", "127.0.0.1:1", "--no-such-option", "PING 1")
+    assert wrong.returncode == 2 and "unrecognized arguments: --no-such-option" in wrong.stderr
+
+
 def test_pub_refuses_bad_lines_and_sends_nothing() -> None:
     peer = LineServer()
     out = cli("pub", f"127.0.0.1:{peer.port}", "REPLICATE", 'RDATA caches m 1 ["f",null,1]', "NOPE x",

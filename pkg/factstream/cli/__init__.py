@@ -61,9 +61,12 @@ class _Parser(argparse.ArgumentParser):
     instead. Subcommand parsers are made with this class too.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, intermixed: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        #: positionals may come after options too (``pub HOST:PORT --server-name x 'PING 1'``)
+        self.intermixed = intermixed
+        self._mixing = False
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         """A subcommand names the arguments it does not know itself, with its own usage.
@@ -71,7 +74,16 @@ class _Parser(argparse.ArgumentParser):
         argparse leaves them to the top parser, whose usage (``factstream [-h] ... COMMAND``) and
         message (``factstream: error: ...``) do not say which command's options to look at.
         """
-        parsed, extras = super().parse_known_args(args, namespace)
+        if self._mixing:  # one of parse_known_intermixed_args' own passes
+            return super().parse_known_args(args, namespace)
+        if self.intermixed:
+            self._mixing = True
+            try:
+                parsed, extras = self.parse_known_intermixed_args(args, namespace)
+            finally:
+                self._mixing = False
+        else:
+            parsed, extras = super().parse_known_args(args, namespace)
         if extras and " " in self.prog:  # a subcommand ("factstream tail", "factstream logs parse")
             self.error(f"unrecognized arguments: {' '.join(extras)} (see {self.prog} --help)")
         return parsed, extras
@@ -154,7 +166,7 @@ def one_line(text: str) -> str:
 def describe_error(err: BaseException) -> str:
     """What went wrong, in one line a user can act on."""
     if isinstance(err, OSError) and err.errno == errno.EADDRINUSE:
-        return f"{one_line(str(err))} (another process holds that port: stop it or choose another with --port)"
+        return f"{one_line(str(err))} (another process holds that port: stop it or choose another port)"
     if isinstance(err, OSError) and err.errno in (errno.ENOENT, errno.EACCES, errno.EISDIR) and err.filename:
         why = {errno.ENOENT: "no such file or directory", errno.EACCES: "permission denied",
                errno.EISDIR: "is a directory"}[err.errno]
@@ -188,19 +200,23 @@ def check_file_options(args: argparse.Namespace) -> str | None:
 
 
 def missing_sqlite(url: str, who: str) -> str | None:
-    """Why a reader's SQLite ``--db`` names no database (a reader never creates one), or None.
+    """Why a reader's ``--db`` names no database it can read (a reader never creates one), or None.
 
     sqlite3 creates a missing file on connect: a mistyped path would give a
-    reader an empty database to wait on instead of an error.
+    reader an empty database to wait on instead of an error. A URL written
+    wrong (a bare path, ``sqlite://`` with two slashes) raises DatabaseURLError.
     """
-    if urlsplit(url).scheme.lower() != "sqlite":
+    from ..store.database import check_url, sqlite_path
+
+    if check_url(url) != "sqlite":  # DatabaseURLError: main() reports it as a usage mistake (exit 2)
         return None
-    rest = url[len("sqlite://"):]
-    path = rest[1:] if rest.startswith("/") else ""
+    path = sqlite_path(url)
     if path == ":memory:":
         return "sqlite:///:memory: is always empty; give the file of a writer's database"
-    if not path or not os.path.isfile(path):
-        return f"no database at {path or url!r} ({who} never creates one); give the writer's --db URL"
+    if os.path.isdir(path):
+        return f"{path!r} is a directory, not a database file; give the writer's --db URL"
+    if not os.path.isfile(path):
+        return f"no database at {path!r} ({who} never creates one); give the writer's --db URL"
     return None
 
 
@@ -249,6 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit:
         raise
     except Exception as err:  # noqa: BLE001 - this is the boundary: everything becomes one line
+        from ..store.database import DatabaseURLError
+
+        if isinstance(err, DatabaseURLError):  # a --db written wrong: a usage mistake, said before anything ran
+            print(f"{prog}: --db: {describe_error(err)}", file=sys.stderr)
+            return 2
         if debug:
             sys.stderr.write(redact_text("".join(traceback.format_exception(err))))
         try:

@@ -32,6 +32,7 @@ PROG = "factstream pub"
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "pub",
+        intermixed=True,  # commands may follow the options: pub HOST:PORT --server-name hs 'PING 1'
         help="send hand-written replication commands over TCP (as a client) or onto a Redis channel",
         description=(
             "Send replication commands given as arguments (one command per argument) or read from stdin (one per "
