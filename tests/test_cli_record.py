@@ -175,6 +175,11 @@ def test_record_option_mistakes_are_refused_before_connecting(tmp_path: Any) -> 
         out = cli("record", "127.0.0.1:1", "--connect-timeout", "30", "--dir", str(tmp_path / "d"), *extra)
         assert out.returncode == 2 and needle in out.stderr and no_traceback(out.stderr), (extra, out.stderr)
         assert "Errno" not in out.stderr
+    # TCP's TLS options with Redis or NATS would record over a plaintext link the user believed encrypted
+    for carrier, needle in ((["--redis", "redis://:s3cret@127.0.0.1:6379"], "use a rediss:// URL"),
+                            (["--nats", "nats://127.0.0.1:4222"], "use a tls:// URL")):
+        out = cli("record", *carrier, "--server-name", "x", "--tls", "--dir", str(tmp_path / "d"))
+        assert out.returncode == 2 and needle in out.stderr and "s3cret" not in out.stderr, out.stderr
     assert not (tmp_path / "d").exists()
 
 

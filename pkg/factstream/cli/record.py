@@ -264,9 +264,11 @@ async def record_nats(args: argparse.Namespace, rec: Recorder, stop: asyncio.Eve
 def check_args(args: argparse.Namespace) -> str:
     """The capture name, once the options are known to fit together (usage errors exit 2)."""
     from .link import cli_exit as cli_error
+    from .link import refuse_tls_options
 
     if sum(map(bool, (args.target, args.redis, args.nats))) != 1:
         cli_error(PROG, "give HOST:PORT (TCP), --redis URL or --nats URL (exactly one)", 2)
+    refuse_tls_options(args, PROG)  # TCP's TLS options would leave a Redis/NATS link in plaintext
     if (args.redis or args.nats) and not args.server_name:
         which = "--redis" if args.redis else "--nats"
         cli_error(PROG, f"{which} needs --server-name NAME (it names the deployment's "
