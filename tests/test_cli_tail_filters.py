@@ -11,24 +11,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cli_run import cli, no_traceback, serve, start, stop
+from cli_run import cli, no_traceback, start, stop
 from nats_helpers import deployment, nats_url  # noqa: F401 - fixtures
+from test_cli_tail import writer  # noqa: F401 - a TCP writer producing facts for the whole module
 from test_nats_record_status import produce, wait_event
-
-@pytest.fixture(scope="module")
-def writer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """A TCP writer producing facts for the whole module: (db_url, port)."""
-    d = tmp_path_factory.mktemp("filters")
-    db_url = f"sqlite:///{d}/w.db"
-    proc, port = serve(db_url, "--produce", "--rate", "200", "--seed", "3")
-    time.sleep(0.5)
-    yield db_url, port
-    stop(proc)
 
 
 @pytest.mark.parametrize(

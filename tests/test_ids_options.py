@@ -6,28 +6,12 @@ stream name on SQLite; ``backwards="no"`` handed out negative ids; ``get_next_tx
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from factstream.ids import IdGenerator, IdGeneratorError, PositionTracker, create_id_generator
 from factstream.store.database import Database
 from factstream.store.migrations import migrate
-
-TABLES = [("facts", "instance_name", "stream_id")]
-
-
-@pytest.fixture
-async def db(engine_db: Database) -> Database:
-    await engine_db.execute("CREATE TABLE facts (stream_id BIGINT NOT NULL, instance_name TEXT, body TEXT)")
-    return engine_db
-
-
-async def make(db: Any, **kw: Any) -> IdGenerator:
-    kw.setdefault("stream_name", "events")
-    kw.setdefault("instance_name", "master")
-    kw.setdefault("tables", TABLES)
-    return await create_id_generator(db, **kw)
+from test_ids import TABLES, db, make  # noqa: F401 - the facts table fixture and the generator maker
 
 
 BAD = [
