@@ -603,10 +603,11 @@ def _check_stream(args: argparse.Namespace) -> tuple[str, list[str]]:
     except ImportError:
         raise UsageError("reading a database needs pyspark 4 (its Python data source API); "
                          "pip install 'pyspark>=4', or stream a recorder's closed files with --files DIR") from None
+    chosen = _stream_tables(args)  # the options first: a usage mistake is named even when the database is missing
     problem = missing_sqlite(args.db, "logs stream")
     if problem:
         raise UsageError(f"--db: {problem}")
-    return _stream_tables(args)
+    return chosen
 
 
 def _checkpoint_unused(checkpoint: str) -> bool:
