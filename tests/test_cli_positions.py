@@ -149,7 +149,8 @@ def test_options_positions_would_ignore_are_refused(tmp_path: Any) -> None:
     assert both.returncode == 2 and "--connect" in both.stderr and "--redis" in both.stderr and "not both" in both.stderr
     assert secret not in both.stdout + both.stderr and both.stdout == "" and no_traceback(both.stderr)
     db = f"sqlite:///{tmp_path}/absent.db"
-    for extra, named in ((("--tls",), "--tls"), (("--insecure",), "--insecure"), (("--server-name", "hs1"), "--server-name")):
+    for extra, named in ((("--tls",), "--tls"), (("--insecure",), "--insecure"), (("--server-name", "hs1"), "--server-name"),
+                         (("--wait", "3"), "--wait"), (("--connect-timeout", "3"), "--connect-timeout")):
         out = cli("positions", "--db", db, *extra)
         assert out.returncode == 2 and named in out.stderr and "--connect" in out.stderr, (extra, out.stderr)
     assert not (tmp_path / "absent.db").exists()

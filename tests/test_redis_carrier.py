@@ -248,6 +248,11 @@ def test_urls_with_password_db_tls_and_unix_socket() -> None:
     assert (kw["path"], kw["db"], kw["password"]) == ("/run/redis/redis.sock", 2, "pw")
     with pytest.raises(ValueError, match="bad Redis URL"):
         connection_kwargs_from_url("http://localhost:6379")
+    for path in ("abc", "0/extra"):  # redis-py took these as database 0 without a word
+        with pytest.raises(ValueError, match="names the database by number") as err:
+            connection_kwargs_from_url(f"redis://u:s3cret@h:1/{path}")
+        assert "s3cret" not in str(err.value)
+    assert connection_kwargs_from_url("redis://h:1/")[1].get("db") in (None, 0)
     with pytest.raises(ValueError, match="unsupported option"):
         RedisCarrier("redis://127.0.0.1:6379/0?no_such_option=1", "x")
     assert redacted_url("redis://:s3cret@h:1/0") == "redis://:***@h:1/0"

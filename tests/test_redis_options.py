@@ -99,3 +99,10 @@ async def test_the_accepted_edges_connect_and_publish(redis_url: str, channel_pr
         while wire.PingCommand("edge") not in got:
             assert time.monotonic() < deadline, "the command never came back"
             await asyncio.sleep(0.01)
+
+
+def test_send_many_of_something_that_is_not_commands_says_so() -> None:
+    carrier = RedisCarrier("redis://127.0.0.1:6379", "x")
+    with pytest.raises(TypeError, match="send_many takes an iterable of commands, got NoneType"):
+        carrier.send_many(None)  # type: ignore[arg-type]
+    assert carrier.pending == 0

@@ -87,9 +87,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--redis", metavar="URL",
                    help="also ask a Redis deployment's writers (needs --server-name); not with --connect")
     p.add_argument("--server-name", help="with --redis: the deployment's channel; with --connect: the expected name")
-    p.add_argument("--wait", type=duration(), default=1.0, help="seconds to collect POSITION answers (default 1)")
-    p.add_argument("--connect-timeout", type=duration(), default=10.0, metavar="SECONDS",
-                   help="give up connecting after this long (default 10; a refused connection is retried until then)")
+    # None: not given (they apply to --connect/--redis only; the defaults are filled in once that is checked)
+    p.add_argument("--wait", type=duration(), help="with --connect/--redis: seconds to collect POSITION answers "
+                   "(default 1)")
+    p.add_argument("--connect-timeout", type=duration(), metavar="SECONDS",
+                   help="with --connect/--redis: give up connecting after this long (default 10; a refused "
+                   "connection is retried until then)")
     p.add_argument("--tls", action="store_true", help="with --connect: connect with TLS (verifying the server)")
     p.add_argument("--cafile", help="with --connect: CA certificate to verify the server with (implies --tls)")
     p.add_argument("--insecure", action="store_true", help="with --tls: do not verify the certificate (not recommended)")
@@ -142,6 +145,12 @@ def check_options(args: argparse.Namespace) -> str | None:
         return "--tls/--cafile/--insecure apply to --connect HOST:PORT (for Redis over TLS use a rediss:// URL)"
     if args.server_name and not (args.connect or args.redis):
         return "--server-name applies to --connect or --redis"
+    given = [flag for flag, value in (("--wait", args.wait), ("--connect-timeout", args.connect_timeout))
+             if value is not None]
+    if given and not (args.connect or args.redis):
+        return f"{'/'.join(given)} {'applies' if len(given) == 1 else 'apply'} to --connect or --redis (asking live writers)"
+    args.wait = 1.0 if args.wait is None else args.wait
+    args.connect_timeout = 10.0 if args.connect_timeout is None else args.connect_timeout
     return None
 
 

@@ -385,7 +385,10 @@ class RedisCarrier:
         """
         self._check_open("send commands")
         if not isinstance(cmds, (list, tuple)):
-            cmds = list(cmds)
+            try:
+                cmds = list(cmds)
+            except TypeError:
+                raise TypeError(f"send_many takes an iterable of commands, got {type(cmds).__name__}") from None
         total = len(cmds)
         room = 0 if self._overflowing else self.max_pending - self._queued
         accepted = min(total, max(room, 0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.asyncio.connection import Connection as TcpRedisConnection
@@ -56,6 +57,10 @@ def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[Abstrac
         kwargs: dict[str, Any] = dict(parse_url(url))
     except ValueError as err:
         raise ValueError(f"bad Redis URL {redacted_url(url)!r}: {err}") from None
+    path = urlsplit(url).path.strip("/") if url.lower().startswith(("redis://", "rediss://")) else ""
+    if path and not path.isdigit():  # redis-py drops a path that is not a number and uses database 0
+        raise ValueError(f"bad Redis URL {redacted_url(url)!r}: the path names the database by number "
+                         f"(redis://host:port/0), not {path!r}")
     for option in _POOL_ONLY_OPTIONS:
         kwargs.pop(option, None)
     cls: type[AbstractConnection] = kwargs.pop("connection_class", TcpRedisConnection)
