@@ -89,10 +89,14 @@ def test_watch_a_writer_answers_is_healthy_and_duration_is_honoured(redis_url: s
 def test_watch_that_never_reaches_redis_could_not_watch(redis_url: str, channel_prefix: str) -> None:
     """Redis refused for the whole --duration: exit 2 (could not watch), as the help says; not 1 (unhealthy)."""
     dead = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
-    for url in (dead, redis_url.replace("redis://", "redis://:s3cret@")):  # refused port; refused credentials
+    # refused port; refused credentials: the last line says which, not only "see the errors above"
+    for url, why in ((dead, "last error: ConnectionError"), (redis_url.replace("redis://", "redis://:s3cret@"),
+                                                              "last error: AuthenticationError")):
         code, out, err, took = watch(url, channel_prefix, "--interval", "1", "--duration", "1.5", "--json")
         assert code == 2, (url, out, err)
-        assert err.splitlines()[-1].startswith("factstream synapse watch: could not watch: never subscribed to "), err
+        last = err.splitlines()[-1]
+        assert last.startswith("factstream synapse watch: could not watch: never subscribed to "), err
+        assert why in last, last
         assert "s3cret" not in out + err and no_traceback(err)
         assert took < 3.5, took
 

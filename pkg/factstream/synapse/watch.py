@@ -213,7 +213,8 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
             except (TypeError, AttributeError):
                 pass
     if not subscribed_at:
+        why = f"last error: {carrier.last_error}" if carrier.last_error else "see the connection errors above"
         raise WatchError(f"could not watch: never subscribed to {redact_url(opts.redis_url)} during the whole "
-                         f"--duration ({opts.duration:g}s; see the connection errors above): check the --redis URL "
+                         f"--duration ({opts.duration:g}s; {why}): check the --redis URL "
                          "(host, port, password) and that Redis runs there")
     return 0 if healthy else 1

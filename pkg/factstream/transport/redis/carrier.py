@@ -28,6 +28,7 @@ from ... import metrics, wire
 from ..._checks import backoff, seconds, text, whole
 from ...backoff import backoff_delay
 from ...commands import Command
+from ...redaction import redact_text
 from ...redaction import redact_url as redacted_url
 from ...replication.droplog import DropLog
 from .fastpaths import REPLY_LOWAT_MAX, _buffered_replies, _direct_write, _reply_lowat
@@ -205,6 +206,9 @@ class RedisCarrier:
         self._publisher_up = False
         self._state = _State.NEW
         self._closer: asyncio.Task[None] | None = None
+        #: why the last connect or connection failed (password masked), for a caller's own message; None
+        #: before any failure
+        self.last_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._hook_tasks: set[asyncio.Task[Any]] = set()
         self._rng = random.Random()
@@ -524,6 +528,7 @@ class RedisCarrier:
         metrics.RECONNECTS.labels(f"redis {role}").inc()
         self._report_metrics()
         delay = backoff_delay(attempt, self.backoff_initial, self.backoff_max, self._rng)
+        self.last_error = redact_text(self._describe(err))
         log = logger.warning if attempt < 3 or attempt % 10 == 0 else logger.info
         log(
             "Redis %s connection to %s failed (%s); retry %d in %.2fs",
