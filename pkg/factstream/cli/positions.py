@@ -149,8 +149,6 @@ def check_options(args: argparse.Namespace) -> str | None:
              if value is not None]
     if given and not (args.connect or args.redis):
         return f"{'/'.join(given)} {'applies' if len(given) == 1 else 'apply'} to --connect or --redis (asking live writers)"
-    args.wait = 1.0 if args.wait is None else args.wait
-    args.connect_timeout = 10.0 if args.connect_timeout is None else args.connect_timeout
     return None
 
 
@@ -289,6 +287,9 @@ async def positions(args: argparse.Namespace) -> int:
     if problem:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
+    # not given: the defaults (None told check_options whether they were typed)
+    args.wait = 1.0 if args.wait is None else args.wait
+    args.connect_timeout = 10.0 if args.connect_timeout is None else args.connect_timeout
     if not args.db and not args.connect and not args.redis:
         if not os.path.isfile("factstream.db"):
             print(f"{PROG}: say what to read: --db URL (a writer's database), --connect HOST:PORT or "
