@@ -50,6 +50,12 @@ class StoreCore:
         self._rooms_for_user: dict[str, tuple[int, dict[str, tuple[str | None, int]]]] = {}
         self._listeners: list[Callable[[list[PersistedEvent]], Any]] = []
         self._own_gens: list[Any] = []
+        # close() refuses new persists and waits for those running (so their ids complete and
+        # their positions are recorded before the generators close).
+        self._closed = False
+        self._persisting = 0
+        self._persists_done = asyncio.Event()
+        self._persists_done.set()
         # Writer-owned rooms: committed extremities and visibility cursors, so a
         # persist need not read them back (dropped wholesale on any rollback).
         self._ext_cache: dict[str, frozenset[str]] = {}

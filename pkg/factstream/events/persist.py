@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from ..errors import FactstreamError
-from .event_json import EventFields, parse_event
+from ..store.database import DatabaseUnavailable
+from .event_json import EventFields, InvalidEvent, event_bytes, parse_event
 from .records import _MISSING, OPEN_HI, OPEN_LO, NewEvent, PersistedEvent, _Batch, _Prev, _TxnEffects
 from .state import CurrentState
 from .visibility import HISTORY_VISIBILITY, MEMBER, effective_visibility, membership_at, normalise_visibility
@@ -37,13 +39,58 @@ class Persisting(CurrentState):
         return (await self.persist_events([NewEvent(raw, backfilled, outlier, rejected, event_id)]))[0]
 
     async def persist_events(self, events: Sequence[NewEvent | bytes]) -> list[PersistedEvent]:
-        """Persist a batch in one transaction; prev_events must come before their children."""
+        """Persist a batch in one transaction (its own: not inside an open ``db.transaction()``).
+
+        Results come back in the order given. Within the batch, events are
+        persisted parents first (an event whose prev_event comes later in the
+        batch waits for it), so its state is computed from them.
+        """
         if not self.writer:
             raise FactstreamError("this EventStore is a reader (writer=False); persist on the writer")
-        items = [e if isinstance(e, NewEvent) else NewEvent(e) for e in events]
-        if not items:
+        self._check_open()
+        open_txn = getattr(self.db, "_open_txn", None)
+        if open_txn is not None and open_txn() is not None:
+            # Joined to the caller's transaction, the ids would complete (and the events stream
+            # announce them) before that transaction commits: a reader fetching meanwhile would
+            # pass over them for good.
+            raise FactstreamError(
+                "persist_events runs its own transaction and cannot join an open 'async with "
+                "db.transaction()': call it outside, after that transaction ends"
+            )
+        given = _new_events(events)
+        if not given:
             return []
-        parsed = [parse_event(e.raw, e.event_id) for e in items]
+        parsed_given = [parse_event(e.raw, e.event_id) for e in given]
+        order = _parents_first(parsed_given)
+        items = [given[i] for i in order]
+        parsed = [parsed_given[i] for i in order]
+        self._persisting += 1
+        self._persists_done.clear()
+        try:
+            results = await self._persist_batch(items, parsed)
+        except sqlite3.OperationalError as err:
+            if not _sqlite_busy(err):
+                raise
+            raise DatabaseUnavailable(
+                f"the SQLite database {getattr(self.db, 'path', '')!r} is locked by another connection "
+                f"or process ({err}); nothing was stored: retry once it is released"
+            ) from err
+        finally:
+            self._persisting -= 1
+            if not self._persisting:
+                self._persists_done.set()
+        by_input = [res for _, res in sorted(zip(order, results), key=lambda pair: pair[0])]
+        for fn in self._listeners:
+            res = fn(by_input)
+            if asyncio.iscoroutine(res):
+                await res
+        return by_input
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FactstreamError("this EventStore is closed; EventStore.open() it again to persist")
+
+    async def _persist_batch(self, items: list[NewEvent], parsed: list[EventFields]) -> list[PersistedEvent]:
         rooms = sorted({f.room_id for f in parsed})
         locks = [self._room_locks.setdefault(r, asyncio.Lock()) for r in rooms]
         for lock in locks:
@@ -59,6 +106,10 @@ class Persisting(CurrentState):
                 results: list[PersistedEvent] = []
                 async with self.db.transaction() as txn:
                     txn.call_after_rollback(self._forget_uncommitted)
+                    # A commit cut off may still have committed (the error only says the answer was
+                    # lost): the change caches are told either way, as a room marked changed that
+                    # did not costs one query, and one left unmarked hides its events from users.
+                    txn.call_after_rollback(self._mark_changed, effects)
                     batch = await self._prefetch(txn, parsed)
                     for item, f in zip(items, parsed):
                         sid = next(back) if item.backfilled else next(fwd)
@@ -70,10 +121,6 @@ class Persisting(CurrentState):
         finally:
             for lock in locks:
                 lock.release()
-        for fn in self._listeners:
-            res = fn(results)
-            if asyncio.iscoroutine(res):
-                await res
         return results
 
     def _forget_uncommitted(self) -> None:
@@ -98,12 +145,15 @@ class Persisting(CurrentState):
             )
         else:
             res = None
+        self._mark_changed(effects)
+        return res
+
+    def _mark_changed(self, effects: _TxnEffects) -> None:
         for room, pos in effects.rooms.items():
             self.room_changes.entity_has_changed(room, pos)
         for user, pos in effects.users.items():
             self.membership_changes.entity_has_changed(user, pos)
             self._rooms_for_user.pop(user, None)
-        return res
 
     async def _prefetch(self, txn: Any, parsed: Sequence[EventFields]) -> _Batch:
         batch = _Batch()
@@ -324,3 +374,73 @@ async def _reserve(gen: Any, n: int) -> AsyncIterator[list[int]]:
         return
     async with gen.get_next_mult(n) as ids:
         yield list(ids)
+
+
+def _new_events(events: Iterable[NewEvent | bytes]) -> list[NewEvent]:
+    """The batch as NewEvents with bytes and real flags; a mistake named before anything is reserved."""
+    if isinstance(events, (bytes, bytearray, memoryview, str, NewEvent)):
+        raise TypeError(
+            f"persist_events takes a list of events, got one {type(events).__name__}; "
+            "pass [event] or call persist_event(event)"
+        )
+    out = []
+    for e in events:
+        if not isinstance(e, NewEvent):
+            e = NewEvent(event_bytes(e))
+        else:
+            for flag in ("backfilled", "outlier", "rejected"):
+                value = getattr(e, flag)
+                if not isinstance(value, (bool, int)) or value not in (0, 1):
+                    raise TypeError(f"NewEvent.{flag} must be True or False, got {value!r}")
+            raw = event_bytes(e.raw)
+            if raw is not e.raw:
+                e = NewEvent(raw, bool(e.backfilled), bool(e.outlier), bool(e.rejected), e.event_id)
+        out.append(e)
+    return out
+
+
+def _parents_first(parsed: Sequence[EventFields]) -> list[int]:
+    """Indexes of ``parsed`` in the order to persist them: each after its prev_events in the batch.
+
+    Stable: a batch already parents first keeps its order. Before, a child given
+    before its parent was persisted as if that parent were unknown (empty state,
+    invisible to the room's members) without a word.
+    """
+    first: dict[str, int] = {}
+    for i, f in enumerate(parsed):
+        first.setdefault(f.event_id, i)
+    deps = [
+        [j for p in dict.fromkeys(f.prev_events) if (j := first.get(p, i)) != i]
+        for i, f in enumerate(parsed)
+    ]
+    if all(j < i for i, ds in enumerate(deps) for j in ds):
+        return list(range(len(parsed)))
+    order: list[int] = []
+    state = [0] * len(parsed)  # 0: not seen, 1: waiting for its parents, 2: placed
+    for start in range(len(parsed)):
+        if state[start]:
+            continue
+        stack = [(start, iter(deps[start]))]
+        state[start] = 1
+        while stack:
+            i, it = stack[-1]
+            j = next(it, -1)
+            if j < 0:
+                stack.pop()
+                state[i] = 2
+                order.append(i)
+            elif state[j] == 0:
+                state[j] = 1
+                stack.append((j, iter(deps[j])))
+            elif state[j] == 1:
+                raise InvalidEvent(
+                    f"prev_events form a cycle in this batch (through {parsed[i].event_id!r:.100} and "
+                    f"{parsed[j].event_id!r:.100}); an event cannot follow its own descendant"
+                )
+    return order
+
+
+def _sqlite_busy(err: sqlite3.OperationalError) -> bool:
+    """Whether SQLite gave up waiting for a lock another connection holds (busy_timeout ran out)."""
+    name = getattr(err, "sqlite_errorname", "")
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(err)

@@ -8,11 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .. import _checks
 from ..errors import FactstreamError
 from .event_json import prune_event_json
 from .records import EventNotFound, ReturnedEvent, RoomEvents
 from .state import CurrentState
-from .tokens import RoomsToken, TopologicalToken
+from .tokens import RoomsToken, StreamToken, TokenError, TopologicalToken
+
+_MAX_LIMIT = 1 << 62
 
 _EVENT_COLS = "event_id, stream_ordering, topological_ordering, redacted, json"
 _VISIBLE = (
@@ -35,7 +38,7 @@ class Queries(CurrentState):
         row = await self.db.fetchone("SELECT json, redacted FROM events WHERE event_id = ?", (event_id,))
         if row is None:
             raise EventNotFound(f"event {event_id} is not stored")
-        raw = bytes(row[0])
+        raw = _blob(row[0])
         return prune_event_json(raw) if prune_redacted and row[1] else raw
 
     # ------------------------------------------------------------ reading: topological order
@@ -43,12 +46,16 @@ class Queries(CurrentState):
     async def get_events_topological(
         self,
         room_id: str,
-        from_token: TopologicalToken | None = None,
+        from_token: TopologicalToken | str | None = None,
         direction: str = "f",
         limit: int = 100,
     ) -> tuple[list[str], TopologicalToken | None]:
         """Room events (non-outlier, non-rejected) in topological order, strictly after
         (``"f"``) or before (``"b"``) ``from_token``; returns ids and the token to continue."""
+        if direction not in ("f", "b"):
+            raise ValueError(f"direction must be 'f' (forwards) or 'b' (backwards), got {direction!r}")
+        limit = _limit("limit", limit)
+        from_token = _topological(from_token)
         params: list[Any] = [room_id]
         cond = ""
         if from_token is not None:
@@ -117,14 +124,18 @@ class Queries(CurrentState):
     async def get_new_events_for_user(
         self,
         user_id: str,
-        from_token: int,
-        to_token: int | None = None,
+        from_token: int | StreamToken | str,
+        to_token: int | StreamToken | str | None = None,
         *,
         limit: int = 50,
         use_caches: bool = True,
     ) -> dict[str, RoomEvents]:
         """Events in ``(from_token, to_token]`` for ``user_id``: its rooms' visible events and its
-        own membership changes anywhere (invites included), at most ``limit`` per room (newest)."""
+        own membership changes anywhere (invites included), at most ``limit`` per room (newest).
+        Tokens are stream positions: ints, :class:`StreamToken` or their ``s<n>`` strings."""
+        from_token = _stream(from_token, "from_token")
+        to_token = None if to_token is None else _stream(to_token, "to_token")
+        limit = _limit("limit", limit)
         upto = self._upto(to_token)
         if upto <= from_token:
             return {}
@@ -153,11 +164,16 @@ class Queries(CurrentState):
         user_id: str,
         n_events: int,
         m_rooms: int,
-        from_token: RoomsToken | None = None,
-        to_token: int | None = None,
+        from_token: RoomsToken | str | None = None,
+        to_token: int | StreamToken | str | None = None,
     ) -> tuple[dict[str, RoomEvents], RoomsToken | None]:
         """The ``n_events`` most recent visible events in each of the ``m_rooms`` most recently
         active rooms the user is joined to or invited to (as of the token); a token for the next page."""
+        n_events = _limit("n_events", n_events)
+        m_rooms = _limit("m_rooms", m_rooms)
+        if from_token is not None and not isinstance(from_token, RoomsToken):
+            from_token = RoomsToken.parse(_token_text(from_token, "rooms"))
+        to_token = None if to_token is None else _stream(to_token, "to_token")
         upto = from_token.upto if from_token is not None else self._upto(to_token)
         members = await self.user_memberships(user_id, upto)
         rooms = sorted(r for r, (m, _) in members.items() if m in ("join", "invite"))
@@ -187,12 +203,15 @@ class Queries(CurrentState):
         self,
         room_id: str,
         user_id: str,
-        from_token: TopologicalToken | None,
+        from_token: TopologicalToken | str | None,
         limit: int,
-        to_token: int | None = None,
+        to_token: int | StreamToken | str | None = None,
     ) -> tuple[list[ReturnedEvent], TopologicalToken | None]:
         """Events visible to ``user_id`` strictly before ``from_token`` (None: the room's end), in
         reverse topological order; returns them (newest first) and the token to continue, or None."""
+        limit = _limit("limit", limit)
+        from_token = _topological(from_token)
+        to_token = None if to_token is None else _stream(to_token, "to_token")
         upto = self._upto(to_token)
         members = await self.user_memberships(user_id, upto)
         joined_now = members.get(room_id, (None, 0))[0] == "join"
@@ -218,7 +237,41 @@ class Queries(CurrentState):
         return events, token
 
 
+def _blob(value: Any) -> bytes:
+    """A stored ``json`` value as bytes (a str stored by an older version comes back as TEXT on SQLite)."""
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def _limit(name: str, value: object) -> int:
+    """A page size: a whole number >= 1 (0 returned an empty page that read as "nothing more")."""
+    return min(_checks.whole(name, value, 1), _MAX_LIMIT)
+
+
+def _token_text(token: object, kind: str) -> str:
+    if not isinstance(token, str):
+        raise TokenError(f"expected a {kind} token (or its string), got {type(token).__name__} {token!r:.100}")
+    return token
+
+
+def _topological(token: object) -> TopologicalToken | None:
+    """A topological token given as the object or its ``t<depth>-<stream>`` string (None: the room's end)."""
+    if token is None or isinstance(token, TopologicalToken):
+        return token
+    return TopologicalToken.parse(_token_text(token, "topological"))
+
+
+def _stream(token: object, name: str) -> int:
+    """A stream position given as an int, a :class:`StreamToken` or its ``s<n>`` string."""
+    if isinstance(token, StreamToken):
+        return token.stream
+    if isinstance(token, str):
+        return StreamToken.parse(token).stream
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TokenError(f"{name} must be a stream position (int, StreamToken or 's<n>'), got {token!r:.100}")
+    return token
+
+
 def _returned(r: Sequence[Any]) -> ReturnedEvent:
-    raw = bytes(r[4])
+    raw = _blob(r[4])
     redacted = bool(r[3])
     return ReturnedEvent(r[0], int(r[1]), int(r[2]), prune_event_json(raw) if redacted else raw, redacted)

@@ -88,7 +88,14 @@ class EventStore(Persisting, Queries):
         return store
 
     async def close(self) -> None:
-        """Close the id generators this store created (the database stays open)."""
+        """Close the id generators this store created (the database stays open).
+
+        Persists still running are waited for (each commits or fails on its own);
+        later ones are refused. Before, close() returned while they ran, and
+        closing the database next cut them off with "lost the connection".
+        """
+        self._closed = True
+        await self._persists_done.wait()
         for gen in self._own_gens:
             close = getattr(gen, "close", None)
             if close is not None:
