@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import sys
@@ -26,6 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ..redaction import redact_url
+
+#: How the writer hands its reader processes the database URL (not on their command line).
+_READER_DB_ENV = "FACTSTREAM_EVENTS_DEMO_DB"
 
 __all__ = ["run_writer", "run_reader", "main", "add_arguments", "run"]
 
@@ -117,12 +123,15 @@ async def run_writer(db_url: str, *, readers: int = 2, rooms: int = 10, events: 
     procs = []
     for i in range(readers):
         procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "factstream.demo.events", "--reader", "--db", db_url,
+            sys.executable, "-m", "factstream.demo.events", "--reader",
             "--port", str(server.port), "--name", f"reader{i}", "--users", str(users), "--seed", str(seed + i + 1),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            # The URL goes by the environment, not the command line: `ps` shows every user a process's
+            # arguments, and the URL may hold a password.
+            env={**os.environ, _READER_DB_ENV: db_url},
         ))
         _CHILDREN.append(procs[-1])
-    say(f"{readers} reader processes following on 127.0.0.1:{server.port}; database {db_url}")
+    say(f"{readers} reader processes following on 127.0.0.1:{server.port}; database {redact_url(db_url)}")
     gen = _RoomGen(random.Random(seed), rooms, names)
     start = time.perf_counter()
     await store.persist_events(gen.create_all())
@@ -257,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     if args.reader:
         # Ctrl-C reaches the whole process group: the writer decides when its readers stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        report = asyncio.run(run_reader(args.db, args.port, args.name, args.users, args.seed))
+        report = asyncio.run(run_reader(args.db or os.environ[_READER_DB_ENV], args.port, args.name, args.users, args.seed))
         if report is not None:
             print(json.dumps(report), flush=True)
         return 0
