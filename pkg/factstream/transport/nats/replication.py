@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import weakref
 from collections import deque
@@ -43,7 +44,7 @@ from .client import (
 from .consumer import _LogConsumer
 from .inspect import behind_by_subject
 from .layout import _NS, MSG_ID, JetStreamLayout, KeyStats, NatsStats, Retention, _RateLimitedLog
-from .pages import build_pages, decode_page, header_chain, page_end, page_top, parse_keys
+from .pages import Page, _page, build_pages, decode_page, fact_units, header_chain, page_end, page_id, page_top, parse_keys
 
 logger = logging.getLogger("factstream.transport.nats")
 
@@ -88,11 +89,13 @@ class NatsConnection(Connection):
 class _Out:
     """One message on its way to JetStream."""
 
-    __slots__ = ("order", "subject", "payload", "headers", "key", "end", "done", "sent_at", "core", "rows")
+    __slots__ = ("order", "part", "subject", "payload", "headers", "key", "end", "done", "sent_at", "core", "rows")
 
     def __init__(self, order: int, subject: str, payload: bytes, headers: bytes | None,
-                 key: tuple[str, str] | None, end: int | None, core: bool = False, rows: int = 1) -> None:
+                 key: tuple[str, str] | None, end: int | None, core: bool = False, rows: int = 1,
+                 part: tuple[int, ...] = ()) -> None:
         self.order = order
+        self.part = part  # place among the pieces of a message JetStream refused as too large (same order)
         self.subject = subject
         self.payload = payload
         self.headers = headers
@@ -215,6 +218,10 @@ class NatsReplication:
         self.page_rows = page_rows
         self.page_bytes = page_bytes
         self._page_max = page_bytes
+        self._stream_max_msg = -1  # the stream's max_msg_size (-1: none), read when the stream is found
+        self._down_since: float | None = None  # monotonic time the NATS connection was lost (None: up)
+        self._down_report = 0.0  # seconds of outage at which the next "still unreachable" warning is due
+        self._last_error = ""  # nats-py's last error (password masked), said in those warnings
         #: A writer whose subject is empty publishes its history first when it has at most this many rows.
         self.backfill = backfill
         self.stats = NatsStats()
@@ -384,6 +391,7 @@ class NatsReplication:
                 self.nc = await connect_nats(
                     self.url, name=f"factstream-{self.instance_name}", timeout=self.connect_timeout,
                     disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
+                    error_cb=self._on_error,
                 )
             except asyncio.CancelledError:
                 raise
@@ -399,7 +407,8 @@ class NatsReplication:
         attempt = 0
         while True:
             try:
-                await self._api.ensure_stream(self.retention)
+                info = await self._api.ensure_stream(self.retention)
+                self._stream_max_msg = int((info.get("config") or {}).get("max_msg_size", -1) or -1)
                 break
             except asyncio.CancelledError:
                 raise
@@ -425,8 +434,12 @@ class NatsReplication:
         self._ack_prefix = self.nc.new_inbox() + "."
         await _fast_subscribe(self.nc, self._ack_prefix + "*", self._on_ack_fast, self._on_ack)
         self._frames = _can_write_frames(self.nc)
-        # Room for the headers (ids carry the stream and writer names) inside the server's max payload.
+        # Room for the headers (ids carry the stream and writer names) inside the server's max payload,
+        # and inside the stream's own max_msg_size (an operator's setting: a page above it is refused).
         self._page_max = max(1024, min(self.page_bytes, int(self.nc.max_payload) - 4096))
+        if self._stream_max_msg > 0:
+            room = min(4096, self._stream_max_msg // 4)
+            self._page_max = max(64, min(self._page_max, self._stream_max_msg - room))
         await self.nc.subscribe(self.layout.control_subject, cb=self._on_control)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._flusher(), name="factstream-nats-flusher"))
@@ -445,9 +458,32 @@ class NatsReplication:
             self._consumer.start()
         self._ready.set()
 
+    async def _on_error(self, err: Exception) -> None:
+        """nats-py's errors (failed reconnect attempts among them): kept for the "still unreachable" warning."""
+        self._last_error = redact_url(str(err) or type(err).__name__)
+        logger.debug("NATS: %s", self._last_error)
+
+    def _report_outage(self, now: float) -> None:
+        """Say, at growing intervals (5 s, 10 s, 20 s, ... then every minute), that NATS is still unreachable.
+
+        nats-py reconnects silently: without this a writer or reader riding
+        out a long outage says one line when it starts and nothing after it.
+        """
+        since = self._down_since
+        if since is None or self._closing or now - since < self._down_report:
+            return
+        self._down_report = min(2 * self._down_report, self._down_report + 60.0)
+        logger.warning("NATS at %s still unreachable after %.0fs (reconnecting; last error: %s); %d lines queued, "
+                       "%d messages awaiting acknowledgement%s", redact_url(self.url), now - since,
+                       self._last_error or "none", self._queued_rows, len(self._in_flight) + len(self._retry),
+                       "; this reader resumes from the log when it is back" if self._follower() is not None else "")
+
     async def _on_disconnected(self) -> None:
         if self._closing:
             return
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            self._down_report = 5.0
         self._link += 1
         # nats-py would write its buffered publishes first thing on the next link, ahead of the
         # re-sends of older unacknowledged ones: that would store facts out of order. They are all
@@ -460,6 +496,9 @@ class NatsReplication:
 
     async def _on_reconnected(self) -> None:
         self.stats.connects += 1
+        since, self._down_since = self._down_since, None
+        if since is not None and time.monotonic() - since >= 5.0:
+            logger.warning("NATS back after %.0fs unreachable", time.monotonic() - since)
         logger.info("NATS reconnected to %s", redact_url(self.nc.connected_url.geturl() if self.nc.connected_url
                                                           else self.url))
         # What was in flight may never have reached JetStream: send it again (same ids).
@@ -748,7 +787,7 @@ class NatsReplication:
                 continue
             sent = 0
             if self._retry:
-                self._retry.sort(key=lambda o: o.order)
+                self._retry.sort(key=lambda o: (o.order, o.part))
                 batch, self._retry = self._retry, []
                 pending: Iterator[_Out] = iter(batch)
                 source: deque[_Out] | None = None
@@ -831,7 +870,10 @@ class NatsReplication:
         out = self._in_flight.pop(n, None)
         if out is None:
             return  # acknowledged after it was re-sent: the re-send will be acknowledged too
-        if not data or status == "503" or b'"error"' in data:
+        if data and b'"err_code":10054' in data:
+            self.stats.publish_errors += 1
+            self._refused_as_too_large(out)  # the same bytes would be refused forever: publish them in pieces
+        elif not data or status == "503" or b'"error"' in data:
             self.stats.publish_errors += 1
             self._error_log.warning("JetStream refused a publish on %s (%s); retrying", out.subject,
                                     (data or b"no responders").decode("utf-8", "replace")[:200])
@@ -870,6 +912,47 @@ class NatsReplication:
             if first.end is not None and (st.acked is None or first.end > st.acked):
                 st.acked = first.end
 
+    def _refused_as_too_large(self, out: _Out) -> None:
+        """JetStream refused ``out`` as larger than the stream's max_msg_size: cut it into smaller messages.
+
+        Retrying the same bytes would be refused forever (the writer stuck,
+        its acknowledged position frozen). The page limit is halved until
+        messages fit; the pieces keep the message's place in the publish
+        order, ids and chain. A single line refused alone fits in no message:
+        counted as ``too_large``, logged, and readers take its fact from the table.
+        """
+        st = self._wkeys.get(out.key) if out.key is not None else None
+        lines = out.payload.splitlines(keepends=True)
+        if st is None or len(lines) <= 1:
+            self.stats.too_large += out.rows
+            logger.error("%s: JetStream refuses a %d-byte message of one line (larger than the stream's "
+                         "max_msg_size); not published, readers will fetch its fact from the table",
+                         out.subject, len(out.payload))
+            self._acked(out, 0, False)
+            return
+        limit = max(64, min(self._page_max, len(out.payload) // 2))
+        if limit < self._page_max:
+            logger.error("JetStream stream %s refuses %d-byte messages (its max_msg_size is smaller than this "
+                         "writer's pages); pages are now at most %d bytes", self.layout.stream,
+                         len(out.payload) + len(out.headers or b""), limit)
+            self._page_max = limit
+        pieces = _split_page(st.stream, st.writer, out, lines, limit)
+        outs = [_Out(out.order, out.subject, p.payload, _raw_headers(p.msg_id, "" if p.prev is None else str(p.prev)),
+                     out.key, p.end, rows=p.lines, part=(*out.part, i)) for i, p in enumerate(pieces)]
+        dq = st.outstanding
+        try:
+            i = dq.index(out)
+        except ValueError:
+            i = len(dq)
+        else:
+            del dq[i]
+        for piece in reversed(outs):
+            dq.insert(i, piece)
+        self.stats.queued += len(outs) - 1
+        self.stats.retried += len(outs)
+        self._retry.extend(outs)
+        self._wake.set()
+
     def _late(self, now: float) -> list[_Out]:
         """In-flight publishes to send again: older than ``ack_timeout`` and either passed over by the
         acknowledgements of later ones (lost on the way, e.g. to a stream leader that just died) or with no
@@ -890,6 +973,7 @@ class NatsReplication:
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
+            self._report_outage(now)
             if self._in_flight and self.nc.is_connected:
                 late = self._late(now)
                 if late:
@@ -1245,6 +1329,66 @@ def _after(cmds: Sequence[Command], target: int) -> list[Command]:
         batch = []
     out.extend(batch)
     return out
+
+
+def _split_page(stream: str, writer: str, out: _Out, lines: list[bytes], limit: int) -> list[Page]:
+    """The lines of a refused message as pages of about ``limit`` bytes, with the ids and chain it had.
+
+    A message is whole facts (and POSITIONs), or part of one fact cut by
+    rows; whole facts are kept together where they fit, a fact or fragment
+    larger than ``limit`` is cut by rows (a line never is).
+    """
+    prev, first_key, _ = header_chain(out.headers)
+    m = re.search(r"/r\d+$", _parse_headers(out.headers or b"").get(MSG_ID, ""))
+    suffix = m[0] if m else ""
+    cmds = decode_page(out.payload)
+    head, tail = cmds[0], cmds[-1]
+    fragment = (type(tail) is RdataCommand and tail.token is None) or (
+        type(head) is RdataCommand and first_key is not None and first_key[1] not in (None, 0))
+    pieces: list[Page] = []
+
+    def cut(rows: list[bytes], token: int, start: int, end: int | None) -> None:
+        """Rows ``start``... of fact ``token`` as pages of at most ``limit`` bytes (``end``: on the last)."""
+        i = 0
+        while i < len(rows):
+            j, size = i, 0
+            while j < len(rows) and (j == i or size + len(rows[j]) <= limit):
+                size += len(rows[j])
+                j += 1
+            pieces.append(Page(b"".join(rows[i:j]), page_id(stream, writer, f"{token}:{start + i}",
+                                                            f"{token}:{start + j - 1}", j - i, suffix),
+                               prev, end if j == len(rows) else None, j - i))
+            i = j
+
+    if fragment:
+        assert first_key is not None
+        cut(lines, first_key[0], first_key[1] or 0, out.end)
+        return pieces
+    # A re-published fact with fresh ids is the first fact of its message: its pieces keep the suffix.
+    fresh = (next((c.token for c in cmds if type(c) is RdataCommand and c.token is not None), 0), suffix) \
+        if suffix else None
+    chunk: list[Command] = []
+    size = 0
+    k = 0
+    for unit in fact_units(cmds):
+        encoded = lines[k:k + len(unit)]
+        k += len(unit)
+        n = sum(len(x) for x in encoded)
+        if chunk and size + n > limit:
+            page = _page(stream, writer, chunk, None, prev, fresh)
+            pieces.append(page)
+            prev = page.end
+            chunk, size = [], 0
+        if n <= limit or len(unit) == 1:
+            chunk.extend(unit)
+            size += n
+            continue
+        token = page_end(unit, prev) or 0
+        cut(encoded, token, 0, token)
+        prev = token
+    if chunk:
+        pieces.append(_page(stream, writer, chunk, None, prev, fresh))
+    return pieces
 
 
 def _command_token(cmd: Command) -> int:
