@@ -227,6 +227,10 @@ async def test_sqlite_writer_restarted_after_a_crash_never_reuses_an_id(tmp_path
     generators._SQLITE_WRITERS.clear()  # a new process: it knows nothing of the dead one's counter
     await db.execute("DELETE FROM stream_positions")  # the background write had not happened yet
     again = await make(db)
+    # The position it starts at (past the dead writer's ids) is backed by the database before it is
+    # announced: a reader checks a writer's POSITION against stream_positions and the tables.
+    recorded = await db.fetchall("SELECT MAX(stream_id) FROM stream_positions WHERE stream_name = 'events'")
+    assert recorded[0][0] is not None and recorded[0][0] >= again.current_token() >= max(used)
     async with again.get_next() as sid:
         assert sid > max(used), f"id {sid} handed out again after a restart (used before: {used})"
     assert again.current_token() >= max(used)

@@ -675,6 +675,12 @@ async def create_id_generator(
         start = max(1, table_max, max(recorded.values(), default=1), handed_out if is_writer else 0)
         tracker = PositionTracker(stream_name, instance_name, writers, {writers[0]: start}, heap_class=heap_class)
         gen = IdGenerator(db, tracker, backwards=backwards, sequence_name=None, counter=start if is_writer else None)
+        if is_writer and start > max(table_max, *recorded.values(), 1):
+            # Restarted past ids a crashed writer handed out (stream_id_blocks): nothing in the
+            # tables or stream_positions shows that position yet, so a reader checking the
+            # writer's first POSITION against the database called it unbacked ("forged?").
+            # Recorded before the generator is handed out, so it is backed before it is announced.
+            await gen._write_position(start)
         if is_writer:
             _SQLITE_WRITERS[key] = gen
         return gen
