@@ -145,6 +145,8 @@ def test_demo_over_nats_is_exactly_once_and_the_killed_reader_resumes_from_the_l
 def test_tail_prints_the_log_lines(nats_url: str, deployment: str, tmp_path: Path) -> None:
     writer = start_writer(nats_url, deployment, tmp_path / "w.db", "--duration", "1", "--rate", "50")
     try:
+        status = read_event(writer, "status")  # a healthy link: connected, nothing waiting long for JetStream
+        assert status["connected"] is True and 0 <= status["unacknowledged_for"] < 1, status
         read_event(writer, "produced")
         out = subprocess.run([*CLI, "tail", "--nats", nats_url, "--server-name", deployment, "--from-start",
                               "--count", "5"], capture_output=True, text=True, timeout=60, env=ENV)

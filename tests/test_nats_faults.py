@@ -23,6 +23,7 @@ from factstream.replication import MemoryUpdateSource
 from factstream.transport.nats import JetStreamLayout
 
 from nats_helpers import (
+    Cluster,
     NatsServer,
     Reader,
     Writer,
@@ -161,3 +162,35 @@ async def test_long_outage_is_reported_while_it_lasts_and_nothing_is_lost(
         await stop_all([w, r])
         server.stop()
     assert PASSWORD not in caplog.text
+
+
+async def test_a_cluster_without_quorum_shows_in_status_as_unacknowledged_time(tmp_path: Path) -> None:
+    # Two of three nodes die: the writer's link to the third stays up ("connected": true) while JetStream
+    # stores nothing. Before, nothing in status() or `serve --status` showed the stall but a growing queue.
+    from factstream.transport.nats import Retention
+
+    cluster = Cluster(tmp_path)
+    cluster.start()
+    source = MemoryUpdateSource(capacity=100_000)
+    first = cluster.nodes[0].url  # only the node that stays: the link never drops
+    w = Writer("w1", first, "quorum", source, retention=Retention(replicas=3))
+    try:
+        await start_all([w], timeout=60)
+        for i in range(20):
+            w.write([[f"@a{i}:hs"]])
+        await w.nats.flush(30)
+        assert w.nats.unacknowledged_for() == 0 and w.nats.status()["unacknowledged_for"] == 0
+        for node in cluster.nodes[1:]:
+            node.kill()
+        for i in range(20):
+            w.write([[f"@b{i}:hs"]])
+        await asyncio.sleep(5)
+        status = w.nats.status()
+        assert status["connected"] is True
+        assert status["unacknowledged_for"] >= 3, status
+        cluster.nodes[1].start()
+        await w.nats.flush(60)
+        assert w.nats.unacknowledged_for() == 0
+    finally:
+        await stop_all([w])
+        cluster.stop()

@@ -644,7 +644,8 @@ async def serve(args: argparse.Namespace) -> int:
         if args.redis:
             return {"subscribed": bool(server.connections), "pending": server.carrier.pending}
         if args.nats:
-            return {"connected": server.connected, "nats": server.status()["keys"]}
+            return {"connected": server.connected, "unacknowledged_for": round(server.unacknowledged_for(), 3),
+                    "nats": server.status()["keys"]}
         return {"readers": len(server.connections), "handshakes": server.handshakes}
 
     async def report() -> None:

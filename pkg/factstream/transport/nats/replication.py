@@ -89,7 +89,8 @@ class NatsConnection(Connection):
 class _Out:
     """One message on its way to JetStream."""
 
-    __slots__ = ("order", "part", "subject", "payload", "headers", "key", "end", "done", "sent_at", "core", "rows")
+    __slots__ = ("order", "part", "subject", "payload", "headers", "key", "end", "done", "sent_at", "first_sent",
+                 "core", "rows")
 
     def __init__(self, order: int, subject: str, payload: bytes, headers: bytes | None,
                  key: tuple[str, str] | None, end: int | None, core: bool = False, rows: int = 1,
@@ -103,6 +104,7 @@ class _Out:
         self.end = end
         self.done = False
         self.sent_at = 0.0
+        self.first_sent = 0.0  # when it was first sent (re-sends move sent_at, not this)
         self.core = core
         self.rows = rows  # wire lines in the message
 
@@ -835,6 +837,8 @@ class NatsReplication:
         self._n += 1
         n = self._n
         out.sent_at = now
+        if not out.first_sent:
+            out.first_sent = now
         if not self._in_flight:
             self._last_ack = now  # the stall clock starts with the first unacknowledged publish
         self._in_flight[n] = out
@@ -1303,6 +1307,19 @@ class NatsReplication:
             self._behind_at = time.monotonic()
             self._error_log.warning("cannot count pending messages per (stream, writer): %s", err)
 
+    def unacknowledged_for(self) -> float:
+        """Seconds the oldest message still unacknowledged has waited since it was first sent (0: none waits).
+
+        ``connected`` stays true while a cluster without a stream leader (no
+        quorum) acknowledges nothing; this grows instead, for a status line or
+        an alert to show the stall.
+        """
+        waiting = [o.first_sent for o in self._retry if o.first_sent]
+        first = next(iter(self._in_flight.values()), None)
+        if first is not None and first.first_sent:
+            waiting.append(first.first_sent)
+        return max(0.0, time.monotonic() - min(waiting)) if waiting else 0.0
+
     def status(self) -> dict[str, Any]:
         """A JSON-ready summary: stream, connection, counters and :meth:`key_stats`."""
         return {
@@ -1310,6 +1327,7 @@ class NatsReplication:
             "url": redact_url(self.url),
             "stream": self.layout.stream,
             "connected": self.connected,
+            "unacknowledged_for": round(self.unacknowledged_for(), 3),
             "counters": self.stats.as_dict(),
             "keys": [asdict(k) for k in self.key_stats()],
         }
