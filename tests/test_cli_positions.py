@@ -30,7 +30,7 @@ conn.commit()
 def test_a_missing_sqlite_file_is_an_error_and_is_not_created(tmp_path: Any) -> None:
     missing = tmp_path / "typo.db"
     out = cli("positions", "--db", f"sqlite:///{missing}")
-    assert out.returncode == 1 and str(missing) in out.stderr and "never creates" in out.stderr
+    assert out.returncode == 2 and str(missing) in out.stderr and "never creates" in out.stderr
     assert not missing.exists()
 
 

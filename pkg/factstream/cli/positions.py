@@ -109,7 +109,7 @@ def check_sqlite_exists(url: str) -> None:
     problem = missing_sqlite(url, "positions")
     if problem:
         print(f"{PROG}: {problem}", file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(2)  # a missing file named by an option: a usage error
 
 
 def db_url_problem(url: str) -> tuple[int, str] | None:

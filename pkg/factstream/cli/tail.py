@@ -516,7 +516,7 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
     problem = missing_sqlite(args.db, "tail")
     if problem:  # the local mistake first: a wrong --db is named even when the writer is down
         print(f"{PROG}: {problem}", file=sys.stderr)
-        return 1
+        return 2  # a missing file named by an option: a usage error
     known = sorted(t.stream for t in DEMO_TABLES)
     unknown = sorted(set(args.streams or ()) - set(known))
     if unknown:
