@@ -24,7 +24,10 @@ from typing import IO, Any, cast
 
 from .. import wire
 from ..errors import ProtocolError
-from ..spark.formats import NOTE, READ_ERRORS, detect_format, payloads, read_problem
+from ..spark.formats import (
+    MAGIC_BYTES, NOTE, READ_ERRORS, compression_of, detect_format, payloads, read_problem,
+    unsupported_compression,
+)
 from .argtypes import whole_number
 
 #: Lines read ahead of parsing to detect an input's format.
@@ -118,27 +121,37 @@ class Summary:
         }
 
 
-GZIP_MAGIC = b"\x1f\x8b"
+class _NotRead(Exception):
+    """An input that is not read at all (compressed with something other than gzip): the reason."""
 
 
 def _open(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
-    """``path`` ('-': stdin, left open) for reading, decompressed if it starts like gzip, whatever its name."""
+    """``path`` ('-': stdin, left open) for reading, decompressed if it starts like gzip, whatever its name.
+
+    Raises _NotRead for other compressions (xz, bzip2, zstd ...): read as text they are lines of garbage.
+    """
     if path == "-":
         stdin = sys.stdin.buffer
-        head = stdin.peek(2)[:2] if isinstance(stdin, io.BufferedReader) else b""
-        if head == GZIP_MAGIC:
+        head = stdin.peek(MAGIC_BYTES)[:MAGIC_BYTES] if isinstance(stdin, io.BufferedReader) else b""
+        kind = compression_of(head)
+        if kind == "gzip":
             return cast("contextlib.AbstractContextManager[IO[bytes]]", gzip.GzipFile(fileobj=stdin, mode="rb"))
+        if kind is not None:
+            raise _NotRead(unsupported_compression(kind, "-"))
         return contextlib.nullcontext(stdin)
     fh = open(path, "rb")
     try:
-        gzipped = fh.read(2) == GZIP_MAGIC
+        kind = compression_of(fh.read(MAGIC_BYTES))
         fh.seek(0)
     except OSError:
         fh.close()
         raise
-    if gzipped:
+    if kind == "gzip":
         fh.close()
         return cast("contextlib.AbstractContextManager[IO[bytes]]", gzip.open(path, "rb"))
+    if kind is not None:
+        fh.close()
+        raise _NotRead(unsupported_compression(kind, path))
     return fh
 
 class _Lines:
@@ -151,7 +164,8 @@ class _Lines:
     def __iter__(self) -> Iterator[bytes]:
         for line in self.fh:
             self.count += 1
-            yield line.rstrip(b"\n")
+            line = line[:-1] if line.endswith(b"\n") else line
+            yield line[:-1] if line.endswith(b"\r") else line  # CRLF ends a line too (see spark.lines)
 
 
 _READ_ERRORS = READ_ERRORS
@@ -184,6 +198,9 @@ def _summarise_one(path: str, summary: Summary, max_errors: int) -> None:
                     summary.error_count += 1
                     if len(summary.errors) < max_errors:
                         summary.errors.append((path, number, str(err)))
+    except _NotRead as err:
+        summary.inputs.append((path, None, str(err)))
+        return
     except _READ_ERRORS as err:
         summary.inputs.append((path, fmt, _read_problem(err, lines.count if lines is not None else 0)))
         return

@@ -74,7 +74,8 @@ def register(subparsers: Any) -> None:
         ),
         epilog="example: factstream logs parse /var/log/synapse/replication/*.log.gz --out /data/repl.parquet",
     )
-    parse.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories (recursive) or globs; .gz is decompressed")
+    parse.add_argument("inputs", nargs="+", metavar="INPUT",
+                       help="files, directories (recursive) or globs; gzip files are decompressed, whatever their name")
     parse.add_argument("--out", required=True, metavar="DIR", help="Parquet output directory")
     parse.add_argument("--format", choices=FORMATS, default="auto", help="archive format (default: detect per file)")
     parse.add_argument(
@@ -258,11 +259,15 @@ def _progress_enabled(args: argparse.Namespace) -> bool:
     return args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
 
 
-def _check_parse(args: argparse.Namespace) -> list[tuple[str, int]]:
-    """Inputs, --out and options checked before the JVM starts; returns the archive files found."""
-    from ..spark.sources import list_files
+def _check_parse(args: argparse.Namespace) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
+    """Inputs, --out and options checked before the JVM starts: the archive files found, and (path, problem)
+    of the directories among the inputs that could not be read."""
+    from ..spark.sources import list_inputs
 
     _check_spark_options(args)
+    if "-" in args.inputs and not os.path.exists("-"):
+        raise UsageError("logs parse reads files, not stdin ('-'): save the capture to a file and name it "
+                         "('factstream decode -' reads stdin)")
     if _is_local(args.out):
         out = _local(args.out)
         if os.path.exists(out):
@@ -273,16 +278,33 @@ def _check_parse(args: argparse.Namespace) -> list[tuple[str, int]]:
         elif not os.path.isdir(os.path.dirname(out)):
             raise UsageError(f"--out {args.out}: directory {os.path.dirname(out)} does not exist")
     try:
-        return list_files(args.inputs)
+        return list_inputs(args.inputs, quiet=True)  # the parse lists them again, and says what it skipped
     except (FileNotFoundError, OSError) as err:
         raise UsageError(str(err)) from err
 
 
-def _gzip_problems(spark: Any, files: list[tuple[str, int]]) -> list[tuple[str, str]]:
-    """(path, problem) of every gzip input that is truncated or corrupt, checked in parallel by Spark."""
-    from ..spark.sources import gzip_problem
+def _unreadable(files: list[tuple[str, int]]) -> list[tuple[str, str]]:
+    """(path, problem) of every input not parsed at all: unreadable, or compressed with other than gzip.
 
-    gz = [path for path, _ in files if path.endswith((".gz", ".gzip"))]
+    The parse skips them (with a warning as it plans); they are named again at the end and make the exit status 2.
+    """
+    from ..spark.sources import input_problem
+
+    found = [(path, input_problem(path, size)) for path, size in files]
+    return [(path, f"not parsed: {problem}") for path, problem in found if problem is not None]
+
+
+def _gzip_problems(spark: Any, files: list[tuple[str, int]]) -> list[tuple[str, str]]:
+    """(path, problem) of every gzip input (by content, not name) that is truncated or corrupt, checked in parallel by Spark."""
+    from ..spark.sources import gzip_problem, is_gzip
+
+    gz = []
+    for path, size in files:
+        try:
+            if is_gzip(path, size):
+                gz.append(path)
+        except OSError:
+            pass  # unreadable: named by _unreadable
     if not gz:
         return []
     sc = spark.sparkContext
@@ -338,7 +360,7 @@ def run_parse(args: argparse.Namespace) -> int:
     import signal
 
     try:
-        files = _check_parse(args)
+        files, unlisted = _check_parse(args)
     except UsageError as err:
         print(f"factstream logs: {err}", file=sys.stderr)
         return 2
@@ -375,7 +397,8 @@ def run_parse(args: argparse.Namespace) -> int:
     bad: list[tuple[str, str]] = []
     try:
         try:
-            bad = _gzip_problems(spark, files)
+            bad = [(path, f"not parsed: {why}") for path, why in unlisted]
+            bad += _unreadable(files) + _gzip_problems(spark, files)
             df = parse_archives(
                 spark,
                 args.inputs,
@@ -430,10 +453,13 @@ def run_parse(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGINT, previous)
     lines, malformed = _written(spark, args.out)
     print(f"wrote {lines} lines ({malformed} malformed) to {args.out}", file=sys.stderr)
-    for path, problem in bad:
-        print(f"factstream logs: {path}: {problem}; the lines before it were parsed", file=sys.stderr)
+    for path, problem in sorted(bad):
+        if not problem.startswith("not parsed: "):
+            problem += "; the lines before it were parsed"
+        print(f"factstream logs: {path}: {problem}", file=sys.stderr)
     if bad:
-        print(f"factstream logs: {len(bad)} of {len(files)} inputs could not be read to their end", file=sys.stderr)
+        print(f"factstream logs: {len(bad)} of {len(files) + len(unlisted)} inputs could not be read to their end",
+              file=sys.stderr)
         return 2
     return 0
 

@@ -32,6 +32,10 @@ from collections.abc import Iterable, Iterator
 __all__ = [
     "FORMATS",
     "FORMATS_HELP",
+    "GZIP_MAGIC",
+    "MAGIC_BYTES",
+    "compression_of",
+    "unsupported_compression",
     "NOTE",
     "Payload",
     "detect_format",
@@ -270,6 +274,49 @@ def payloads(lines: Iterable[bytes], fmt: str, first_line: int = 1) -> Iterator[
         if parts is not None:
             ts, direction, channel, payload, problem = parts
             yield number, payload, ts, direction, channel, problem
+
+
+# ------------------------------------------------------------- compression
+
+#: The first two bytes of every gzip file (RFC 1952): archives are recognised by content, not by name.
+GZIP_MAGIC = b"\x1f\x8b"
+#: How many leading bytes :func:`compression_of` looks at.
+MAGIC_BYTES = 10
+#: (magic bytes, compression, how to undo it) of compressions that are recognised but not read.
+_OTHER_COMPRESSIONS: tuple[tuple[tuple[bytes, ...], str, str], ...] = (
+    ((b"\xfd7zXZ\x00",), "xz", "unxz"),
+    ((b"\x28\xb5\x2f\xfd",), "zstd", "unzstd"),
+    ((b"\x04\x22\x4d\x18",), "lz4", "unlz4"),
+    ((b"\x1f\x9d",), "compress (.Z)", "uncompress"),
+    ((b"PK\x03\x04",), "zip", "unzip"),
+)
+_UNDO = {name: tool for _, name, tool in _OTHER_COMPRESSIONS}
+_UNDO["bzip2"] = "bunzip2"
+
+
+def compression_of(head: bytes) -> str | None:
+    """The compression a file's first bytes (at least MAGIC_BYTES of them, if it has them) show; None: plain.
+
+    "gzip" is read everywhere archives are read, whatever the file is called
+    (``capture.1`` rotated by logrotate, a ``traffic.log`` that is gzip); the
+    others are named so that a user is told what to do with them.
+    """
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    # bzip2: "BZh", a block size digit, then a block or end-of-stream magic (no text line looks like that)
+    if len(head) >= 10 and head[:3] == b"BZh" and 0x31 <= head[3] <= 0x39 and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
+        return "bzip2"
+    for magics, name, _ in _OTHER_COMPRESSIONS:
+        if head.startswith(magics):
+            return name
+    return None
+
+
+def unsupported_compression(kind: str, path: str = "FILE") -> str:
+    """What to tell a user about an input compressed with ``kind`` (not gzip): it is not read, and what to do."""
+    tool = _UNDO.get(kind, "its tool")
+    how = f"pipe it through {tool}" if path == "-" else f"{tool} {path}"
+    return f"compressed with {kind}, which is not read (only gzip is): decompress it first ({how}) or recompress it with gzip"
 
 
 #: What reading an archive (plain or gzip) can raise on damaged or missing input.

@@ -8,7 +8,9 @@ number, timestamp, direction, Redis channel). A line the codec refuses comes
 out with the codec's message in ``error`` and the line itself in ``raw``;
 lines are never dropped, except blank lines (the protocol ignores them) and
 Redis capture chatter that carries no payload (subscribe confirmations,
-MONITOR entries other than PUBLISH). A recorder note
+MONITOR entries other than PUBLISH). A line may end in CRLF (an archive
+that went through Windows tools): the ``\r`` is part of the line ending, not
+of the line. A recorder note
 (``<ts> # disconnected <reason>``) is no wire line: its row has command
 ``#disconnected`` (``#`` and the note's first word), direction ``#`` and the
 rest of the note in ``data``.
@@ -268,6 +270,23 @@ assert set(ROW_FUNCTIONS) == set(SPLITTERS)
 # ------------------------------------------------------------------ parsing
 
 
+def _without_cr(data: bytes) -> bytes:
+    """Lines joined by newlines with CRLF endings made LF: a ``\r`` before a newline (or at the end) ends a line.
+
+    Wire lines never end in ``\r`` (JSON and redis-cli quote it): one there
+    comes from a CRLF file, and left in it would fail every integer at the
+    end of a line (POSITION, USER_SYNC ...) and end up in text columns.
+    """
+    if b"\r" not in data:
+        return data
+    data = data.replace(b"\r\n", b"\n")
+    return data[:-1] if data.endswith(b"\r") else data
+
+
+def _line_without_cr(line: bytes) -> bytes:
+    return line[:-1] if line.endswith(b"\r") else line
+
+
 def _batch(columns: Any, source: str, session_time_zone: str, impl: str | None) -> pa.RecordBatch:
     """One output batch from the builder's columns (see ``_archive_py.COLUMNS`` for their order)."""
     arrays = columns.take()
@@ -312,6 +331,7 @@ def parse_blocks(
 
     number = first_line - 1
     for data in blocks:
+        data = _without_cr(data)  # (a block ends at a newline, so no CRLF is cut in two)
         pos = 0
         while True:
             pos, number = columns.feed(data, pos, number, batch_rows, row_function, fmt)
@@ -351,11 +371,11 @@ def parse_block(
             return
         row_values = ROW_FUNCTIONS[fmt]
         rows: Iterator[tuple[Any, ...] | None] = (
-            row_values(n, line, typed) for n, line in enumerate(lines, first_line)
+            row_values(n, _line_without_cr(line), typed) for n, line in enumerate(lines, first_line)
         )
     else:
         rows = (command_values(n, payload, typed, ts, direction, channel, problem)
-                for n, payload, ts, direction, channel, problem in payloads(lines, fmt, first_line))
+                for n, payload, ts, direction, channel, problem in payloads(map(_line_without_cr, lines), fmt, first_line))
     columns = _builder(typed, impl)
     for values in rows:
         if values is None:

@@ -10,15 +10,22 @@ A chunk owns the lines that *start* inside it, so a line is never split or
 read twice. gzip files are not splittable and are one chunk each,
 decompressed as a stream.
 
-Which files are archives: everything found except hidden files (``.x``,
-``_SUCCESS``), the recorder's in-progress ``*.part`` files, and (with format
-``auto``) files whose first lines are in no archive format (a MANIFEST.json,
-a README): those are skipped with a warning (:func:`archive_formats`).
+Which files are archives: everything found in directories and by globs
+except hidden files (``.x``, ``_SUCCESS``) and the recorder's in-progress
+``*.part`` files (a file named on its own is always taken); not files that
+cannot be read or are compressed with something other than gzip, nor (with
+format ``auto``) files whose first lines are in no archive format (a
+MANIFEST.json, a README): those are skipped with a warning
+(:func:`archive_formats`). gzip is recognised by its first bytes, not by the
+file name. Local directories are walked following symbolic links, but a
+file or directory reached twice (a ``current.log`` link to today's file, a
+link back up the tree) is taken once, and broken links are named.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import glob as globbing
 import gzip
 import logging
 import os
@@ -29,7 +36,7 @@ from typing import cast
 
 import pyarrow.fs as pafs
 
-from .formats import READ_ERRORS, detect_format, read_problem
+from .formats import MAGIC_BYTES, READ_ERRORS, compression_of, detect_format, read_problem, unsupported_compression
 
 __all__ = [
     "CHUNKS_PER_CORE",
@@ -38,6 +45,9 @@ __all__ = [
     "archive_formats",
     "count_newlines",
     "gzip_problem",
+    "input_problem",
+    "list_inputs",
+    "is_gzip",
     "list_files",
     "plan_chunks",
     "read_chunk_blocks",
@@ -71,7 +81,62 @@ class Chunk:
 
     @property
     def gzip(self) -> bool:
-        return self.path.endswith((".gz", ".gzip"))
+        """Whether the file is gzip, from its first bytes (a gzip ``capture.1`` is one; a plain ``x.gz`` is not).
+
+        A file that cannot be opened is judged by its name: reading it says what is wrong.
+        """
+        try:
+            return is_gzip(self.path, self.size)
+        except READ_ERRORS:
+            return self.path.endswith((".gz", ".gzip"))
+
+
+#: (path, size) -> compression of files already looked at (a Chunk's ``gzip`` is asked several times).
+_COMPRESSION: dict[tuple[str, int], str | None] = {}
+
+
+def _compression(path: str, size: int | None = None) -> str | None:
+    """The compression of ``path`` from its first bytes (see formats.compression_of); OSError if unreadable."""
+    key = (path, -1 if size is None else size)
+    if size is not None and key in _COMPRESSION:
+        return _COMPRESSION[key]
+    fs, local = _fs(path)
+    if isinstance(fs, pafs.LocalFileSystem):
+        with open(local, "rb") as fh:  # Python's own errors: "Permission denied", not pyarrow's paragraph
+            head = fh.read(MAGIC_BYTES)
+    else:
+        with fs.open_input_stream(local, compression=None) as raw:
+            head = b""
+            while len(head) < MAGIC_BYTES:
+                data = raw.read(MAGIC_BYTES - len(head))
+                if not data:
+                    break
+                head += data
+    found = compression_of(head)
+    if size is not None:
+        if len(_COMPRESSION) > 100_000:
+            _COMPRESSION.clear()
+        _COMPRESSION[key] = found
+    return found
+
+
+def is_gzip(path: str, size: int | None = None) -> bool:
+    """Whether ``path`` is gzip by its content; ``size`` (as listed) lets the answer be remembered."""
+    return _compression(path, size) == "gzip"
+
+
+def input_problem(path: str, size: int | None = None) -> str | None:
+    """Why ``path`` cannot be parsed at all (unreadable, compressed with other than gzip), or None.
+
+    ``size`` (as listed) lets what the file's first bytes say be remembered (no second request for remote files).
+    """
+    try:
+        kind = _compression(path, size)
+    except READ_ERRORS as err:
+        return read_problem(err, 0)
+    if kind is not None and kind != "gzip":
+        return unsupported_compression(kind, path)
+    return None
 
 
 def _fs(path: str) -> tuple[pafs.FileSystem, str]:
@@ -96,44 +161,172 @@ def _is_data_file(name: str) -> bool:
     return not base.startswith((".", "_")) and not base.endswith(".part")  # .part: the recorder is still writing it
 
 
-def list_files(inputs: Sequence[str]) -> list[tuple[str, int]]:
-    """Expand files, directories (recursively) and globs into (path, size), sorted.
+def list_files(inputs: Sequence[str], *, quiet: bool = False) -> list[tuple[str, int]]:
+    """Expand files, directories (recursively) and globs into (path, size), sorted (see list_inputs)."""
+    return list_inputs(inputs, quiet=quiet)[0]
 
-    Raises FileNotFoundError naming every input that matched nothing.
+
+def list_inputs(inputs: Sequence[str], *, quiet: bool = False) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
+    """Expand files, directories (recursively) and globs into (path, size), sorted; and what could not be listed.
+
+    A path that exists is taken as it is, even if it holds glob characters
+    (``capture[1].log``); a file named on its own is taken whatever its name.
+    Local directories are walked following symbolic links, each directory and
+    each file once (the same file reached by two paths is taken by the
+    shorter, non-link one); skipped links are logged (unless ``quiet``: a
+    listing made only to check the inputs, repeated later). The second list
+    holds (path, problem) of the directories that could not be read (their
+    files are missing from the first). Raises FileNotFoundError naming every
+    input that matched nothing.
     """
     found: dict[str, int] = {}
     missing = []
+    walk = _LocalWalk()
     for item in inputs:
-        fs, path = _fs(item)
-        prefix = item.split("://", 1)[0] + "://" if "://" in item and not item.startswith("file://") else ""
-        matches: list[pafs.FileInfo] = []
-        if _has_glob(path):
-            base = path
-            while _has_glob(base):
-                base = os.path.dirname(base)
-            sel = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-            matches = [i for i in fs.get_file_info(sel) if _glob_match(i.path, path)]
-            expanded = []
-            for info in matches:
-                if info.type == pafs.FileType.Directory:
-                    expanded.extend(fs.get_file_info(pafs.FileSelector(info.path, recursive=True)))
-                else:
-                    expanded.append(info)
-            matches = expanded
-        else:
-            info = fs.get_file_info(path)
-            if info.type == pafs.FileType.Directory:
-                matches = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-            elif info.type == pafs.FileType.File:
-                matches = [info]
-        files = [i for i in matches if i.type == pafs.FileType.File and _is_data_file(i.path)]
-        if not files:
-            missing.append(item)
-        for info in files:
-            found[prefix + info.path] = int(info.size or 0)
+        if "://" in item and not item.startswith("file://"):
+            files = _remote_files(item)
+            if not files:
+                missing.append(item)
+            found.update(files)
+            continue
+        _, path = _fs(item)
+        before = len(walk.files) + walk.seen_again
+        unreadable_before = len(walk.unreadable)
+        if os.path.lexists(path):
+            if os.path.isdir(path):
+                walk.directory(path)
+            elif os.path.isfile(path):
+                walk.file(path, named=True)
+            elif os.path.islink(path):
+                missing.append(f"{item} (a broken symbolic link to {os.readlink(path)})")
+                continue
+            else:
+                walk.file(path, named=True)  # a FIFO or device: reading it says what is wrong
+        elif _has_glob(path):
+            for match in sorted(globbing.glob(path, recursive=True)):
+                if os.path.isdir(match):
+                    walk.directory(match)
+                elif _is_data_file(match):
+                    walk.file(match, named=False)
+        if len(walk.files) + walk.seen_again == before:
+            cannot = [why for where, why in walk.unreadable[unreadable_before:] if where == path]
+            missing.append(f"{item} ({cannot[0]})" if cannot else item)
+    if not quiet:
+        walk.report()
     if missing:
         raise FileNotFoundError(f"no archive files found for: {', '.join(missing)} (check the paths and globs)")
-    return sorted(found.items())
+    found.update(walk.files)
+    return sorted(found.items()), sorted(walk.unreadable)
+
+
+def _remote_files(item: str) -> dict[str, int]:
+    """The files of a URI input (``s3://...``): pyarrow lists them (no symbolic links there)."""
+    fs, path = _fs(item)
+    prefix = item.split("://", 1)[0] + "://"
+    matches: list[pafs.FileInfo] = []
+    if _has_glob(path):
+        base = path
+        while _has_glob(base):
+            base = os.path.dirname(base)
+        sel = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        for info in fs.get_file_info(sel):
+            if not _glob_match(info.path, path):
+                continue
+            if info.type == pafs.FileType.Directory:
+                matches.extend(fs.get_file_info(pafs.FileSelector(info.path, recursive=True)))
+            else:
+                matches.append(info)
+    else:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            matches = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        elif info.type == pafs.FileType.File:
+            return {prefix + info.path: int(info.size or 0)}
+    return {prefix + i.path: int(i.size or 0) for i in matches if i.type == pafs.FileType.File and _is_data_file(i.path)}
+
+
+class _LocalWalk:
+    """Local files found so far: each real file and directory once, however many links lead to it."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, int] = {}
+        self._by_id: dict[tuple[int, int], str] = {}  # (device, inode) of a file -> the path it was taken by
+        self._dirs: set[tuple[int, int]] = set()
+        self.seen_again = 0  # paths that lead to a file already taken (they match, but add nothing)
+        self.duplicates: list[tuple[str, str]] = []
+        self.loops: list[str] = []
+        self.broken: list[str] = []
+        self.unreadable: list[tuple[str, str]] = []
+
+    def file(self, path: str, named: bool) -> None:
+        path = os.path.abspath(path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self.broken.append(path)
+            return
+        except OSError as err:
+            self.unreadable.append((path, f"cannot read: {err.strerror}"))
+            return
+        key = (st.st_dev, st.st_ino)
+        taken = self._by_id.get(key)
+        if taken is None:
+            self._by_id[key] = path
+            self.files[path] = st.st_size
+            return
+        if taken == path:
+            self.seen_again += 1
+            return
+        # two paths, one file: keep the one that is not a link (then the shorter, then the first in order)
+        keep, drop = sorted((taken, path), key=lambda p: (os.path.islink(p), len(p), p))
+        if keep != taken:
+            del self.files[taken]
+            self.files[keep] = st.st_size
+            self._by_id[key] = keep
+        self.seen_again += 1
+        self.duplicates.append((drop, keep))
+
+    def directory(self, root: str) -> None:
+        root = os.path.abspath(root)
+
+        def failed(err: OSError) -> None:
+            self.unreadable.append((str(err.filename), f"cannot read the directory: {err.strerror}"))
+
+        for here, dirs, names in os.walk(root, followlinks=True, onerror=failed):
+            try:
+                st = os.stat(here)
+            except OSError:
+                dirs[:] = []
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in self._dirs:  # reached again through a link: already read (or being read: a loop)
+                self.loops.append(here)
+                dirs[:] = []
+                continue
+            self._dirs.add(key)
+            dirs.sort()
+            for name in sorted(names):
+                if _is_data_file(name):
+                    self.file(os.path.join(here, name), named=False)
+
+    def report(self) -> None:
+        """Log what was left out, so that nothing goes unnoticed."""
+        if self.duplicates:
+            _log.warning(
+                "skipped %d path(s) that lead to a file already taken (links): %s",
+                len(self.duplicates), ", ".join(f"{drop} (= {keep})" for drop, keep in self.duplicates[:10])
+                + (" ..." if len(self.duplicates) > 10 else ""),
+            )
+        if self.loops:
+            _log.warning("skipped %d directory link(s) to a directory already read: %s",
+                         len(self.loops), ", ".join(self.loops[:10]) + (" ..." if len(self.loops) > 10 else ""))
+        if self.broken:
+            _log.warning("skipped %d broken symbolic link(s): %s", len(self.broken), ", ".join(self.broken[:10])
+                         + (" ..." if len(self.broken) > 10 else ""))
+        if self.unreadable:
+            _log.warning("skipped %d path(s) that cannot be read: %s", len(self.unreadable),
+                         "; ".join(f"{p}: {why}" for p, why in self.unreadable[:10])
+                         + (" ..." if len(self.unreadable) > 10 else ""))
 
 
 def plan_chunks(
@@ -185,15 +378,16 @@ def count_newlines(chunk: Chunk) -> int:
     return total
 
 
-def read_head(path: str, nbytes: int = 65536) -> list[bytes]:
+def read_head(path: str, nbytes: int = 65536, size: int | None = None) -> list[bytes]:
     """The first complete lines of a file (decompressed if gzip), for format detection.
 
     A gzip file that is truncated or corrupt gives the lines before the damage
     (perhaps none): detection looks at what is there, the parse reports the damage.
     """
     fs, local = _fs(path)
+    gzipped = is_gzip(path, size)
     with fs.open_input_stream(local, compression=None) as raw:
-        if path.endswith((".gz", ".gzip")):
+        if gzipped:
             data = _gunzip_head(raw, nbytes)
         else:
             data = raw.read(nbytes)
@@ -218,32 +412,48 @@ def _gunzip_head(raw: pafs.NativeFile, nbytes: int) -> bytes:
 
 
 def archive_formats(files: Sequence[tuple[str, int]], fmt: str = "auto") -> tuple[dict[str, str], list[str]]:
-    """The format of each archive file, and the files skipped because their format was not detected.
+    """The format of each archive file, and the files skipped (unreadable, not gzip-compressed, no format).
 
-    With ``fmt`` other than "auto" every file is taken as that format. A
-    skipped file is logged as a warning; if every file is skipped,
+    Every file is opened: one that cannot be read, or is compressed with
+    something other than gzip (xz, bzip2, zstd ...), is skipped whatever
+    ``fmt`` says (read as text it would be lines of garbage). With ``fmt``
+    other than "auto" every other file is taken as that format; with "auto"
+    a file whose first lines are in no format is skipped. Skipped files are
+    logged as warnings, with the reason; if every file is skipped,
     FileNotFoundError says so (nothing to parse is the user's mistake, not an
     empty result).
     """
-    if fmt != "auto":
-        return {path: fmt for path, _ in files}, []
     formats: dict[str, str] = {}
-    skipped: list[str] = []
-    for path, _ in files:
-        found = detect_format(read_head(path))
-        if found is None:
-            skipped.append(path)
+    undetected: list[str] = []
+    unreadable: list[tuple[str, str]] = []
+    for path, size in files:
+        problem = input_problem(path, size)
+        found: str | None = fmt
+        if problem is None and fmt == "auto":
+            try:
+                found = detect_format(read_head(path, size=size))
+            except READ_ERRORS as err:  # gone or changed since it was listed
+                problem = read_problem(err, 0)
+        if problem is not None:
+            unreadable.append((path, problem))
+        elif found is None:
+            undetected.append(path)
         else:
             formats[path] = found
-    if skipped:
+    if unreadable:
+        _log.warning("skipped %d file(s) that cannot be parsed: %s", len(unreadable),
+                     "; ".join(f"{path}: {problem}" for path, problem in unreadable))
+    if undetected:
         _log.warning(
             "skipped %d file(s) whose format was not detected (not replication archives): %s",
-            len(skipped), ", ".join(skipped),
+            len(undetected), ", ".join(undetected),
         )
+    skipped = [path for path, _ in unreadable] + undetected
     if skipped and not formats:
+        why = "no line in a known format; see --format" if not unreadable else "see the warnings above"
         raise FileNotFoundError(
             f"no replication archives among {len(skipped)} file(s): {', '.join(skipped[:5])}"
-            f"{' ...' if len(skipped) > 5 else ''} (no line in a known format; see --format)"
+            f"{' ...' if len(skipped) > 5 else ''} ({why})"
         )
     return formats, skipped
 
