@@ -263,9 +263,10 @@ def test_report_figures_match_hand_computed(spark: Any, report_dir: str) -> None
         "rows": 4, "batch_rows": 0, "positions": 2, "min_token": 10, "max_token": 20}
     assert (ev["backwards"], ev["gaps"], ev["skipped_tokens"]) == (1, 2, 6)
     assert (ev["position_jumps"], ev["position_jump_tokens"], ev["unterminated_batches"]) == (1, 2, 0)
-    # RDATA at :01 | :02 :03 | :04 in 2 s buckets starting at :00
+    # RDATA at :01 | :02 :03 | :04 in 2 s buckets starting at :00; the mean is over the 9 s the archive
+    # covers (:00 to :09), not over whole buckets
     assert ev["rows_per_second"] == {
-        "mean": round(4 / 6, 3),
+        "mean": round(4 / 9, 3),
         "peak": 1.0,
         "series": [["2026-11-22T10:00:00Z", 0.5], ["2026-11-22T10:00:02Z", 1.0], ["2026-11-22T10:00:04Z", 0.5]],
     }
@@ -275,6 +276,12 @@ def test_report_figures_match_hand_computed(spark: Any, report_dir: str) -> None
     assert (ca["backwards"], ca["gaps"], ca["skipped_tokens"], ca["position_jumps"], ca["unterminated_batches"]) == (
         0, 0, 0, 1, 1)
     assert report["malformed_samples"][0]["line"] == 12
+    # A bucket longer than the archive: the rates are over the 9 s it covers (they were over the whole
+    # minute: a 3 s capture of a writer at 87 rows/s reported 4.3 rows/s, mean and peak alike).
+    minute = build_report(spark.read.parquet(report_dir), bucket_seconds=60)
+    ev = {(s["stream"], s["writer"]): s for s in minute["streams"]}[("events", "master")]
+    assert ev["rows_per_second"] == {"mean": round(4 / 9, 3), "peak": round(4 / 9, 3),
+                                     "series": [["2026-11-22T10:00:00Z", round(4 / 60, 3)]]}
 
 
 @pytest.mark.slow

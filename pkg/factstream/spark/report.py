@@ -28,7 +28,9 @@ The figures:
     stream and writer (a POSITION or the end of the file came first).
 ``rows_per_second``
     RDATA lines per second in time buckets (needs timestamps): mean over the
-    covered span, peak bucket, and the series.
+    time the archive covers (its first to its last timestamp, at least 1 s),
+    peak bucket (a partly covered first or last bucket over its covered part,
+    at least 1 s), and the series.
 ``rows_per_second`` series
     one point per bucket from the first to the last bucket with rows of that
     stream and writer: an empty bucket inside is a zero, never left out (an
@@ -182,6 +184,21 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
     finally:
         df.unpersist()
 
+    def unix(t: Any) -> float:
+        return float(t.replace(tzinfo=dt.timezone.utc).timestamp())
+
+    # The time the archive covers: rates are over it, not over whole buckets (a 3 s capture in a
+    # 60 s bucket read as a twentieth of its rate). A bucket's own covered part is at least a second,
+    # so a bucket the archive only grazes does not make a peak of one row.
+    covered_from = unix(totals["first_ts"]) if totals["first_ts"] is not None else None
+    covered_to = unix(totals["last_ts"]) if totals["last_ts"] is not None else None
+
+    def covered(b: int) -> float:
+        if covered_from is None or covered_to is None:
+            return float(bucket_seconds)
+        part = min(b + bucket_seconds, covered_to) - max(b, covered_from)
+        return max(min(1.0, float(bucket_seconds)), min(float(bucket_seconds), part))
+
     series: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for r in series_rows:
         series.setdefault((r["stream"], r["instance"]), []).append((int(r["bucket"]), int(r["n"])))
@@ -190,13 +207,14 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
         points = sorted(series.get((r["stream"], r["instance"]), []))
         rate: dict[str, Any] = {"mean": None, "peak": None, "series": []}
         if points:
-            span = (points[-1][0] - points[0][0]) + bucket_seconds
             total = sum(n for _, n in points)
             counts = dict(points)
             points = [(b, counts.get(b, 0)) for b in range(points[0][0], points[-1][0] + 1, bucket_seconds)]
+            assert covered_from is not None and covered_to is not None  # points come from timestamped rows
+            span = max(1.0, covered_to - covered_from)
             rate = {
                 "mean": round(total / span, 3),
-                "peak": round(max(n for _, n in points) / bucket_seconds, 3),
+                "peak": round(max(n / covered(b) for b, n in points), 3),
                 "series": [
                     [_iso(dt.datetime.fromtimestamp(b, dt.timezone.utc).replace(tzinfo=None)), round(n / bucket_seconds, 3)]
                     for b, n in points
