@@ -22,6 +22,13 @@ __all__ = ["ConfigError", "SynapseConfig", "load_config", "MAIN_INSTANCE"]
 #: The instance name of Synapse's main process.
 MAIN_INSTANCE = "master"
 
+#: The ``stream_writers`` entries Synapse 1.163 accepts; with any other key it refuses to start.
+WRITER_SETTINGS = ("events", "typing", "to_device", "account_data", "receipts", "presence", "push_rules",
+                   "device_lists", "thread_subscriptions", "quarantined_media_changes")
+
+#: Entries Synapse allows exactly one writer for.
+SINGLE_WRITER_SETTINGS = ("typing", "to_device", "account_data", "presence", "push_rules")
+
 
 class ConfigError(FactstreamError):
     """A Synapse config file that cannot be read or makes no sense."""
@@ -105,4 +112,33 @@ def load_config(path: str) -> SynapseConfig:
             writers[str(key)] = tuple(value)
         else:
             raise ConfigError(f"{path}: stream_writers.{key} must be an instance name or a list of them")
+    _check_writers(path, writers, data.get("instance_map"))
     return SynapseConfig(writers, _database_url(data.get("database")))
+
+
+def _check_writers(path: str, writers: Mapping[str, tuple[str, ...]], instance_map: Any) -> None:
+    """ConfigError for a stream_writers section Synapse itself refuses to start with.
+
+    Judging positions against such a config would call real writers stale (a
+    typo'd key silently falls back to master), so the check stops there.
+    """
+    import difflib
+
+    for key in writers:
+        if key not in WRITER_SETTINGS:
+            near = difflib.get_close_matches(key, WRITER_SETTINGS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(f"{path}: stream_writers.{key} is not a stream Synapse knows{hint}; Synapse refuses "
+                              f"to start with it. Known entries: {', '.join(WRITER_SETTINGS)}")
+    mapped = set(instance_map) if isinstance(instance_map, Mapping) else set()
+    for key, names in writers.items():
+        if not names and key in ("events", "receipts", "device_lists", "thread_subscriptions",
+                                 "quarantined_media_changes"):
+            raise ConfigError(f"{path}: stream_writers.{key} is empty; Synapse needs at least one writer for it")
+        if key in SINGLE_WRITER_SETTINGS and len(names) != 1:
+            raise ConfigError(f"{path}: stream_writers.{key} lists {len(names)} writers; Synapse allows exactly one")
+        for name in names:
+            if name != MAIN_INSTANCE and name not in mapped:
+                raise ConfigError(f"{path}: {name!r} writes {key} (stream_writers.{key}) but has no instance_map "
+                                  f"entry; Synapse refuses to start until instance_map names {name}'s replication "
+                                  "host and port")

@@ -100,11 +100,16 @@ def _sequence_findings(st: StreamState) -> list[Finding]:
         else:
             cause = ("the sequence went back (restored from an older backup than stream_positions, or reset by "
                      "hand), or two id generators share this stream name")
+        if st.stream.positive:
+            effect = ("Synapse refuses to start "
+                      "(\"Postgres sequence ... is inconsistent with associated stream position\")")
+        else:  # Synapse's startup check compares the stored (negative) ids with the sequence: it never fires here
+            effect = ("Synapse starts regardless (its startup check does not cover this count-down stream), so "
+                      "nothing stops its writers handing out ids short of the recorded position")
         found.append(Finding(
             "positions_ahead_of_sequence", ERROR, name,
             f"stream_positions records {', '.join(f'{w}={st.positions[w]}' for w in over)} but sequence "
-            f"{seq.name} has only handed out up to {issued} ({ahead} ahead); Synapse refuses to start "
-            "(\"Postgres sequence ... is inconsistent with associated stream position\")",
+            f"{seq.name} has only handed out up to {issued} ({ahead} ahead); {effect}",
             cause, repair,
             {"sequence_last_issued": issued, "position_top": pos_top, "ahead": ahead, "writers": over}))
     if table_top > issued:

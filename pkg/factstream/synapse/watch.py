@@ -100,6 +100,16 @@ def _silent(opts: WatchOptions, seconds: float) -> Problem:
         "and that Synapse runs with redis enabled")
 
 
+def _redis_down(opts: WatchOptions, seconds: float, last_error: str | None) -> Problem:
+    """The problem of a lost (or never made) subscription: the wire cannot be judged meanwhile."""
+    why = f" (last error: {last_error})" if last_error else ""
+    return Problem(
+        "redis_down", "", "",
+        f"not subscribed to {redact_url(opts.redis_url)} for {seconds:.0f}s{why}, still retrying: if this is the "
+        "deployment's Redis, Synapse's processes cannot replicate either; check that Redis runs there and accepts "
+        "connections (frozen and writer_behind are not judged until the watch hears the channel again)")
+
+
 def _serve_metrics(metrics: WatchMetrics, port: int, host: str) -> Any:
     """Start the metrics endpoint, or WatchError naming the option to change."""
     try:
@@ -160,6 +170,7 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
                            client_name="factstream-synapse-watch")
     healthy = False
     warned_redis = warned_silent = False
+    down_since: float | None = None
     try:
         async with carrier:
             while True:
@@ -176,9 +187,14 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
                         db_error = redact_text(first)
                         probe.close()
                 now = time.monotonic()
-                problems = dog.problems()
-                writers = dog.snapshot()
                 redis_up = carrier.subscribed
+                problems = dog.problems(wire_seen=redis_up)
+                writers = dog.snapshot()
+                if redis_up:
+                    down_since = None
+                else:
+                    down_since = started if down_since is None and not subscribed_at else (down_since or now)
+                    problems.insert(0, _redis_down(opts, now - down_since, carrier.last_error))
                 if not redis_up and not warned_redis and now - started > 10:
                     log.warning("not subscribed to %s yet (still retrying)", redact_url(opts.redis_url))
                     warned_redis = True

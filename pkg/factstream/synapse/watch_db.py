@@ -72,6 +72,9 @@ class DbProbe:
                             tops[str(inst)] = max(tops.get(str(inst), 0), int(top))
                 cur.execute("SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = %s", (s.name,))
                 positions = {str(i): int(v) for i, v in cur.fetchall()}
+                # Read after the positions and after ``tokens`` were taken: a sequence only moves forward (outside
+                # any transaction), so every token and position it issued is at or below what this reads.
+                issued = self._issued(cur, s.sequence)
                 for writer in set(known) | set(tops):
                     ids: tuple[int, ...] = ()
                     rng = audit.get((wire, writer))
@@ -79,11 +82,23 @@ class DbProbe:
                         ids = self._ids(cur, s, writer, max(rng[0], rng[1] - AUDIT_WINDOW), rng[1])
                     top = tops.get(writer)
                     views[(wire, writer)] = DbView(top if top is not None and top > known.get(writer, bound) else None,
-                                                   positions.get(writer), ids)
+                                                   positions.get(writer), ids, sequence=s.sequence,
+                                                   sequence_issued=issued, wire_token=known.get(writer))
         finally:
             cur.close()
             self._conn.rollback()  # the next probe sees a fresh snapshot
         return views
+
+    @staticmethod
+    def _issued(cur: Any, sequence: str) -> int | None:
+        """The highest id ``sequence`` has handed out (None if this schema lacks it)."""
+        cur.execute("SELECT c.relkind FROM pg_class c WHERE c.oid = to_regclass(%s)", (sequence,))
+        row = cur.fetchone()
+        if not row or row[0] != "S":
+            return None
+        cur.execute(f'SELECT last_value, is_called FROM "{sequence}"')
+        last_value, is_called = cur.fetchone()
+        return int(last_value) if is_called else int(last_value) - 1
 
     @staticmethod
     def _top(cur: Any, s: SynapseIdStream) -> int:

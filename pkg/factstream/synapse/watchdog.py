@@ -20,7 +20,14 @@ problems follow:
   (Synapse's idle writers normally echo the others' progress at once);
 * ``unpublished``: a row committed with an id that the wire already covered
   with a trusted token but never sent as ``RDATA`` (element-hq/synapse#19795's
-  shape): readers will never fetch it.
+  shape): readers will never fetch it;
+* ``sequence_behind_wire``: the stream's PostgreSQL sequence has handed out
+  less than a token a writer already announced (set back by hand or by a
+  restore): the writer's next rows get ids every reader has passed, so they
+  are committed and never seen;
+* ``position_ahead``: ``stream_positions`` records a writer beyond anything
+  the sequence handed out: no writer wrote that, and Synapse refuses to start
+  until it is repaired (not ``frozen``: no rows wait for the wire).
 """
 
 from __future__ import annotations
@@ -52,12 +59,17 @@ class DbView:
 
     ``top``: the highest row id of the writer above the probe's bound (None if
     none); ``position``: its ``stream_positions`` value; ``ids``: ids of its
-    rows within the audited range (audited streams only).
+    rows within the audited range (audited streams only); ``sequence_issued``:
+    the highest id the stream's sequence had handed out, read after
+    ``wire_token`` (the writer's token the probe was given) was taken.
     """
 
     top: int | None = None
     position: int | None = None
     ids: tuple[int, ...] = ()
+    sequence: str | None = None
+    sequence_issued: int | None = None
+    wire_token: int | None = None
 
 
 @dataclass
@@ -77,6 +89,9 @@ class WriterWatch:
     db_position: int | None = None
     pending_since: float | None = None
     unpublished: set[int] = field(default_factory=set)
+    sequence: str | None = None
+    sequence_behind: tuple[int, int] | None = None
+    position_ahead: tuple[int, int] | None = None
 
     def rate(self, now: float) -> float:
         """RDATA rows per second over the last ten seconds."""
@@ -164,9 +179,18 @@ class Watchdog:
             w = self._writer(stream, writer)
             w.db_top = view.top
             w.db_position = view.position
-            # Rows above the wire's token, or (for a writer the wire knows) a recorded position above it.
+            w.sequence = view.sequence
+            issued = view.sequence_issued
+            # Synapse's id generators take 1 as seen before any id is issued: a token of 1 needs no sequence value.
+            w.sequence_behind = (issued, view.wire_token) if (
+                issued is not None and view.wire_token is not None and view.wire_token > max(issued, 1)) else None
+            w.position_ahead = (view.position, issued) if (
+                issued is not None and view.position is not None and view.position > max(issued, 1)) else None
+            # Rows above the wire's token, or (for a writer the wire knows) a recorded position above it that
+            # some writer really reached (a position beyond the sequence is position_ahead, not rows in waiting).
             ahead = (view.top is not None and (w.token is None or view.top > w.token)) or (
-                w.token is not None and view.position is not None and view.position > w.token)
+                w.token is not None and view.position is not None and view.position > w.token
+                and w.position_ahead is None)
             if ahead:
                 if w.pending_since is None:
                     w.pending_since = now
@@ -181,6 +205,8 @@ class Watchdog:
             if (stream, writer) not in views and w.db_top is not None:
                 w.db_top = None
                 w.pending_since = None
+            if (stream, writer) not in views:
+                w.sequence_behind = w.position_ahead = None
 
     def audit_ranges(self, streams: Iterable[str]) -> dict[tuple[str, str], tuple[int, int]]:
         """(stream, writer) -> the id range (baseline, token] the database probe should list rows of."""
@@ -192,15 +218,39 @@ class Watchdog:
         """The current wire token of every (stream, writer)."""
         return {k: w.token for k, w in self.writers.items() if w.token is not None}
 
-    def problems(self, now: float | None = None) -> list[Problem]:
-        """Every problem standing now."""
+    def problems(self, now: float | None = None, *, wire_seen: bool = True) -> list[Problem]:
+        """Every problem standing now.
+
+        ``wire_seen`` False (the watch is cut off from Redis): the problems
+        judged from the wire's silence (``frozen``, ``writer_behind``) are left
+        out, since the watch cannot tell them from its own deafness.
+        """
         now = self._clock() if now is None else now
         out: list[Problem] = []
         by_stream: dict[str, list[WriterWatch]] = {}
         for w in self.writers.values():
             by_stream.setdefault(w.stream, []).append(w)
         for (stream, writer), w in sorted(self.writers.items()):
-            if w.pending_since is not None and now - w.pending_since >= self.frozen_after:
+            if w.sequence_behind is not None:
+                issued, announced = w.sequence_behind
+                seq = w.sequence or "its sequence"
+                out.append(Problem(
+                    "sequence_behind_wire", stream, writer,
+                    f"sequence {seq} has handed out only up to {issued} but {writer} already announced {stream} "
+                    f"token {announced}: new rows get ids every reader has passed and are never seen (the sequence "
+                    "was set back: a restore or a hand edit); stop every Synapse process and run "
+                    f"'factstream synapse check --fix' (or setval {seq} to at least {announced})"))
+            # A position the wire also reached only says again that the sequence went back: one problem is enough.
+            if w.position_ahead is not None and not (
+                    w.sequence_behind is not None and w.position_ahead[0] <= w.sequence_behind[1]):
+                position, issued = w.position_ahead
+                seq = w.sequence or "its sequence"
+                out.append(Problem(
+                    "position_ahead", stream, writer,
+                    f"stream_positions records {writer} at {position} but sequence {seq} has handed out only up to "
+                    f"{issued} (edited by hand, or the sequence and stream_positions restored from different backups); "
+                    "Synapse refuses to start until it is repaired: run 'factstream synapse check' for the repair"))
+            if wire_seen and w.pending_since is not None and now - w.pending_since >= self.frozen_after:
                 token = "nothing" if w.token is None else str(w.token)
                 if w.db_top is not None:
                     held = f"holds rows of {writer} up to id {w.db_top}"
@@ -210,7 +260,7 @@ class Watchdog:
                     "frozen", stream, writer,
                     f"the database {held} but the wire has announced {token} "
                     f"for {now - w.pending_since:.0f}s: nothing reaches the readers"))
-            if stream not in NO_ECHO_STREAMS and w.token is not None and w.last_advance is not None:
+            if wire_seen and stream not in NO_ECHO_STREAMS and w.token is not None and w.last_advance is not None:
                 others = [o for o in by_stream[stream] if o is not w and o.token is not None and o.last_advance is not None]
                 ahead = [o for o in others if o.token is not None and w.token is not None and o.token > w.token
                          and o.last_advance is not None and w.last_advance is not None
