@@ -49,19 +49,31 @@ def test_demo_runs_and_verifies(tmp_path: os.PathLike[str], capsys: pytest.Captu
     slow, other = report["readers"]
     slow["connection_ends"], slow["writer_closes"] = 3, 2
     slow["writer_errors"] = ["client fell behind: more than 100000 commands buffered"]
+    slow["catchup_rows"] = 1234
     other["connection_ends"], other["writer_closes"], other["writer_errors"] = 0, 0, []
     print_summary(report)
     out = capsys.readouterr().out
     assert (f"{slow['name']}: its connection ended 3 times (the writer said: client fell behind: more than 100000 "
             "commands buffered; once without a word from the writer); it reconnected and caught up from the "
-            "database") in out
+            "database (1,234 rows)") in out
     assert f"{other['name']}: its connection" not in out
     assert "PASS" in out
     # Redis tells a subscriber nothing of why it was cut: the summary says only what happened.
     slow.update(carrier="redis", connection_ends=2, writer_closes=0, writer_errors=[])
     print_summary(report)
     out = capsys.readouterr().out
-    assert f"{slow['name']}: its connection to Redis ended twice; it reconnected and caught up from the database" in out
+    assert (f"{slow['name']}: its connection to Redis ended twice; it reconnected and caught up from the database "
+            "(1,234 rows)") in out
+    # The summary says how a reader got what it missed, as its figures say: a NATS reader that fetched
+    # nothing from the database replayed the log (the footnote said "caught up from the database").
+    for r in report["readers"]:
+        r.update(carrier="nats", catchup_rows=0, restarts=0)
+    slow.update(connection_ends=1, restarts=1)
+    print_summary(report)
+    out = capsys.readouterr().out
+    assert "* killed with SIGKILL midway and restarted; it resumed from its own log and replayed what it missed " \
+        "from the JetStream log (nothing from the database)" in out
+    assert "from the database" not in out.replace("(nothing from the database)", "")
 
 
 def _log(path: str, lines: list[list[object]]) -> None:

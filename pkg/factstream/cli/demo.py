@@ -239,6 +239,15 @@ def _times(n: int) -> str:
     return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
 
 
+def _caught_up(r: dict[str, Any]) -> str:
+    """How a reader got what it missed, as its figures say (a NATS reader replays the log, not the database)."""
+    if r["catchup_rows"]:
+        return f"caught up from the database ({r['catchup_rows']:,} rows)"
+    if r.get("carrier", "tcp") == "nats":
+        return "replayed what it missed from the JetStream log (nothing from the database)"
+    return "missed nothing it had to fetch from the database"
+
+
 def print_summary(s: dict[str, Any]) -> None:
     w = s["writer"]
     print()
@@ -255,8 +264,9 @@ def print_summary(s: dict[str, Any]) -> None:
         print(f"{name:<10} {r['rows']:>9,} {_fmt(r['rows_per_s']):>9} {_fmt(r['lag_p50_ms'], 'ms'):>9} "
               f"{_fmt(r['lag_p99_ms'], 'ms'):>9} {r['connects']:>8} {r['catchup_rows']:>10,}  "
               f"{verdict}: lost {lost}, duplicated {dup}, reordered {reord}")
-    if any(r["restarts"] for r in s["readers"]):
-        print("* killed with SIGKILL midway and restarted; it resumed from its own log and caught up from the database")
+    for r in s["readers"]:
+        if r["restarts"]:
+            print(f"* killed with SIGKILL midway and restarted; it resumed from its own log and {_caught_up(r)}")
     for r in s["readers"]:
         said = r.get("writer_closes", 0)
         ends = max(r.get("connection_ends", 0), said)
@@ -264,14 +274,13 @@ def print_summary(s: dict[str, Any]) -> None:
             # Redis and NATS tell a client nothing of why (Redis cuts a subscriber that falls behind its
             # output-buffer limit, for one)
             where = "NATS" if r["carrier"] == "nats" else "Redis"
-            print(f"{r['name']}: its connection to {where} ended {_times(ends)}; it reconnected and caught up from "
-                  "the database")
+            print(f"{r['name']}: its connection to {where} ended {_times(ends)}; it reconnected and {_caught_up(r)}")
         elif ends:
             why = [f"the writer said: {'; '.join(r['writer_errors'])}"] if said else []
             if ends > said:
                 why.append(f"{_times(ends - said)} without a word from the writer")
-            print(f"{r['name']}: its connection ended {_times(ends)} ({'; '.join(why)}); it reconnected and caught "
-                  "up from the database")
+            print(f"{r['name']}: its connection ended {_times(ends)} ({'; '.join(why)}); it reconnected and "
+                  f"{_caught_up(r)}")
     print(f"\n{'PASS' if s['ok'] else 'FAIL'}: every reader received every committed fact exactly once and in order"
           if s["ok"] else "\nFAIL: see the verification column")
     print(f"({s['seconds']}s in all)")
