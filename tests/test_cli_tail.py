@@ -199,6 +199,7 @@ def test_a_lost_writer_fails_without_retry_and_warns_with_retry(tmp_path: Any) -
     stop(proc)
     out, err = plain.communicate(timeout=30)
     assert plain.returncode == 1 and out and "closed the connection" in err and no_traceback(err)
+    assert "factstream tail: the server reported: server stopping" in err  # a tail that stops says it plainly
     time.sleep(2)
     assert follower.poll() is None  # still trying
     proc2 = start("serve", "--db", db_url, "--port", str(port), "--produce", "--rate", "100", "--server-name", "hs1")
@@ -210,6 +211,9 @@ def test_a_lost_writer_fails_without_retry_and_warns_with_retry(tmp_path: Any) -
     warnings = [line for line in err.splitlines() if "WARNING" in line]
     assert len(warnings) >= 2, err  # the loss and at least one failed attempt, at default verbosity
     assert any("reconnected" in line for line in warnings) and no_traceback(err)
+    # What the writer said as it stopped is one of those timed WARNINGs (it was a bare line among them).
+    assert any("the server reported: server stopping" in line for line in warnings), err
+    assert "factstream tail: the server reported" not in err
 
 
 def test_a_db_follower_dropped_for_falling_behind_catches_up_and_misses_nothing(tmp_path: Any) -> None:

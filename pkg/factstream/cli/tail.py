@@ -299,12 +299,16 @@ class RawTail:
         self.batches: dict[tuple[bytes, bytes], list[bytes]] = {}
         self.errors = 0
         self.hinted = False  # the drop hint was printed
+        self.retrying = bool(args.retry)  # a long-running tail: its notices are log lines with a time
         self.watch = FilterWatch(args.streams, args.writers, "the server announced")
 
     def server_error(self, text: bytes) -> None:
         """Print the writer's ERROR line, with what to do when it dropped this tail for reading too slowly."""
         said = text.decode("utf-8", "replace")
-        print(f"{PROG}: the server reported: {said}", file=sys.stderr)
+        if self.retrying:  # among the reconnect WARNINGs, with their time, not a bare line between them
+            log.warning("the server reported: %s", said)
+        else:
+            print(f"{PROG}: the server reported: {said}", file=sys.stderr)
         if "fell behind" in said and not self.hinted:
             self.hinted = True
             print(f"{PROG}: this tail read more slowly than the writer wrote (a slow pipe, say), so the writer "
