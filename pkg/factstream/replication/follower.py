@@ -73,6 +73,9 @@ __all__ = ["Follower", "Update", "PositionTimeout", "RowsHandler", "ResetHandler
 
 log = logging.getLogger(__name__)
 
+#: How many times ``verify_grace`` a claim is re-checked for while the database's head keeps moving.
+_MOVING_GRACE = 5
+
 #: ``handler(stream_name, writer, token, rows)``.
 RowsHandler = Callable[[str, str, int, list[Any]], Any]
 #: ``handler(stream_name, writer, old_position, new_position)``: the writer's stream went back.
@@ -639,7 +642,13 @@ class Follower:
         """
         source = self._head_source(key.stream)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.verify_grace if grace is None else grace)
+        grace = self.verify_grace if grace is None else grace
+        deadline = loop.time() + grace
+        # While the head keeps moving towards the claim (a busy writer records its position behind its
+        # transactions: on SQLite, seconds behind on a loaded machine), the wait goes on, up to this: a
+        # claim a live writer really reached shows up; a forged one is still reported, later.
+        longest = loop.time() + _MOVING_GRACE * grace
+        seen = -1
         delay = 0.02
         failures = 0
         while True:
@@ -664,7 +673,13 @@ class Follower:
                 return None
             if head > self._heads.get(key.stream, 0):
                 self._set_head(key.stream, head)
-            if head >= target or loop.time() >= deadline:
+            if head >= target:
+                return head
+            now = loop.time()
+            if seen >= 0 and head > seen:
+                deadline = max(deadline, min(now + grace, longest))
+            seen = head
+            if now >= deadline:
                 return head
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
