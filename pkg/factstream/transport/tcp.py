@@ -10,10 +10,15 @@ carrier contract and handle, themselves and nothing more:
   name sends ERROR and closes (then retries with backoff);
 * keepalive: a command at least every ``ping_interval`` (PING when idle); once
   the peer has sent a PING, ``timeout`` seconds of silence close the link
-  (a netcat session that never PINGs is never timed out);
+  (a netcat session that never PINGs is never timed out, as in Synapse);
+  a peer whose socket stays backed up (it reads nothing) for ``timeout``
+  seconds is dropped, PING or not;
 * validation: a command the peer may not send (server-only vs client-only
   lists), an unparseable, non-UTF-8 or over-long line gets ``ERROR <why>``
-  and a close; the server never raises on a bad client;
+  and a close; the server never raises on a bad client; refused peers are
+  logged naming them, at most a burst per window (``PEER_ERRORS``), the rest
+  counted in one line; a TLS client on a plaintext listener, or a plaintext
+  one on a TLS listener, is logged as such;
 * congestion: while the socket is backed up, at most ``max_buffered``
   commands wait per connection; past that the peer is told it fell behind
   and disconnected (it reconnects and catches up from the database);
@@ -53,6 +58,7 @@ from ..backoff import backoff_delay
 from ..replication.carrier import CommandSink
 from .fetch import FetchError, FetchServer, RemoteUpdateSource
 from .tcp_connection import (
+    PEER_ERRORS,
     _ABORT_GRACE,
     DEFAULT_MAX_BUFFERED,
     DEFAULT_PING_INTERVAL,
@@ -228,8 +234,15 @@ class TcpServer:
             sock.close()
             self.handshake_failures += 1
             metrics.DISCONNECTS.labels("tls_handshake").inc()
-            log.info("replication listener: TLS handshake with %s failed (%s)", _peer_text(peer),
-                     str(err) or type(err).__name__)
+            reason = getattr(err, "reason", None)
+            if reason in _PLAINTEXT_REASONS:
+                # A reader without TLS: a mistake the operator should see (a scanner or a probe that
+                # connects and closes stays at INFO); at most a few lines however many there are.
+                PEER_ERRORS.log(logging.WARNING, "replication listener: %s spoke plaintext to this TLS listener "
+                                "(a reader without --tls?); closing", _peer_text(peer))
+            else:
+                log.info("replication listener: TLS handshake with %s failed (%s)", _peer_text(peer),
+                         str(err) or type(err).__name__)
 
     async def start(self) -> TcpServer:
         """Start listening; ``self.port`` holds the bound port (useful with port 0)."""
@@ -275,6 +288,7 @@ class TcpServer:
         conns = list(self.connections)
         for conn in conns:
             conn.close(reason)
+        PEER_ERRORS.flush()
         waits: list[Any] = [asyncio.shield(conn.closed) for conn in conns] + handshakes
         if waits:
             await asyncio.wait(waits, timeout=_ABORT_GRACE + 1)
@@ -290,6 +304,11 @@ class TcpServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+#: OpenSSL's reasons when the first bytes are no TLS record (a plaintext client, or an HTTP request).
+_PLAINTEXT_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL",
+                                "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"})
 
 
 def _peer_text(peer: Any) -> str:

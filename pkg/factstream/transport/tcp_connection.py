@@ -29,7 +29,7 @@ from ..errors import ProtocolError
 from ..replication import _relay
 from ..replication.carrier import CommandSink, Connection
 
-__all__ = ["ConnState", "TcpConnection", "ServerConnection", "ClientConnection", "Codec", "Relay"]
+__all__ = ["ConnState", "TcpConnection", "ServerConnection", "ClientConnection", "Codec", "Relay", "LogLimiter"]
 
 log = logging.getLogger("factstream.transport.tcp")
 
@@ -74,6 +74,63 @@ _OUT = metrics.LabelledCounter(metrics.COMMANDS_OUT)
 
 def _now_ms() -> str:
     return str(int(time.time() * 1000))
+
+
+class LogLimiter:
+    """At most ``burst`` log lines per ``window`` seconds for one kind of misbehaving peer.
+
+    Each refused peer is worth a line naming it, but a client retrying in a
+    loop (or hundreds of them) must not flood the writer's log: past the
+    burst, lines are counted and one line at the end of the window says how
+    many were not logged (the disconnect metrics count every one).
+    """
+
+    def __init__(self, logger: logging.Logger, what: str, *, burst: int = 10, window: float = 10.0) -> None:
+        self.logger = logger
+        self.what = what
+        self.burst = burst
+        self.window = window
+        self.suppressed = 0  #: lines not logged in the current window
+        self._start = -float("inf")
+        self._count = 0
+        self._summary: asyncio.TimerHandle | None = None
+        self._summary_loop: asyncio.AbstractEventLoop | None = None
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """Log ``msg % args`` unless this window's burst is spent (then count it)."""
+        now = time.monotonic()
+        if now - self._start >= self.window:
+            self._start, self._count = now, 0
+        if self._count < self.burst:
+            self._count += 1
+            self.logger.log(level, msg, *args)
+            return
+        self.suppressed += 1
+        loop = asyncio.get_event_loop()
+        if self._summary is None or self._summary_loop is not loop:  # (a loop closed with the count pending)
+            if self._summary is not None:
+                self._summary.cancel()
+            self._summary_loop = loop
+            self._summary = loop.call_later(max(0.0, self._start + self.window - now), self._report, level)
+
+    def flush(self) -> None:
+        """Log the count of lines not logged now (a listener stopping before the window ends)."""
+        if self._summary is not None:
+            self._summary.cancel()
+            self._report(logging.WARNING)
+
+    def _report(self, level: int) -> None:
+        self._summary = None
+        n, self.suppressed = self.suppressed, 0
+        if n:
+            self.logger.log(level, "%d more %s in the last %gs (not logged one by one)", n, self.what, self.window)
+
+
+#: Peers refused for what they sent (bad lines, commands they may not send, TLS on one end only).
+PEER_ERRORS = LogLimiter(log, "replication peers refused for what they sent")
+
+#: The first bytes of a TLS record (handshake or alert, TLS 1.x) where a command line was expected.
+_TLS_RECORD = (b"\x16\x03", b"\x15\x03")
 
 
 
@@ -129,6 +186,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self.send_queue: list[Command] | None = None
         self._transport: asyncio.Transport | None = None
         self._paused = False
+        self._paused_at = 0.0  # when the socket last backed up (monotonic)
         self._pending: deque[Command] = deque()
         self.state = ConnState.NEW
         self._handshaken = False  # stays true after close: the reconnect backoff asks
@@ -173,6 +231,12 @@ class TcpConnection(asyncio.Protocol, Connection):
         if self.state >= _CLOSING:
             return
         self._last_recv = time.monotonic()
+        if self.state is ConnState.OPEN and data[:2] in _TLS_RECORD and self.is_server:
+            # A reader configured for TLS against a plaintext listener: say so, not "line is not valid UTF-8".
+            PEER_ERRORS.log(logging.WARNING, "%s: the client started a TLS handshake, but this listener is "
+                            "plaintext (give the writer --tls-cert, or connect without TLS); closing", self.description)
+            self._abort_with("protocol", "this listener does not speak TLS")
+            return
         error: ProtocolError | None = None
         try:
             cmds = self._decoder.feed(data)
@@ -205,7 +269,7 @@ class TcpConnection(asyncio.Protocol, Connection):
                 self._abort_with("error", "internal error while handling a command")
                 return
         if error is not None and self.state < _CLOSING:
-            log.warning("%s: bad line, closing: %s", self.description, error)
+            PEER_ERRORS.log(logging.WARNING, "%s: bad line, closing: %s", self.who, error)
             self._abort_with("protocol", f"invalid line: {error}")
 
     def eof_received(self) -> bool | None:
@@ -232,6 +296,7 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     def pause_writing(self) -> None:
         self._paused = True
+        self._paused_at = time.monotonic()
         self.send_queue = None
 
     def resume_writing(self) -> None:
@@ -282,8 +347,8 @@ class TcpConnection(asyncio.Protocol, Connection):
         metrics.PENDING_OUT.inc(len(self._pending) - before)
         if len(self._pending) > self.max_buffered:
             log.error(
-                "%s (%s) fell behind: more than %d commands buffered; disconnecting it "
-                "(it will reconnect and catch up)", self.description, self.peer_name, self.max_buffered,
+                "%s fell behind: more than %d commands buffered; disconnecting it "
+                "(it will reconnect and catch up)", self.who, self.max_buffered,
             )
             self._abort_with("congestion", f"client fell behind: more than {self.max_buffered} commands buffered")
 
@@ -304,6 +369,11 @@ class TcpConnection(asyncio.Protocol, Connection):
     def handshake_done(self) -> bool:
         """Whether the peer introduced itself (and, to a reader, as the expected server); stays true after close."""
         return self._handshaken
+
+    @property
+    def who(self) -> str:
+        """The link and the peer's name, for the log: ``tcp from 10.0.0.5:4242 (reader1)``."""
+        return f"{self.description} ({self.peer_name})" if self.peer_name else self.description
 
     @property
     def buffered(self) -> int:
@@ -332,6 +402,8 @@ class TcpConnection(asyncio.Protocol, Connection):
             return
         if name not in self.accepts:
             side = "client" if self.is_server else "server"
+            PEER_ERRORS.log(logging.WARNING, "%s sent %s, which a %s may not send; closing",
+                            self.who, name, side)
             self._abort_with("direction", f"{name} is not a command a {side} may send")
             return
         if name == "PING":
@@ -353,7 +425,7 @@ class TcpConnection(asyncio.Protocol, Connection):
             return
         if name == "ERROR":
             self.peer_error = cmd.data  # type: ignore[attr-defined]
-            log.warning("%s (%s) reported an error: %s", self.description, self.peer_name, cmd.data)  # type: ignore[attr-defined]
+            log.warning("%s reported an error: %s", self.who, cmd.data)  # type: ignore[attr-defined]
             return
         self.sink.command_received(self, cmd)
 
@@ -382,7 +454,14 @@ class TcpConnection(asyncio.Protocol, Connection):
             return
         transport.close()
         # A peer that does not read would keep the socket open forever: abort after a grace period.
-        asyncio.get_event_loop().call_later(_ABORT_GRACE, transport.abort)
+        asyncio.get_event_loop().call_later(_ABORT_GRACE, self._abort_transport, transport)
+
+    def _abort_transport(self, transport: asyncio.BaseTransport) -> None:
+        # Only if still open: asyncio's selector transport, once it has flushed and closed by itself, fails
+        # on abort() inside the loop ("Exception in callback _SelectorTransport.abort()": a traceback in
+        # the writer's log for every dropped reader that read what was left within the grace period).
+        if self.state is not ConnState.CLOSED:
+            transport.abort()  # type: ignore[attr-defined]
 
     def _ready(self) -> None:
         self._handshaken = True
@@ -401,8 +480,16 @@ class TcpConnection(asyncio.Protocol, Connection):
             return
         now = time.monotonic()
         if self._peer_pinged and now - self._last_recv > self.timeout:
-            log.warning("%s (%s): nothing received for %.1fs, closing", self.description, self.peer_name, now - self._last_recv)
+            log.warning("%s: nothing received for %.1fs, closing", self.who, now - self._last_recv)
             self._abort_with("timeout", f"no command received for {self.timeout:g}s")
+            return
+        if self._paused and now - self._paused_at > self.timeout:
+            # The peer reads nothing we send (or its host is gone): without this, one that never PINGs and
+            # never reads would hold what is queued for it (the socket's, the transport's) forever.
+            log.error("%s has read nothing for %.1fs (its socket stays backed up, %d bytes waiting); "
+                      "disconnecting it", self.who, now - self._paused_at,
+                      self._transport.get_write_buffer_size() if self._transport is not None else 0)
+            self._abort_with("congestion", f"not reading: the socket stayed backed up for {self.timeout:g}s")
             return
         if now - self._last_sent >= self.ping_interval:
             self.send(PingCommand(_now_ms()))
