@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from ..errors import FactstreamError
-from ..store.database import DatabaseUnavailable
 from .event_json import EventFields, InvalidEvent, event_bytes, parse_event
 from .records import _MISSING, OPEN_HI, OPEN_LO, NewEvent, PersistedEvent, _Batch, _Prev, _TxnEffects
 from .state import CurrentState
@@ -66,15 +64,8 @@ class Persisting(CurrentState):
         parsed = [parsed_given[i] for i in order]
         self._persisting += 1
         self._persists_done.clear()
-        try:
+        try:  # a locked SQLite file is the Database's DatabaseUnavailable, naming it, like an outage
             results = await self._persist_batch(items, parsed)
-        except sqlite3.OperationalError as err:
-            if not _sqlite_busy(err):
-                raise
-            raise DatabaseUnavailable(
-                f"the SQLite database {getattr(self.db, 'path', '')!r} is locked by another connection "
-                f"or process ({err}); nothing was stored: retry once it is released"
-            ) from err
         finally:
             self._persisting -= 1
             if not self._persisting:
@@ -439,8 +430,3 @@ def _parents_first(parsed: Sequence[EventFields]) -> list[int]:
                 )
     return order
 
-
-def _sqlite_busy(err: sqlite3.OperationalError) -> bool:
-    """Whether SQLite gave up waiting for a lock another connection holds (busy_timeout ran out)."""
-    name = getattr(err, "sqlite_errorname", "")
-    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(err)

@@ -35,7 +35,7 @@ from typing import Any
 
 from .._checks import seconds, text, whole
 from ..backoff import Outage
-from ..redaction import redact_url
+from ..redaction import redact_text, redact_url
 from ..store.database import Database, DatabaseUnavailable, Transaction
 from ..store.migrations import migrate
 from .errors import IdGeneratorError, PositionWaitTimeout, SequenceBehindError
@@ -245,9 +245,25 @@ class IdGenerator:
             self._ahead = False
 
     def _rewrite_block_later(self, upto: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._write_block(upto, None))
+        task = asyncio.get_running_loop().create_task(self._rewrite_block(upto))
         self._block_writes.add(task)
         task.add_done_callback(self._block_writes.discard)
+
+    async def _rewrite_block(self, upto: int) -> None:
+        """Record again a block whose record a rolled-back transaction took with it.
+
+        Should that fail too (the database locked, closed), the generator
+        must not go on believing it recorded: ids it hands out would not be
+        durable, and a restart after a crash could give them out again. The
+        next reservation then records a block before it hands out an id.
+        """
+        try:
+            await self._write_block(upto, None)
+        except Exception as err:  # noqa: BLE001 - a background task: nobody else would see it
+            if self._counter is not None and self._block_end is not None:
+                self._block_end = min(self._block_end, self._counter)
+            logger.warning("stream %s: could not record the id block again after a rolled-back transaction "
+                           "(%s); the next id reserved records it first", self.stream_name, redact_text(str(err)))
 
     async def _write_block(self, upto: int, txn: Transaction | None) -> None:
         await (txn if txn is not None else self._db).execute(
@@ -414,7 +430,8 @@ class IdGenerator:
                 return
 
     async def _flush_loop(self, retry: bool = True, once: bool = False) -> bool:
-        # With ``retry`` (the background flush) a database outage is waited out with
+        # With ``retry`` (the background flush) a database outage (PostgreSQL gone, a SQLite file
+        # another process keeps locked past the busy timeout: both DatabaseUnavailable) is waited out with
         # backoff, logged once; an explicit flush (close) tries once. ``once``: return after
         # one upsert, True if the position has moved on since (the caller flushes again later).
         wrote = False
@@ -467,11 +484,7 @@ class IdGenerator:
             if self._block_writes:
                 await asyncio.gather(*self._block_writes, return_exceptions=True)
             if self._counter is not None and self._block_end is not None and self._block_end > self._counter:
-                # a clean stop: give back the ids recorded ahead of use, so a restart does not skip them
-                await self._db.execute(
-                    "UPDATE stream_id_blocks SET reserved_upto = ? WHERE stream_name = ?", (self._counter, self.stream_name)
-                )
-                self._block_end = self._counter
+                await self._give_back_block()
         finally:
             self._closed = True
             task = self._flush_task
@@ -487,6 +500,26 @@ class IdGenerator:
             key = _sqlite_key(self._db, self.stream_name)
             if _SQLITE_WRITERS.get(key) is self:
                 del _SQLITE_WRITERS[key]
+
+    async def _give_back_block(self) -> None:
+        """A clean stop: give back the ids recorded ahead of use, so a restart does not skip them.
+
+        Only a saving: with the database unavailable (a SQLite file another
+        process keeps locked) the restart skips them instead, which is safe,
+        so close() still stops rather than raising.
+        """
+        assert self._counter is not None
+        try:
+            await self._db.execute(
+                "UPDATE stream_id_blocks SET reserved_upto = ? WHERE stream_name = ?", (self._counter, self.stream_name)
+            )
+        except DatabaseUnavailable as err:
+            logger.warning(
+                "stream %s: could not give back the ids recorded ahead of use (%s); a restart continues after "
+                "position %d instead of %d", self.stream_name, err, self._block_end, self._counter,
+            )
+            return
+        self._block_end = self._counter
 
     def __repr__(self) -> str:
         return (

@@ -41,6 +41,12 @@ port, a firewall that swallows packets) is given up on after
 otherwise), and a connect in progress ends at once when its task is
 cancelled (Ctrl-C).
 
+A SQLite file another connection or process keeps locked for longer than
+the busy timeout (30 s; ``PRAGMA busy_timeout`` changes it for the
+connection) is :class:`DatabaseUnavailable` too, naming the file, on every
+call and at connect, with what was begun rolled back; any other SQLite error
+(a missing table, a syntax error) stays the driver's own.
+
 A URL that cannot name a database (a bare path, ``sqlite://file.db`` with two
 slashes, an IPv6 host without its closing bracket) is a
 :class:`DatabaseURLError` saying how to write it, raised before anything is
@@ -442,8 +448,47 @@ def _sqlite_open_problem(path: str, url: str, err: sqlite3.Error) -> str:
 
 
 
+def _sqlite_busy(err: sqlite3.Error) -> bool:
+    """Whether SQLite gave up waiting for a lock another connection holds (SQLITE_BUSY: busy_timeout ran out).
+
+    Only SQLITE_BUSY and its extended codes: SQLITE_LOCKED ("database table
+    is locked") is a conflict inside this one connection, a usage error that
+    waiting cannot cure, and any other OperationalError is the statement's own.
+    """
+    code = getattr(err, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF == 5  # SQLITE_BUSY
+    return str(err) == "database is locked"
+
+
+def _waited(err: sqlite3.Error) -> str:
+    """How long SQLite waited for the lock before ``err``, for a message."""
+    ms = getattr(err, "factstream_busy_ms", None)
+    if not isinstance(ms, int):
+        return "gave up after the busy timeout"
+    shown = f"{ms // 1000} s" if ms >= 1000 and ms % 1000 == 0 else f"{ms} ms"
+    return f"gave up after waiting {shown}, the busy timeout"
+
+
+#: How long SQLite waits for a lock another connection holds before giving up (``PRAGMA busy_timeout`` changes it).
+_BUSY_TIMEOUT_MS = 30_000
+
+#: What a busy SQLite database left behind, per kind of call (see SqliteDatabase._run).
+_NOTHING_WRITTEN = "nothing was written"
+_NOT_STARTED = "the transaction did not start, nothing was written"
+_TXN_ROLLS_BACK = "the transaction rolls back, nothing of it is written"
+_NOT_COMMITTED = "the transaction was not committed (it rolls back), nothing of it is written"
+
+
 class SqliteDatabase(Database):
-    """SQLite through the stdlib driver, in one dedicated thread."""
+    """SQLite through the stdlib driver, in one dedicated thread.
+
+    A file another connection or process keeps locked for longer than the
+    busy timeout (30 s, or what ``PRAGMA busy_timeout`` set) is an ordinary
+    operational condition, like PostgreSQL being down: every call raises
+    :class:`DatabaseUnavailable` naming the file, never the driver's bare
+    "database is locked", and what it had begun is rolled back.
+    """
 
     engine = "sqlite"
 
@@ -457,25 +502,67 @@ class SqliteDatabase(Database):
     async def _open(self) -> None:
         def opener() -> sqlite3.Connection:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 30000")
-            if self.path != ":memory:":
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+                if self.path != ":memory:":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                    conn.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.Error as err:
+                conn.close()
+                err.factstream_busy_ms = _BUSY_TIMEOUT_MS  # type: ignore[attr-defined]
+                raise
             return conn
 
         try:
-            self._conn = await self._run(opener)
+            self._conn = await self._submit(opener)
         except sqlite3.Error as err:
             self._executor.shutdown(wait=False)
             self._closed = True
+            if _sqlite_busy(err):
+                raise DatabaseUnavailable(
+                    f"cannot open the SQLite database {self.path!r}: it is locked by another connection or process "
+                    f"({err}; {_waited(err)}); nothing was written; retry once it is released"
+                ) from None
             raise DatabaseError(_sqlite_open_problem(self.path, self.url, err)) from err
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         self._ensure_open()
-        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return asyncio.get_running_loop().run_in_executor(self._executor, self._in_thread, fn, args)
 
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self._submit(fn, *args)
+    def _in_thread(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """``fn(*args)``; a busy error takes along the busy timeout it waited (read now: the thread is free)."""
+        try:
+            return fn(*args)
+        except sqlite3.OperationalError as err:
+            if self._conn is not None and _sqlite_busy(err):
+                try:
+                    ms = int(self._conn.execute("PRAGMA busy_timeout").fetchone()[0])
+                except sqlite3.Error:
+                    ms = None
+                err.factstream_busy_ms = ms  # type: ignore[attr-defined]
+            raise
+
+    async def _run(self, fn: Callable[..., Any], *args: Any, outcome: str = _TXN_ROLLS_BACK) -> Any:
+        """``fn(*args)`` in the database thread (see :meth:`_busy_is_unavailable` for ``outcome``)."""
+        return await self._busy_is_unavailable(self._submit(fn, *args), outcome)
+
+    async def _busy_is_unavailable(self, job: Awaitable[Any], outcome: str) -> Any:
+        """The result of ``job``; SQLite giving up on a lock held elsewhere is :class:`DatabaseUnavailable`.
+
+        ``outcome`` says what became of the work then; the default of
+        :meth:`_run` is for a statement inside an open transaction (which the
+        error rolls back).
+        """
+        try:
+            return await job
+        except sqlite3.OperationalError as err:
+            if not _sqlite_busy(err):
+                raise  # a real SQL error stays the driver's own
+            # from None: the driver's "database is locked" and its traceback add nothing to this message
+            raise DatabaseUnavailable(
+                f"the SQLite database {self.path!r} is locked by another connection or process ({err}; "
+                f"{_waited(err)}); {outcome}; retry once it is released"
+            ) from None
 
     async def _queue(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a self-contained job (one call in the database thread), holding the lock only to queue it.
@@ -488,7 +575,7 @@ class SqliteDatabase(Database):
         """
         async with self._lock:
             done = self._submit(fn, *args)
-        return await done
+        return await self._busy_is_unavailable(done, _NOTHING_WRITTEN)
 
     def _c(self) -> sqlite3.Connection:
         assert self._conn is not None
@@ -537,11 +624,11 @@ class SqliteDatabase(Database):
         async with self._lock:
             # IMMEDIATE takes the write lock up front, so two processes on one
             # file never deadlock upgrading a read transaction to a write.
-            await self._run(self._do_execute, "BEGIN IMMEDIATE", ())
+            await self._run(self._do_execute, "BEGIN IMMEDIATE", (), outcome=_NOT_STARTED)
             yield self._conn
 
     async def _commit(self, conn: Any) -> None:
-        await self._run(self._do_execute, "COMMIT", ())
+        await self._run(self._do_execute, "COMMIT", (), outcome=_NOT_COMMITTED)
 
     async def _rollback(self, conn: Any) -> None:
         def rollback() -> None:
