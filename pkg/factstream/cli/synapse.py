@@ -38,8 +38,10 @@ def register(subparsers: Any) -> None:
         ),
     )
     c.add_argument("--db", metavar="URL", help="Synapse's database: postgresql://user@host:port/synapse or sqlite:///path")
-    c.add_argument("--config", metavar="HOMESERVER_YAML",
-                   help="Synapse config file: its stream_writers tell stale writers apart (and its database is used without --db)")
+    c.add_argument("-c", "--config", action="append", metavar="PATH",
+                   help="Synapse config file or directory (of *.yaml files), repeatable and merged as Synapse merges "
+                        "its -c options: its stream_writers tell stale writers apart (and its database is used "
+                        "without --db)")
     c.add_argument("--instances", metavar="A,B,...", help="every configured Synapse instance name (instead of --config)")
     c.add_argument("--fix", action="store_true", help="apply the repairs in one transaction (Synapse must be stopped)")
     c.add_argument("--force", action="store_true", help="with --fix: repair even while other sessions are connected")
@@ -54,11 +56,18 @@ def register(subparsers: Any) -> None:
             "frozen streams and committed rows the wire skipped. Human output, JSON lines (--json) and/or "
             "Prometheus metrics (--metrics-port). Exit status with --duration: 0 healthy at the end, 1 not (a problem, or "
             "no writer heard on the channel: check --server-name), 2 could not watch (Redis never reached, database "
-            "unreachable or not Synapse's, metrics endpoint cannot listen)."
+            "unreachable or not Synapse's, metrics endpoint cannot listen, config unreadable). With --config, also "
+            "each configured writer that never answers on the channel (a dead worker) and each writer heard that "
+            "the config does not name; --redis and --server-name default to the config's."
         ),
     )
-    w.add_argument("--redis", required=True, metavar="URL", help="Synapse's Redis: redis://[:password@]host:port/0")
-    w.add_argument("--server-name", required=True, metavar="HS", help="the homeserver's server_name (the channel)")
+    w.add_argument("--redis", metavar="URL",
+                   help="Synapse's Redis: redis://[:password@]host:port/0 (default: the config's redis section)")
+    w.add_argument("--server-name", metavar="HS",
+                   help="the homeserver's server_name, the channel (default: the config's server_name)")
+    w.add_argument("-c", "--config", action="append", metavar="PATH",
+                   help="Synapse config file or directory (of *.yaml files), repeatable and merged as Synapse merges "
+                        "its -c options: report configured writers that never answer, and writers it does not name")
     w.add_argument("--db", metavar="URL", help="Synapse's PostgreSQL database, to compare the wire with its rows")
     w.add_argument("--interval", type=duration(), default=5.0, help="seconds between reports (default 5)")
     w.add_argument("--frozen-after", type=duration(), default=30.0, metavar="S",
@@ -96,12 +105,19 @@ def _writers(args: argparse.Namespace) -> tuple[dict[str, Collection[str]] | Non
 
     if args.config:
         cfg = load_config(args.config)
+        _notes("check", cfg.notes)
         return {s.name: cfg.writers_of(s) for s in SYNAPSE_ID_STREAMS}, None, cfg.database_url
     fixed: dict[str, Collection[str]] = {s.name: s.fixed_writers for s in SYNAPSE_ID_STREAMS if s.fixed_writers}
     instances = [i.strip() for i in args.instances.split(",") if i.strip()] if args.instances else None
     if instances is None:
         return fixed, None, None
     return fixed, instances, None
+
+
+def _notes(command: str, notes: Collection[str]) -> None:
+    """Say which config paths were skipped (as Synapse skips them), so none is dropped silently."""
+    for note in notes:
+        print(f"factstream synapse {command}: note: {redact_text(note)}", file=sys.stderr)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -233,10 +249,43 @@ def run_watch(args: argparse.Namespace) -> int:
     if args.db and _scheme(args.db) not in ("postgresql", "postgres"):
         return fail("--db: watch compares the wire with Synapse's PostgreSQL database: give its "
                     "postgresql://host:port/dbname URL (a SQLite Synapse has no workers to watch)")
+    from ..synapse.config import ConfigError, load_config
+
+    cfg = None
+    if args.config:
+        try:
+            cfg = load_config(args.config)
+        except ConfigError as err:
+            return fail(str(err))
+        _notes("watch", cfg.notes)
+    redis_url, server_name = args.redis, args.server_name
+    if not redis_url:
+        if cfg is None:
+            return fail("no Redis: pass --redis URL (or --config homeserver.yaml with a redis section)")
+        if not cfg.redis_enabled or not cfg.redis_url:
+            return fail(f"{cfg.source}: redis is not enabled (redis: enabled: true), so Synapse's processes do not "
+                        "replicate over Redis there; pass --redis URL, or the config files every process runs with")
+        redis_url = cfg.redis_url
+    if not server_name:
+        if cfg is None:
+            return fail("no channel: pass --server-name HS (the server_name of homeserver.yaml), or --config")
+        if not cfg.server_name:
+            return fail(f"{cfg.source}: no server_name; pass --server-name HS (the server_name Synapse runs with)")
+        server_name = cfg.server_name
+    if any(c in server_name for c in " \r\n"):
+        where = "--server-name" if args.server_name else f"{cfg.source if cfg else 'the config'}: server_name"
+        return fail(f"{where} {server_name!r}: a server name has no spaces or line breaks")
+    if cfg is not None and args.no_replicate:
+        print("factstream synapse watch: note: with --no-replicate, configured writers that stay quiet are not "
+              "reported (an idle writer says nothing unasked); writers the config does not name still are",
+              file=sys.stderr)
     opts = WatchOptions(
-        redis_url=args.redis, server_name=args.server_name, db_url=args.db, interval=args.interval,
+        redis_url=redis_url, server_name=server_name, db_url=args.db, interval=args.interval,
         frozen_after=args.frozen_after, json_output=args.json, metrics_port=args.metrics_port,
         metrics_host=args.metrics_host, duration=args.duration, replicate=not args.no_replicate,
+        configured=cfg.wire_writers() if cfg is not None else None,
+        config_source=cfg.source if cfg is not None else None,
+        redis_origin="the --redis URL" if args.redis else f"the redis section of {cfg.source if cfg else 'the config'}",
     )
     try:
         return transport.run(lambda: watch(opts, sys.stdout))
@@ -245,7 +294,8 @@ def run_watch(args: argparse.Namespace) -> int:
     except OSError as err:
         return fail(f"{err.strerror or err}")
     except ValueError as err:  # a malformed Redis URL
-        return fail(f"bad --redis URL: {err}")
+        origin = "--redis URL" if args.redis else f"Redis URL built from the redis section of {cfg.source if cfg else ''}"
+        return fail(f"bad {origin}: {err}")
 
 
 def _scheme(url: str) -> str:

@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import IO, Any
 
 from .. import wire
@@ -55,6 +56,11 @@ class WatchOptions:
     metrics_host: str = "127.0.0.1"
     duration: float | None = None
     replicate: bool = True
+    #: With ``--config``: replication stream -> the writers the config names, and which files said so.
+    configured: Mapping[str, tuple[str, ...]] | None = None
+    config_source: str | None = None
+    #: Where ``redis_url`` came from, for the message when it never connects.
+    redis_origin: str = "the --redis URL"
 
 
 def _now_iso() -> str:
@@ -92,12 +98,16 @@ def _silent(opts: WatchOptions, seconds: float) -> Problem:
     """The problem of a channel on which no writer spoke: most likely the wrong server name or Redis."""
     why = ("although the REPLICATE sent on subscribing asks every Synapse writer to answer at once"
            if opts.replicate else "(with --no-replicate an idle deployment is quiet too: drop it to ask the writers)")
+    if opts.config_source:
+        where = (f"that {opts.config_source} is the config Synapse runs with (its server_name is the channel and "
+                 "its redis section the Redis, unless --server-name or --redis say otherwise)")
+    else:
+        where = ("that --server-name is the server_name in homeserver.yaml and that --redis names the host and port "
+                 "of its redis section (pub/sub ignores the /db number)")
     return Problem(
         "silent", "", "",
         f"nothing heard from any writer on the channel {opts.server_name!r} of {redact_url(opts.redis_url)} "
-        f"in {seconds:.1f}s, {why}: check that --server-name is the server_name in homeserver.yaml and that "
-        "--redis names the host and port of its redis section (pub/sub ignores the /db number), "
-        "and that Synapse runs with redis enabled")
+        f"in {seconds:.1f}s, {why}: check {where}, and that Synapse runs with redis enabled")
 
 
 def _redis_down(opts: WatchOptions, seconds: float, last_error: str | None) -> Problem:
@@ -199,12 +209,18 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
                     log.warning("not subscribed to %s yet (still retrying)", redact_url(opts.redis_url))
                     warned_redis = True
                 listened = now - subscribed_at[0] if subscribed_at else 0.0
-                if subscribed_at and not dog.writers and (listened >= grace or final):
+                heard = bool(dog.heard())
+                if opts.configured is not None:
+                    # A live writer answers the REPLICATE at once; without one (--no-replicate) an idle one is quiet.
+                    answered = opts.replicate and redis_up and bool(subscribed_at) and (listened >= grace or final)
+                    problems.extend(dog.config_problems(opts.configured, judge_missing=answered, listened=listened,
+                                                        source=opts.config_source or "the config"))
+                if subscribed_at and not heard and (listened >= grace or final):
                     problems.insert(0, _silent(opts, listened))
                     if opts.json_output and not warned_silent:  # a terminal's report already says it
                         log.warning("%s", problems[0].summary)
                         warned_silent = True
-                healthy = redis_up and bool(dog.writers) and not problems and db_error is None
+                healthy = redis_up and heard and not problems and db_error is None
                 if metrics is not None:
                     metrics.update(writers, problems, redis_up=redis_up, commands_seen=dog.commands_seen,
                                    healthy=healthy)
@@ -231,6 +247,6 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
     if not subscribed_at:
         why = f"last error: {carrier.last_error}" if carrier.last_error else "see the connection errors above"
         raise WatchError(f"could not watch: never subscribed to {redact_url(opts.redis_url)} during the whole "
-                         f"--duration ({opts.duration:g}s; {why}): check the --redis URL "
+                         f"--duration ({opts.duration:g}s; {why}): check {opts.redis_origin} "
                          "(host, port, password) and that Redis runs there")
     return 0 if healthy else 1

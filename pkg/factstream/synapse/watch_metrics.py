@@ -42,12 +42,19 @@ class WatchMetrics:
         self.unpublished = Gauge("factstream_synapse_unpublished_rows",
                                  "Committed rows the wire covered without an RDATA (readers never fetch them)",
                                  _LABELS, registry=r)
+        self.missing = Gauge("factstream_synapse_writer_missing",
+                             "1 while a writer the config (--config) names has not answered on the channel",
+                             _LABELS, registry=r)
+        self.unconfigured = Gauge("factstream_synapse_writer_unconfigured",
+                                  "1 while a writer the config (--config) does not name announces the stream",
+                                  _LABELS, registry=r)
         self.up = Gauge("factstream_synapse_watch_redis_up", "1 while subscribed to the deployment's Redis channel",
                         registry=r)
         self.healthy = Gauge("factstream_synapse_watch_healthy", "1 when no problem stands", registry=r)
         self.commands = Counter("factstream_synapse_watch_commands", "Replication commands received", registry=r)
         self._rows_seen: dict[tuple[str, str], int] = {}
         self._commands_seen = 0
+        self._config_flagged: set[tuple[str, str, str]] = set()
 
     def serve(self, port: int, host: str = "127.0.0.1") -> Any:
         """Start the HTTP endpoint (``/metrics``); returns the server."""
@@ -74,6 +81,12 @@ class WatchMetrics:
             self.frozen.labels(**labels).set(1 if ("frozen", *key) in flagged else 0)
             self.behind.labels(**labels).set(1 if ("writer_behind", *key) in flagged else 0)
             self.unpublished.labels(**labels).set(w["unpublished"])
+        # Writers judged against the config may never appear among the writers heard: set (and clear) them here.
+        config_flagged = {k for k in flagged if k[0] in ("writer_missing", "writer_unconfigured")}
+        for kind, stream, writer in config_flagged | self._config_flagged:
+            gauge = self.missing if kind == "writer_missing" else self.unconfigured
+            gauge.labels(stream=stream, writer=writer).set(1 if (kind, stream, writer) in config_flagged else 0)
+        self._config_flagged = config_flagged
         self.up.set(1 if redis_up else 0)
         self.healthy.set(1 if (not problems if healthy is None else healthy) else 0)
         if commands_seen > self._commands_seen:

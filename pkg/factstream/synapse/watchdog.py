@@ -28,6 +28,12 @@ problems follow:
 * ``position_ahead``: ``stream_positions`` records a writer beyond anything
   the sequence handed out: no writer wrote that, and Synapse refuses to start
   until it is repaired (not ``frozen``: no rows wait for the wire).
+
+Given the writers the config names for each stream
+(:meth:`Watchdog.config_problems`), two more: ``writer_missing``, a
+configured writer that never answered on the channel (a dead worker says
+nothing, so without the config its absence went unnoticed), and
+``writer_unconfigured``, a writer heard on a stream the config does not give it.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..commands import Command, PositionCommand, RdataCommand
+from .config import MAIN_INSTANCE, MAYBE_QUIET_STREAMS, WIRE_WRITER_SETTINGS
 
-__all__ = ["Watchdog", "WriterWatch", "Problem", "DbView", "AUDITED_STREAMS", "NO_ECHO_STREAMS"]
+__all__ = ["Watchdog", "WriterWatch", "Problem", "DbView", "AUDITED_STREAMS", "NO_ECHO_STREAMS", "WRITER_PROBLEMS"]
 
 #: Wire streams whose every table row is sent as one RDATA at the row's own id,
 #: so an id covered by the wire but absent from every RDATA is a row readers never got.
@@ -48,6 +55,9 @@ AUDITED_STREAMS = frozenset({"receipts", "account_data", "push_rules", "thread_s
 
 #: Streams whose idle writers do not echo other writers' progress (Synapse skips it for caches).
 NO_ECHO_STREAMS = frozenset({"caches", "typing", "federation", "presence_federation"})
+
+#: The problems judged against the config's writers (``--config``).
+WRITER_PROBLEMS = ("writer_missing", "writer_unconfigured")
 
 _RATE_WINDOW = 10.0
 _MAX_PUBLISHED = 200_000
@@ -214,6 +224,10 @@ class Watchdog:
         return {(s, wr): (w.baseline, w.token) for (s, wr), w in self.writers.items()
                 if s in wanted and w.baseline is not None and w.token is not None and w.token > w.baseline}
 
+    def heard(self) -> set[tuple[str, str]]:
+        """The (stream, writer)s the wire spoke for (not those only the database knows)."""
+        return {k for k, w in self.writers.items() if w.rows_total or w.positions_total}
+
     def tokens(self) -> dict[tuple[str, str], int]:
         """The current wire token of every (stream, writer)."""
         return {k: w.token for k, w in self.writers.items() if w.token is not None}
@@ -281,6 +295,53 @@ class Watchdog:
                     "without an RDATA: readers will never fetch them", ids))
         return out
 
+    def config_problems(self, configured: Mapping[str, tuple[str, ...]], *, judge_missing: bool,
+                        listened: float, source: str = "the config") -> list[Problem]:
+        """Writers the config names that the wire has not heard, and writers it heard that the config does not name.
+
+        ``configured``: replication stream -> its writers (streams left out are
+        not judged). ``judge_missing`` only once every live writer had the time
+        to answer the REPLICATE (and never when nothing at all was heard: that
+        is the ``silent`` problem, a wrong channel rather than dead writers).
+        """
+        out: list[Problem] = []
+        heard = self.heard()
+        speakers = {writer for _, writer in heard}
+        spoken = {stream for stream, _ in heard}
+        for stream, writers in sorted(configured.items()):
+            where = _where(stream, source)
+            for writer in writers:
+                if not judge_missing or not heard or stream in MAYBE_QUIET_STREAMS or (stream, writer) in heard:
+                    continue
+                if writer not in speakers:
+                    fix = (f"start it (its log says why it stopped), or if it was retired, remove it from {where} "
+                           "and restart every process") if writer != MAIN_INSTANCE else \
+                        "start the main process (its log says why it stopped)"
+                    out.append(Problem(
+                        "writer_missing", stream, writer,
+                        f"{writer} writes {stream} ({where}) but has said nothing on the channel in "
+                        f"{listened:.0f}s, although a live Synapse writer answers the REPLICATE sent on subscribing "
+                        f"at once: {writer} is not running, hung, or connected to another Redis or server_name; "
+                        f"{fix}"))
+                elif stream in spoken:
+                    out.append(Problem(
+                        "writer_missing", stream, writer,
+                        f"{writer} answers on the channel but not for {stream}, which {where} gives it: the config "
+                        f"{writer} runs with does not make it a {stream} writer (this config not deployed there, or "
+                        f"{writer} not restarted since): deploy it and restart {writer}"))
+                # else: nobody announces the stream: a Synapse older than the stream, nothing to judge.
+        for (stream, writer) in sorted(heard):
+            named = configured.get(stream)
+            if named is None or writer in named:
+                continue
+            out.append(Problem(
+                "writer_unconfigured", stream, writer,
+                f"{writer} announces {stream} on the channel but {_where(stream, source)} names only "
+                f"{', '.join(named) or 'no writer'}: a stale worker still running with an old config, or {source} "
+                f"is not the config deployed; stop {writer} if it was retired, or deploy this config to every "
+                "process and restart them"))
+        return out
+
     def snapshot(self, now: float | None = None) -> list[dict[str, Any]]:
         """Every (stream, writer) as a JSON-ready dict, sorted."""
         now = self._clock() if now is None else now
@@ -288,7 +349,9 @@ class Watchdog:
         for (stream, writer), w in sorted(self.writers.items()):
             lag = None
             if w.token is not None:
-                lag = max((w.db_top or 0) - w.token, (w.db_position or 0) - w.token, 0)
+                # A position beyond the sequence (position_ahead) is no id any writer reached: not lag.
+                position = w.db_position if w.position_ahead is None else None
+                lag = max((w.db_top or 0) - w.token, (position or 0) - w.token, 0)
             out.append({
                 "stream": stream, "writer": writer, "token": w.token,
                 "rows_per_second": round(w.rate(now), 3), "rows_total": w.rows_total,
@@ -297,3 +360,9 @@ class Watchdog:
                 "unpublished": len(w.unpublished),
             })
         return out
+
+
+def _where(stream: str, source: str) -> str:
+    """Where the config names the writers of ``stream``."""
+    setting = WIRE_WRITER_SETTINGS.get(stream)
+    return f"stream_writers.{setting} of {source}" if setting else "Synapse's own rule: the main process"
