@@ -169,6 +169,15 @@ def test_stale_writer_by_instances_and_by_config(synapse_db: SynapseDb) -> None:
         [f] = problems(doc)
         assert f["kind"] == "stale_writer" and f["details"]["instance"] == "old_worker"
         assert f["repair"] == ["DELETE FROM stream_positions WHERE stream_name = 'receipts' AND instance_name = 'old_worker';"]
+    # homeserver.yaml as operators write it (block YAML, not JSON): PyYAML is a dependency, so it reads
+    # (before, it was refused with "needs PyYAML" unless the user installed it).
+    import yaml
+
+    as_yaml = synapse_db.config.with_suffix(".yaml")
+    as_yaml.write_text(yaml.safe_dump(json.loads(synapse_db.config.read_text()), default_flow_style=False))
+    assert not as_yaml.read_text().lstrip().startswith("{")
+    code, doc = check_json("--db", synapse_db.dsn, "--config", str(as_yaml))
+    assert code == 1 and [f["kind"] for f in problems(doc)] == ["stale_writer"]
     fixed = factstream("synapse", "check", "--config", str(synapse_db.config), "--fix")  # database from the config
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "changed: stream_positions receipts/old_worker 3 -> -" in fixed.stdout
