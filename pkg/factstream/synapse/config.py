@@ -7,7 +7,7 @@ a connection URL when ``--db`` is not given), the ``redis`` section and
 not given). Several paths are read the way Synapse reads its ``-c`` options:
 in order, a directory standing for the ``*.yaml`` files in it (sorted), each
 file replacing whole top-level sections of the ones before (a shallow merge).
-YAML needs PyYAML; without it a JSON config (JSON is YAML too) still works.
+YAML is read with PyYAML (a dependency; the ImportError path below is for a broken install).
 """
 
 from __future__ import annotations
