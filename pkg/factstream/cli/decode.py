@@ -15,6 +15,8 @@ import gzip
 import io
 import itertools
 import json
+import os
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from typing import IO, Any, cast
 from .. import wire
 from ..errors import ProtocolError
 from ..spark.formats import (
-    MAGIC_BYTES, NOTE, READ_ERRORS, compression_of, detect_format, payloads, read_problem,
+    ENDS_MID_LINE, MAGIC_BYTES, NOTE, READ_ERRORS, compression_of, detect_format, payloads, read_problem,
     unsupported_compression,
 )
 from .argtypes import whole_number
@@ -50,14 +52,16 @@ def register(subparsers: Any) -> None:
             "detected per input: bare wire lines, lines prefixed with an ISO-8601 timestamp "
             "and direction (what 'factstream record' writes; its '#' notes count as "
             "#disconnected/#connected), redis-cli MONITOR, --csv and raw SUBSCRIBE output. "
-            "gzip input (a file or stdin) is decompressed, whatever its name. Exit status 1 if any line was bad, 2 if an "
+            "gzip input (a file or stdin) is decompressed, whatever its name. A last line without a newline is bad "
+            "(the file was cut, or is still being written). Exit status 1 if any line was bad, 2 if an "
             "input could not be read (missing, truncated or corrupt gzip, not an archive); the "
             "other inputs are still read. Try it on the sample that ships with the package: "
             "factstream decode --sample."
         ),
     )
     p.add_argument("files", nargs="*", metavar="FILE",
-                   help="files to read ('-' for stdin, at most once; nothing and no --sample: stdin)")
+                   help="files to read ('-' for stdin, at most once; nothing and no --sample: stdin); for a directory "
+                   "use 'factstream logs parse DIR'")
     p.add_argument("--sample", action="store_true",
                    help="read the sample log shipped inside the package, after the FILEs given (stdin only if '-' is one)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
@@ -155,16 +159,25 @@ def _open(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
     return fh
 
 class _Lines:
-    """The lines of an open input without their newlines, counting how many were read."""
+    """The lines of an open input without their newlines, counting how many were read.
+
+    A last line without a newline (the input was cut, or is still being
+    written) is not given out: it is kept in ``cut`` as (line number, bytes),
+    for it is no line yet (a token cut short can look valid).
+    """
 
     def __init__(self, fh: IO[bytes]) -> None:
         self.fh = fh
         self.count = 0
+        self.cut: tuple[int, bytes] | None = None
 
     def __iter__(self) -> Iterator[bytes]:
         for line in self.fh:
+            if not line.endswith(b"\n"):  # only the last line can lack one
+                self.cut = (self.count + 1, line)
+                return
             self.count += 1
-            line = line[:-1] if line.endswith(b"\n") else line
+            line = line[:-1]
             yield line[:-1] if line.endswith(b"\r") else line  # CRLF ends a line too (see spark.lines)
 
 
@@ -181,7 +194,7 @@ def _summarise_one(path: str, summary: Summary, max_errors: int) -> None:
             lines = _Lines(fh)
             it = iter(lines)
             head = list(itertools.islice(it, HEAD_LINES))
-            fmt = detect_format(head)
+            fmt = detect_format(head + [lines.cut[1]] if lines.cut else head)  # what it looks like, cut or not
             if fmt is None:
                 summary.inputs.append((path, None, "not a replication archive (no line in a known format)"))
                 return
@@ -198,6 +211,11 @@ def _summarise_one(path: str, summary: Summary, max_errors: int) -> None:
                     summary.error_count += 1
                     if len(summary.errors) < max_errors:
                         summary.errors.append((path, number, str(err)))
+            if lines.cut is not None:  # never parsed: 'logs parse' makes it a malformed row, with the same reason
+                summary.lines += 1
+                summary.error_count += 1
+                if len(summary.errors) < max_errors:
+                    summary.errors.append((path, lines.cut[0], _ends_mid_line(path)))
     except _NotRead as err:
         summary.inputs.append((path, None, str(err)))
         return
@@ -205,6 +223,10 @@ def _summarise_one(path: str, summary: Summary, max_errors: int) -> None:
         summary.inputs.append((path, fmt, _read_problem(err, lines.count if lines is not None else 0)))
         return
     summary.inputs.append((path, fmt, None))
+
+
+def _ends_mid_line(path: str) -> str:
+    return ENDS_MID_LINE.replace("the file", "the input", 1) if path == "-" else ENDS_MID_LINE
 
 
 def summarise(paths: list[str], max_errors: int = 100) -> Summary:
@@ -249,6 +271,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     paths = list(args.files) + ([sample_log_path()] if getattr(args, "sample", False) else [])
     paths = paths or ["-"]
+    folders = [path for path in paths if path != "-" and os.path.isdir(path)]
+    if folders:
+        # decode reads files (no Spark, no pyarrow); walking a directory tree, with its links, hidden
+        # directories and non-archives, is what 'logs parse' does: say so before reading anything.
+        them = " ".join(map(shlex.quote, folders))
+        first = shlex.quote(folders[0].rstrip("/"))
+        print(f"factstream decode: {', '.join(folders)}: {'a directory' if len(folders) == 1 else 'directories'}; "
+              f"decode reads files: name the files (factstream decode {first}/*.log), or parse "
+              f"every archive in {'it' if len(folders) == 1 else 'them'} with Spark "
+              f"(factstream logs parse {them} --out PARQUET_DIR)", file=sys.stderr)
+        return 2
     summary = summarise(paths, args.max_errors)
     for path, problem in summary.bad_inputs:
         print(f"factstream decode: {path}: {problem}", file=sys.stderr)

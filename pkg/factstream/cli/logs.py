@@ -395,6 +395,7 @@ def run_parse(args: argparse.Namespace) -> int:
     if not getattr(args, "debug", False):
         quiet_py4j()
     bad: list[tuple[str, str]] = []
+    skipped: list[str] = []  # files the plan left out: unreadable (named in bad too), or no replication archive
     try:
         try:
             bad = [(path, f"not parsed: {why}") for path, why in unlisted]
@@ -404,6 +405,7 @@ def run_parse(args: argparse.Namespace) -> int:
                 args.inputs,
                 ParseOptions(format=args.format, typed=not args.header_only),
                 chunk_bytes=int(args.chunk_mb * 1024 * 1024),
+                skipped=skipped,
             )
             mode = "errorifexists" if args.mode == "error" else args.mode
             with task_progress(spark.sparkContext, "parsing", enabled=_progress_enabled(args)):
@@ -458,10 +460,25 @@ def run_parse(args: argparse.Namespace) -> int:
             problem += "; the lines before it were parsed"
         print(f"factstream logs: {path}: {problem}", file=sys.stderr)
     if bad:
-        print(f"factstream logs: {len(bad)} of {len(files) + len(unlisted)} inputs could not be read to their end",
-              file=sys.stderr)
+        print(f"factstream logs: {_bad_count(len(bad), len(files) + len(unlisted), skipped, bad)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _bad_count(n_bad: int, found: int, skipped: list[str], bad: list[tuple[str, str]]) -> str:
+    """"N of M inputs could not be read to their end", saying what M counts when files found were no archives.
+
+    M is every file and unreadable directory found; a README or MANIFEST.json
+    among them is skipped (warned about as the job is planned), so the count
+    of files that were to be parsed is given beside it.
+    """
+    named = {path for path, _ in bad}
+    not_archives = len(set(skipped) - named)
+    text = f"{n_bad} of {found} inputs could not be read to their end"
+    if not_archives:
+        what = "not a replication archive" if not_archives == 1 else "not replication archives"
+        text += f" ({found} found: {found - not_archives} to parse, {not_archives} {what}, skipped)"
+    return text
 
 
 def _written(spark: Any, out: str) -> tuple[int, int]:

@@ -35,6 +35,7 @@ __all__ = [
     "GZIP_MAGIC",
     "MAGIC_BYTES",
     "compression_of",
+    "ENDS_MID_LINE",
     "unsupported_compression",
     "NOTE",
     "Payload",
@@ -65,6 +66,11 @@ FORMATS_HELP = """\
 
 #: The direction of a recorder note line (see docs/spark.md).
 NOTE = b"#"
+
+#: The problem of a file's last line when no newline ends it. A line exists only once its
+#: newline arrives (the wire's LineDecoder holds an unterminated tail too): without it, a token
+#: may be cut short and still look valid (``POSITION events master 1 12`` cut from ``123``).
+ENDS_MID_LINE = "the file ends mid-line (no newline after its last line): cut short, or still being written"
 
 #: (line number, protocol line, timestamp text, direction, channel, problem);
 #: ``problem`` names what is wrong with the capture record itself, else None.

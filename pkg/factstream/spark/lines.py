@@ -13,7 +13,10 @@ that went through Windows tools): the ``\r`` is part of the line ending, not
 of the line. A recorder note
 (``<ts> # disconnected <reason>``) is no wire line: its row has command
 ``#disconnected`` (``#`` and the note's first word), direction ``#`` and the
-rest of the note in ``data``.
+rest of the note in ``data``. A file's last line without a newline (the file
+was cut, or is still being written) is never parsed: a token cut short can
+look valid, so it comes out malformed, with ``ENDS_MID_LINE`` in ``error``
+(:func:`parse_file_blocks`).
 
 Archive formats (``FORMATS``) and their detection: :mod:`.formats`.
 """
@@ -32,7 +35,9 @@ from ._archive_py import HEADER_COLUMNS
 from .._compat import load
 from ..commands import FederationAckCommand, PositionCommand, RdataCommand
 from ..errors import ProtocolError
-from .formats import FORMATS, NOTE, SPLITTERS, detect_format, payloads, redis_unquote, split_csv, split_line, split_monitor
+from .formats import (
+    ENDS_MID_LINE, FORMATS, NOTE, SPLITTERS, detect_format, payloads, redis_unquote, split_csv, split_line, split_monitor,
+)
 from .timestamps import TS_TYPE, timestamp_columns
 
 __all__ = [
@@ -49,6 +54,8 @@ __all__ = [
     "command_values",
     "parse_block",
     "parse_blocks",
+    "parse_file_blocks",
+    "cut_line_values",
     "redis_unquote",
 ]
 
@@ -312,6 +319,7 @@ def parse_blocks(
     batch_rows: int = 65536,
     session_time_zone: str = "UTC",
     impl: str | None = None,
+    newline_terminated: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Parse an archive of one-line records (``ROW_FUNCTIONS``) given as blocks of whole lines.
 
@@ -319,7 +327,11 @@ def parse_blocks(
     builder walks the bytes itself (the compiled twin computes the columns of
     the common lines of every such format without Python objects) and calls
     the format's row function for the rest. Yields batches of at most
-    ``batch_rows`` rows.
+    ``batch_rows`` rows. ``newline_terminated``: the blocks are a file's
+    bytes as read, where a newline ends every line; bytes after the last one
+    are a line the file ends in the middle of, which becomes a malformed row
+    (:func:`cut_line_values`) and is not parsed. Without it, the end of the
+    last block ends a line too (lines joined by newlines, see parse_block).
     """
     values = ROW_FUNCTIONS.get(fmt)
     if values is None:
@@ -330,16 +342,81 @@ def parse_blocks(
         return values(number, line, typed)
 
     number = first_line - 1
+    tail = b""
     for data in blocks:
+        if newline_terminated and not data.endswith(b"\n"):  # only a file's last block can (sources._line_blocks)
+            cut = data.rfind(b"\n") + 1
+            data, tail = data[:cut], data[cut:]
         data = _without_cr(data)  # (a block ends at a newline, so no CRLF is cut in two)
         pos = 0
-        while True:
+        while pos < len(data):
             pos, number = columns.feed(data, pos, number, batch_rows, row_function, fmt)
             if pos >= len(data):
                 break
             yield _batch(columns, source, session_time_zone, impl)  # full: max rows, or the compiled twin's byte cap
+    if tail:
+        if len(columns) >= batch_rows:
+            yield _batch(columns, source, session_time_zone, impl)
+        columns.append(cut_line_values(number + 1, tail, typed))
     if len(columns):
         yield _batch(columns, source, session_time_zone, impl)
+
+
+def cut_line_values(number: int, line: bytes, typed: bool) -> tuple[Any, ...]:
+    """The row of a file's last line when no newline ends it: malformed (``ENDS_MID_LINE``), its bytes in ``raw``.
+
+    Not parsed at all, whatever the format: cut short, a token or a prefix can look valid.
+    """
+    return command_values(number, line, typed, problem=ENDS_MID_LINE)
+
+
+def parse_file_blocks(
+    blocks: Iterable[bytes],
+    *,
+    source: str,
+    first_line: int = 1,
+    fmt: str = "lines",
+    typed: bool = True,
+    batch_rows: int = 65536,
+    session_time_zone: str = "UTC",
+    impl: str | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Parse a file's bytes as read, in any format but "auto": blocks ending at newlines (sources.read_chunk_blocks).
+
+    A newline ends every line of such blocks, except a last line the file
+    ends in the middle of (a copy cut short, a recorder killed, a file still
+    being written): that one is a malformed row with ``ENDS_MID_LINE`` in
+    ``error`` and its bytes in ``raw``, never parsed (the wire has a line only
+    once its newline arrives). A file whose last line ends in a newline is
+    parsed exactly as :func:`parse_block` parses its lines.
+    """
+    if fmt in ROW_FUNCTIONS:
+        yield from parse_blocks(
+            blocks, source=source, first_line=first_line, fmt=fmt, typed=typed, batch_rows=batch_rows,
+            session_time_zone=session_time_zone, impl=impl, newline_terminated=True,
+        )
+        return
+    given = [first_line - 1]  # the number of the last whole line given out
+    cut: list[bytes] = []
+
+    def whole_lines() -> Iterator[bytes]:
+        for data in blocks:
+            lines = data.split(b"\n")
+            tail = lines.pop()
+            if tail:
+                cut.append(tail)  # only a file's last block can end without a newline
+            given[0] += len(lines)
+            yield from lines
+
+    def rows() -> Iterator[tuple[Any, ...] | None]:
+        lines = map(_line_without_cr, whole_lines())
+        for n, payload, ts, direction, channel, problem in payloads(lines, fmt, first_line):
+            yield command_values(n, payload, typed, ts, direction, channel, problem)
+        if cut:
+            yield cut_line_values(given[0] + 1, cut[0], typed)
+
+    yield from _collect(rows(), source=source, typed=typed, batch_rows=batch_rows, session_time_zone=session_time_zone,
+                        impl=impl)
 
 
 def parse_block(
@@ -376,6 +453,14 @@ def parse_block(
     else:
         rows = (command_values(n, payload, typed, ts, direction, channel, problem)
                 for n, payload, ts, direction, channel, problem in payloads(map(_line_without_cr, lines), fmt, first_line))
+    yield from _collect(rows, **options)  # type: ignore[arg-type]
+
+
+def _collect(
+    rows: Iterable[tuple[Any, ...] | None], *, source: str, typed: bool, batch_rows: int, session_time_zone: str,
+    impl: str | None,
+) -> Iterator[pa.RecordBatch]:
+    """Batches of at most ``batch_rows`` of ``rows`` (None: no row)."""
     columns = _builder(typed, impl)
     for values in rows:
         if values is None:

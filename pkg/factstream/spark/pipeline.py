@@ -2,7 +2,7 @@
 
 The driver lists the files and cuts them into chunks (see :mod:`.sources`);
 one Spark task per chunk reads its lines and parses them with
-:func:`.lines.parse_block` inside ``mapInArrow`` (why ``mapInArrow`` and not an
+:func:`.lines.parse_file_blocks` inside ``mapInArrow`` (why ``mapInArrow`` and not an
 Arrow pandas UDF: BENCHMARKS.md). Columns are described in docs/spark.md.
 """
 
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import gc
 import heapq
-import itertools
 from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from .lines import SPARK_DDL, ParseOptions, parse_block, parse_blocks
+from .lines import SPARK_DDL, ParseOptions, parse_block, parse_file_blocks
 from .sources import (
     CHUNKS_PER_CORE,
     DEFAULT_CHUNK_BYTES,
@@ -25,7 +24,6 @@ from .sources import (
     list_files,
     plan_chunks,
     read_chunk_blocks,
-    read_chunk_lines,
 )
 from .session import session_cores
 
@@ -54,11 +52,17 @@ def plan(
 
 
 def _plan(
-    spark: SparkSession, inputs: Sequence[str], fmt: str, chunk_bytes: int, parallelism: int | None
+    spark: SparkSession, inputs: Sequence[str], fmt: str, chunk_bytes: int, parallelism: int | None,
+    skipped: list[str] | None = None,
 ) -> tuple[list[tuple[str, int, int, int, int, str]], int | None]:
-    """:func:`plan`'s rows, and the cores they were planned for (None: unknown, or it made no difference)."""
+    """:func:`plan`'s rows, and the cores they were planned for (None: unknown, or it made no difference).
+
+    ``skipped`` (if given) gets the files left out: unreadable, or in no format.
+    """
     files = list_files(inputs)
-    formats, _ = archive_formats(files, fmt)  # files in no known format are skipped with a warning
+    formats, left_out = archive_formats(files, fmt)  # files in no known format are skipped with a warning
+    if skipped is not None:
+        skipped.extend(left_out)
     files = [(path, size) for path, size in files if path in formats]
     splittable = [(path, size) for path, size in files if formats[path] != "redis-raw"]  # its records span lines
     if parallelism is None and len(plan_chunks(splittable, chunk_bytes, 1)) != len(plan_chunks(splittable, chunk_bytes)):
@@ -122,21 +126,12 @@ def _parse_tasks(  # type: ignore[no-untyped-def]
             for index in (i for g in batch.column(0).to_pylist() for i in groups[g]):
                 path, start, end, size, newlines_before, fmt = rows[index]
                 chunk = Chunk(path, start, end, size)
-                if fmt == "lines":  # the common case: the builder walks the bytes itself
-                    first_line, blocks = read_chunk_blocks(chunk, newlines_before)
-                    yield from parse_blocks(
-                        blocks, source=chunk.path, first_line=first_line, typed=typed, batch_rows=batch_rows,
-                        session_time_zone=session_time_zone,
-                    )
-                    continue
-                numbered = read_chunk_lines(chunk, newlines_before)
-                first = next(numbered, None)
-                if first is None:
-                    continue
-                lines = itertools.chain(first[1], itertools.chain.from_iterable(b for _, b in numbered))
-                yield from parse_block(
-                    lines, source=chunk.path, first_line=first[0], fmt=fmt, typed=typed,
-                    batch_rows=batch_rows, session_time_zone=session_time_zone,
+                # One-line formats: the builder walks the bytes itself. A last line without a newline
+                # (a file cut short or still being written) comes out malformed, never parsed.
+                first_line, blocks = read_chunk_blocks(chunk, newlines_before)
+                yield from parse_file_blocks(
+                    blocks, source=chunk.path, first_line=first_line, fmt=fmt, typed=typed, batch_rows=batch_rows,
+                    session_time_zone=session_time_zone,
                 )
 
     return run
@@ -191,6 +186,7 @@ def parse_archives(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     batch_rows: int = 16384,
     parallelism: int | None = None,
+    skipped: list[str] | None = None,
 ) -> DataFrame:
     """Parse archive files, directories or globs into a DataFrame (one row per line; see docs/spark.md).
 
@@ -198,10 +194,11 @@ def parse_archives(
     detection and line counting of split files happen here. Plain files are
     cut into chunks of at least ``chunk_bytes`` (0: never), only as far as
     ``parallelism`` cores need (default: the session's); one chunk is one
-    Python task.
+    Python task. ``skipped`` (if given) gets the files left out as the job is
+    planned: unreadable, or (format "auto") in no archive format.
     """
     options = options or ParseOptions()
-    rows, cores = _plan(spark, inputs, options.format, chunk_bytes, parallelism)
+    rows, cores = _plan(spark, inputs, options.format, chunk_bytes, parallelism, skipped)
     if cores is None and len(rows) > CHUNKS_PER_CORE:
         cores = parallelism or session_cores(spark)
     groups = _groups(rows, cores)

@@ -11,8 +11,10 @@ read twice. gzip files are not splittable and are one chunk each,
 decompressed as a stream.
 
 Which files are archives: everything found in directories and by globs
-except hidden files (``.x``, ``_SUCCESS``) and the recorder's in-progress
-``*.part`` files (a file named on its own is always taken); not files that
+except hidden files (``.x``, ``_SUCCESS``), whatever is inside hidden
+directories (``.git/``, ``_temporary/``, ``.snapshots/``: a directory named
+on its own is still walked) and the recorder's in-progress ``*.part`` files
+(a file named on its own is always taken); not files that
 cannot be read or are compressed with something other than gzip, nor (with
 format ``auto``) files whose first lines are in no archive format (a
 MANIFEST.json, a README): those are skipped with a warning
@@ -161,6 +163,24 @@ def _is_data_file(name: str) -> bool:
     return not base.startswith((".", "_")) and not base.endswith(".part")  # .part: the recorder is still writing it
 
 
+def _is_hidden(name: str) -> bool:
+    """A hidden file or directory name (Hadoop's and Spark's rule: ``.git``, ``_temporary``, ``_SUCCESS``)."""
+    return name.startswith((".", "_"))
+
+
+def _hidden_part(path: str, base: str, named: Sequence[str] = ()) -> str | None:
+    """The first hidden directory of ``path`` below ``base`` (not counting the file's own name), or None.
+
+    Components in ``named`` were written out by the user (a glob's literal parts): never hidden.
+    """
+    rel = os.path.relpath(path, base) if base else path
+    parts = rel.split("/")[:-1]
+    for k, part in enumerate(parts):
+        if part not in ("", ".", "..") and _is_hidden(part) and part not in named:
+            return "/".join([base.rstrip("/")] + parts[: k + 1]) if base else "/".join(parts[: k + 1])
+    return None
+
+
 def list_files(inputs: Sequence[str], *, quiet: bool = False) -> list[tuple[str, int]]:
     """Expand files, directories (recursively) and globs into (path, size), sorted (see list_inputs)."""
     return list_inputs(inputs, quiet=quiet)[0]
@@ -173,8 +193,10 @@ def list_inputs(inputs: Sequence[str], *, quiet: bool = False) -> tuple[list[tup
     (``capture[1].log``); a file named on its own is taken whatever its name.
     Local directories are walked following symbolic links, each directory and
     each file once (the same file reached by two paths is taken by the
-    shorter, non-link one); skipped links are logged (unless ``quiet``: a
-    listing made only to check the inputs, repeated later). The second list
+    shorter, non-link one); hidden directories inside them (``.git``,
+    ``_temporary``) are not walked, but one named on its own is. Skipped
+    links (warning) and hidden directories (info) are logged once (unless
+    ``quiet``: a listing made only to check the inputs, repeated later). The second list
     holds (path, problem) of the directories that could not be read (their
     files are missing from the first). Raises FileNotFoundError naming every
     input that matched nothing.
@@ -183,10 +205,11 @@ def list_inputs(inputs: Sequence[str], *, quiet: bool = False) -> tuple[list[tup
     missing = []
     walk = _LocalWalk()
     for item in inputs:
+        hidden_before = len(walk.hidden_dirs)
         if "://" in item and not item.startswith("file://"):
-            files = _remote_files(item)
+            files = _remote_files(item, walk.hidden_dirs)
             if not files:
-                missing.append(item)
+                missing.append(item + _only_hidden(walk.hidden_dirs, hidden_before))
             found.update(files)
             continue
         _, path = _fs(item)
@@ -203,14 +226,21 @@ def list_inputs(inputs: Sequence[str], *, quiet: bool = False) -> tuple[list[tup
             else:
                 walk.file(path, named=True)  # a FIFO or device: reading it says what is wrong
         elif _has_glob(path):
+            literal = [part for part in path.split("/") if not _has_glob(part)]
             for match in sorted(globbing.glob(path, recursive=True)):
-                if os.path.isdir(match):
+                is_dir = os.path.isdir(match)
+                # a hidden directory matched by a wildcard, not named, is left out as in a walk
+                hidden = _hidden_part(os.path.join(match, "") if is_dir else match, "", literal)
+                if hidden is not None:
+                    walk.hidden_dirs.add(hidden)
+                    continue
+                if is_dir:
                     walk.directory(match)
                 elif _is_data_file(match):
                     walk.file(match, named=False)
         if len(walk.files) + walk.seen_again == before:
             cannot = [why for where, why in walk.unreadable[unreadable_before:] if where == path]
-            missing.append(f"{item} ({cannot[0]})" if cannot else item)
+            missing.append(f"{item} ({cannot[0]})" if cannot else item + _only_hidden(walk.hidden_dirs, hidden_before))
     if not quiet:
         walk.report()
     if missing:
@@ -219,11 +249,21 @@ def list_inputs(inputs: Sequence[str], *, quiet: bool = False) -> tuple[list[tup
     return sorted(found.items()), sorted(walk.unreadable)
 
 
-def _remote_files(item: str) -> dict[str, int]:
-    """The files of a URI input (``s3://...``): pyarrow lists them (no symbolic links there)."""
+def _only_hidden(hidden: set[str], before: int) -> str:
+    """What to add to an input that gave no file when it held hidden directories (they were left out)."""
+    if len(hidden) == before:
+        return ""
+    return " (it holds only hidden directories, left out: name one on its own to parse it)"
+
+
+def _remote_files(item: str, hidden: set[str]) -> dict[str, int]:
+    """The files of a URI input (``s3://...``): pyarrow lists them (no symbolic links there).
+
+    Hidden directories inside a listed one are left out and added to ``hidden``.
+    """
     fs, path = _fs(item)
     prefix = item.split("://", 1)[0] + "://"
-    matches: list[pafs.FileInfo] = []
+    matches: list[tuple[pafs.FileInfo, str]] = []  # (file, the directory it was listed under)
     if _has_glob(path):
         base = path
         while _has_glob(base):
@@ -233,16 +273,25 @@ def _remote_files(item: str) -> dict[str, int]:
             if not _glob_match(info.path, path):
                 continue
             if info.type == pafs.FileType.Directory:
-                matches.extend(fs.get_file_info(pafs.FileSelector(info.path, recursive=True)))
+                matches.extend((i, info.path) for i in fs.get_file_info(pafs.FileSelector(info.path, recursive=True)))
             else:
-                matches.append(info)
+                matches.append((info, ""))
     else:
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.Directory:
-            matches = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            matches = [(i, path) for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))]
         elif info.type == pafs.FileType.File:
             return {prefix + info.path: int(info.size or 0)}
-    return {prefix + i.path: int(i.size or 0) for i in matches if i.type == pafs.FileType.File and _is_data_file(i.path)}
+    found = {}
+    for i, base in matches:
+        if i.type != pafs.FileType.File or not _is_data_file(i.path):
+            continue
+        inside = _hidden_part(i.path, base) if base else None
+        if inside is not None:
+            hidden.add(prefix + inside)
+            continue
+        found[prefix + i.path] = int(i.size or 0)
+    return found
 
 
 class _LocalWalk:
@@ -257,6 +306,7 @@ class _LocalWalk:
         self.loops: list[str] = []
         self.broken: list[str] = []
         self.unreadable: list[tuple[str, str]] = []
+        self.hidden_dirs: set[str] = set()  # hidden directories inside walked ones: not walked
 
     def file(self, path: str, named: bool) -> None:
         path = os.path.abspath(path)
@@ -304,13 +354,15 @@ class _LocalWalk:
                 dirs[:] = []
                 continue
             self._dirs.add(key)
-            dirs.sort()
+            self.hidden_dirs.update(os.path.join(here, d) for d in dirs if _is_hidden(d))
+            dirs[:] = sorted(d for d in dirs if not _is_hidden(d))
             for name in sorted(names):
                 if _is_data_file(name):
                     self.file(os.path.join(here, name), named=False)
 
     def report(self) -> None:
         """Log what was left out, so that nothing goes unnoticed."""
+        _log_hidden(self.hidden_dirs)
         if self.duplicates:
             _log.warning(
                 "skipped %d path(s) that lead to a file already taken (links): %s",
@@ -327,6 +379,15 @@ class _LocalWalk:
             _log.warning("skipped %d path(s) that cannot be read: %s", len(self.unreadable),
                          "; ".join(f"{p}: {why}" for p, why in self.unreadable[:10])
                          + (" ..." if len(self.unreadable) > 10 else ""))
+
+
+def _log_hidden(dirs: set[str]) -> None:
+    """One INFO line for the hidden directories not walked (by design, so no warning)."""
+    if dirs:
+        names = sorted(dirs)
+        _log.info("left out %d hidden director%s inside the inputs (names starting with '.' or '_'; "
+                  "name one on its own to parse it): %s", len(names), "y" if len(names) == 1 else "ies",
+                  ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""))
 
 
 def plan_chunks(
