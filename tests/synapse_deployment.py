@@ -12,14 +12,17 @@ import hashlib
 import hmac
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +176,72 @@ class SynapseDeployment:
     def receipt(self, token: str, room: str, event_id: str) -> None:
         path = f"/_matrix/client/v3/rooms/{urllib.parse.quote(room)}/receipt/m.read/{urllib.parse.quote(event_id)}"
         self.api("POST", path, {}, token)
+
+
+class PrivateRedis:
+    """A redis-server of a test's own on a free port (``password``: with requirepass): stopping it touches no one else."""
+
+    def __init__(self, password: str | None = None) -> None:
+        self.port = free_port()
+        self.password = password
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        auth = ["--requirepass", self.password] if self.password else []
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", *auth], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("private redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+class Watch:
+    """A running ``factstream synapse watch --json``: its reports as they come."""
+
+    def __init__(self, *args: str) -> None:
+        from cli_run import FACTSTREAM
+
+        self.proc = subprocess.Popen([FACTSTREAM, "synapse", "watch", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.reports: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.reports.put(json.loads(line))
+
+    def wait_for(self, what: str, ok: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                report = self.reports.get(timeout=1)
+            except queue.Empty:
+                assert self.proc.poll() is None, f"watch exited: {self.proc.stderr.read() if self.proc.stderr else ''}"
+                continue
+            self.seen.append(report)
+            if ok(report):
+                return report
+        raise AssertionError(f"no report with {what} in {timeout}s; last: {self.seen[-1:]}")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        try:
+            _, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return err

@@ -17,14 +17,9 @@
 from __future__ import annotations
 
 import json
-import queue
-import signal
-import socket
 import subprocess
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +27,7 @@ import psycopg
 import pytest
 
 from conftest import PG_HOST, PG_PORT, PG_START, pg_dsn, require_service, synapse_python
-from synapse_deployment import SynapseDeployment, free_port
+from synapse_deployment import PrivateRedis, SynapseDeployment, Watch, free_port
 from synapse_fixtures import (  # noqa: F401
     FACTSTREAM, SynapseDb, _create_db, _drop_db, factstream, oracle, synapse_db, synapse_template)
 
@@ -107,32 +102,6 @@ def test_backfill_positions_ahead_are_not_said_to_stop_synapse(synapse_db: Synap
 # ---------------------------------------------------------------------------------------------- live deployment
 
 
-class PrivateRedis:
-    """A redis-server of this test's own on a free port: stopping it touches no one else."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-
 class PrivateRedisDeployment(SynapseDeployment):
     """The fixtures' deployment, pointed at a private Redis."""
 
@@ -146,44 +115,6 @@ class PrivateRedisDeployment(SynapseDeployment):
         cfg["redis"] = {"enabled": True, "host": "127.0.0.1", "port": self.redis_port}
         shared.write_text(json.dumps(cfg, indent=1))
         return shared, main, worker
-
-
-class Watch:
-    """A running ``factstream synapse watch --json``: its reports as they come."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([FACTSTREAM, "synapse", "watch", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        self.reports: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.reports.put(json.loads(line))
-
-    def wait_for(self, what: str, ok: Callable[[dict[str, Any]], bool], timeout: float = 45) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                report = self.reports.get(timeout=1)
-            except queue.Empty:
-                assert self.proc.poll() is None, f"watch exited: {self.proc.stderr.read() if self.proc.stderr else ''}"
-                continue
-            self.seen.append(report)
-            if ok(report):
-                return report
-        raise AssertionError(f"no report with {what} in {timeout}s; last: {self.seen[-1:]}")
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        try:
-            _, err = self.proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return err
 
 
 def kinds(report: dict[str, Any], stream: str | None = None) -> set[str]:

@@ -18,13 +18,11 @@ healthy under normal traffic, then name each problem the test provokes:
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
-import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,50 +30,12 @@ import psycopg
 import pytest
 
 from conftest import PG_HOST, PG_PORT, PG_START, REDIS_HOST, REDIS_PORT, REDIS_START, pg_dsn, require_service
-from synapse_deployment import SynapseDeployment, free_port
+from synapse_deployment import SynapseDeployment, Watch, free_port
 from synapse_fixtures import FACTSTREAM, _create_db, _drop_db, factstream
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
 REDIS = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
-
-
-class Watch:
-    """A running ``factstream synapse watch --json``: its reports as they come."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([FACTSTREAM, "synapse", "watch", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        self.reports: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.reports.put(json.loads(line))
-
-    def wait_for(self, what: str, ok: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                report = self.reports.get(timeout=1)
-            except queue.Empty:
-                assert self.proc.poll() is None, f"watch exited: {self.proc.stderr.read() if self.proc.stderr else ''}"
-                continue
-            self.seen.append(report)
-            if ok(report):
-                return report
-        raise AssertionError(f"no report with {what} in {timeout}s; last: {self.seen[-1:]}")
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        try:
-            _, err = self.proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return err
 
 
 def writer(report: dict[str, Any], stream: str, name: str) -> dict[str, Any] | None:

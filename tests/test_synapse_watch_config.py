@@ -20,7 +20,6 @@ import json
 import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
 import uuid
@@ -33,7 +32,7 @@ import pytest
 
 from conftest import PG_HOST, PG_PORT, PG_START, REDIS_HOST, REDIS_PORT, REDIS_START, pg_dsn, require_service, \
     synapse_python
-from synapse_deployment import SynapseDeployment, free_port
+from synapse_deployment import PrivateRedis, SynapseDeployment, free_port
 from synapse_fixtures import (  # noqa: F401
     FACTSTREAM, SynapseDb, _create_db, _drop_db, factstream, synapse_db, synapse_template)
 
@@ -188,34 +187,11 @@ def test_watch_with_the_deployments_config(deployment: SynapseDeployment, tmp_pa
 # ---------------------------------------------------------------------------------------------- Redis from config
 
 
-class PrivateRedis:
-    """A redis-server of this test's own, with a password, on a free port."""
-
-    def __init__(self, password: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--requirepass", password],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-
 def test_watch_takes_redis_and_server_name_from_the_config(tmp_path: Path) -> None:
     """The redis section (host, port, password or password_path) and server_name; no password in any output."""
     secret = "pw-" + uuid.uuid4().hex
     redis = PrivateRedis(secret)
+    redis.start()
     try:
         server_name = f"cfg{uuid.uuid4().hex[:8]}.test"
         inline = tmp_path / "inline.json"
