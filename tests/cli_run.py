@@ -17,6 +17,27 @@ ENV = subprocess_env()
 FACTSTREAM = os.path.join(os.path.dirname(sys.executable), "factstream")
 
 
+#: Under CI a missing service or tool fails the test; locally it skips.
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_spark_cli(*modules: str) -> None:
+    """Skip (fail under CI=true) unless pyspark, pyarrow, ``modules`` and a Java are there for ``logs``."""
+    import importlib.util
+    import shutil
+
+    import pytest
+
+    problems = [m for m in ("pyspark", "pyarrow", *modules) if importlib.util.find_spec(m) is None]
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        problems.append("java")
+    if problems:
+        msg = f"missing for the Spark CLI tests: {', '.join(problems)}"
+        if IN_CI:
+            pytest.fail(msg + " (CI=true: these tests must run)")
+        pytest.skip(msg)
+
+
 def cli(*args: str, timeout: float = 60, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``factstream ARGS`` to completion."""
     return subprocess.run([FACTSTREAM, *args], capture_output=True, text=True, timeout=timeout, input=stdin,

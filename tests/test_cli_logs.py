@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
-import importlib.util
 import json
 import os
 import shutil
@@ -22,24 +21,14 @@ from typing import Any
 
 import pytest
 
-from cli_run import ENV, FACTSTREAM, cli, no_traceback
+from cli_run import ENV, FACTSTREAM, cli, no_traceback, require_spark_cli
 from conftest import PG_HOST, PG_PORT, PG_USER
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SPARK = ("--master", "local[2]", "--conf", "spark.ui.enabled=false")
 #: A Java that does not exist: any command that started the JVM would fail on it, not with its usage error.
 NO_JAVA = {"JAVA_HOME": "/nonexistent/java-home"}
 
 
-def _require_spark() -> None:
-    problems = [m for m in ("pyspark", "pyarrow", "pandas", "matplotlib") if importlib.util.find_spec(m) is None]
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        problems.append("java")
-    if problems:
-        msg = f"missing for the Spark CLI tests: {', '.join(problems)}"
-        if IN_CI:
-            pytest.fail(msg + " (CI=true: these tests must run)")
-        pytest.skip(msg)
 
 
 def logs(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
@@ -85,7 +74,7 @@ def outage_archive() -> tuple[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def outage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The outage archive parsed once by the CLI (with the progress bar on)."""
-    _require_spark()
+    require_spark_cli("pandas", "matplotlib")
     root = tmp_path_factory.mktemp("outage")
     text, facts = outage_archive()
     (root / "in").mkdir()
@@ -207,7 +196,7 @@ def _good_lines(n: int, first_token: int = 1) -> str:
 
 
 def test_truncated_and_corrupt_gzip_are_named_and_the_rest_is_parsed(tmp_path: Path) -> None:
-    _require_spark()
+    require_spark_cli("pandas", "matplotlib")
     src = tmp_path / "in"
     src.mkdir()
     (src / "good.log.gz").write_bytes(gzip.compress(_good_lines(300).encode()))
@@ -246,7 +235,7 @@ def test_truncated_and_corrupt_gzip_are_named_and_the_rest_is_parsed(tmp_path: P
 def test_inputs_that_hold_no_line_at_all_write_an_empty_result_not_an_error(tmp_path: Path) -> None:
     """A gzip file cut off inside its header is the only input: nothing to parse, and the output has no
     Parquet file. That used to end in "internal error: AnalysisException: [UNABLE_TO_INFER_SCHEMA]"."""
-    _require_spark()
+    require_spark_cli("pandas", "matplotlib")
     src = tmp_path / "in"
     src.mkdir()
     (src / "cut.log.gz").write_bytes(gzip.compress(_good_lines(10).encode())[:6])
@@ -264,7 +253,7 @@ def test_inputs_that_hold_no_line_at_all_write_an_empty_result_not_an_error(tmp_
 
 
 def test_ctrl_c_exits_130_and_leaves_no_output(tmp_path: Path) -> None:
-    _require_spark()
+    require_spark_cli("pandas", "matplotlib")
     src = tmp_path / "in"
     src.mkdir()
     for k in range(4):
@@ -381,7 +370,7 @@ def test_chart_by_writer_and_log_scale(outage: dict[str, Any], tmp_path: Path) -
 
 
 def test_chart_of_an_archive_without_timestamps_is_a_message(tmp_path: Path) -> None:
-    _require_spark()
+    require_spark_cli("pandas", "matplotlib")
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "bare.log").write_text("".join(f"RDATA events master {t} {_ev(t)}\n" for t in range(1, 50)))
     out = tmp_path / "pq"
@@ -403,7 +392,7 @@ def test_stream_that_fails_in_its_first_batch_leaves_no_checkpoint(tmp_path: Pat
     """A row the reader cannot decode fails batch 0: one line, exit 1, and no checkpoint that recorded nothing."""
     import sqlite3
 
-    _require_spark()
+    require_spark_cli("pandas", "matplotlib")
     db = tmp_path / "w.db"
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TABLE demo_caches (stream_id BIGINT, instance_name TEXT, cache_func TEXT, keys TEXT, "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import gzip
-import importlib.util
 import json
 import lzma
 import os
@@ -26,9 +25,8 @@ from typing import Any
 
 import pytest
 
-from cli_run import ENV, FACTSTREAM, cli, no_traceback
+from cli_run import ENV, FACTSTREAM, IN_CI, cli, no_traceback, require_spark_cli
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SPARK = ("--master", "local[2]", "--conf", "spark.ui.enabled=false")
 #: A Java that does not exist: a command that started the JVM would fail on it, not with its usage error.
 NO_JAVA = {"JAVA_HOME": "/nonexistent/java-home"}
@@ -36,15 +34,6 @@ NO_JAVA = {"JAVA_HOME": "/nonexistent/java-home"}
 NO_DAC = ("--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search")
 
 
-def _require_spark() -> None:
-    problems = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        problems.append("java")
-    if problems:
-        msg = f"missing for the Spark CLI tests: {', '.join(problems)}"
-        if IN_CI:
-            pytest.fail(msg + " (CI=true: these tests must run)")
-        pytest.skip(msg)
 
 
 def _wire(n: int, first: int) -> list[str]:
@@ -81,7 +70,7 @@ def _rows(out: Path) -> list[dict[str, Any]]:
 
 
 def test_parse_reads_gzip_by_content_and_names_every_input_it_skips(tmp_path: Path) -> None:
-    _require_spark()
+    require_spark_cli()
     src = tmp_path / "archives"
     (src / "sub").mkdir(parents=True)
     (src / "rotated").mkdir()

@@ -27,10 +27,9 @@ from typing import Any
 
 import pytest
 
-from cli_run import ENV, FACTSTREAM, cli, no_traceback
+from cli_run import ENV, FACTSTREAM, cli, no_traceback, require_spark_cli
 from conftest import require
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SPARK = ("--master", "local[2]", "--conf", "spark.ui.enabled=false")
 CUT = "ends mid-line (no newline after its last line): cut short, or still being written"
 EV = '["ev",["$e{t}:hs","!r:hs","m.room.message",null,null,null,null,false,false]]'
@@ -227,17 +226,6 @@ def test_decode_of_a_directory_is_a_usage_error_pointing_to_logs_parse(tmp_path:
 # ---------------------------------------------------------------- logs parse
 
 
-def _require_spark() -> None:
-    import importlib.util
-
-    problems = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        problems.append("java")
-    if problems:
-        msg = f"missing for the Spark CLI tests: {', '.join(problems)}"
-        if IN_CI:
-            pytest.fail(msg + " (CI=true: these tests must run)")
-        pytest.skip(msg)
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
@@ -249,7 +237,7 @@ def _rows(out: Path) -> list[dict[str, Any]]:
 
 
 def test_parse_cut_files_hidden_directories_and_the_count_of_inputs(tmp_path: Path) -> None:
-    _require_spark()
+    require_spark_cli()
     src = tmp_path / "archives"
     src.mkdir()
     archives = _cut_archives()
