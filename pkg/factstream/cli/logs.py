@@ -238,7 +238,8 @@ def _session(args: argparse.Namespace) -> Any:
 
 
 # The last line of a Python traceback ("ModuleNotFoundError: No module named ..."), not Java's dotted names.
-_PY_ERROR = re.compile(r"^\s*([A-Z]\w*(?:Error|Exception): .*)$", re.M)
+# Our own errors may come with their module path (factstream.store.database.DatabaseUnavailable: ...).
+_PY_ERROR = re.compile(r"^\s*(?:factstream(?:\.\w+)*\.)?([A-Z]\w*(?:Error|Exception|Unavailable|Mismatch): .*)$", re.M)
 
 
 def job_error(err: BaseException) -> str:
@@ -686,7 +687,7 @@ def run_stream(args: argparse.Namespace) -> int:
     except RuntimeError as err:
         print(f"factstream logs: {err}", file=sys.stderr)
         return 2
-    from ..spark.streaming import run_stream as wait_for, start_stream
+    from ..spark.streaming import CheckpointMismatch, run_stream as wait_for, start_stream
 
     if not getattr(args, "debug", False):
         quiet_py4j()  # py4j logs the traceback of a failed foreachBatch; the one line below says it
@@ -715,6 +716,13 @@ def run_stream(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("factstream logs: interrupted; the query resumes from its checkpoint", file=sys.stderr)
         return 130
+    except (PermissionError, IsADirectoryError, NotADirectoryError, CheckpointMismatch) as err:
+        # Refused before the query started (a checkpoint that cannot be written, or not the one this
+        # --out was streamed with): the user's to fix, said as it is.
+        print(f"factstream logs: {err}", file=sys.stderr)
+        if fresh_checkpoint and _checkpoint_unused(args.checkpoint):
+            shutil.rmtree(_local(args.checkpoint), ignore_errors=True)
+        return 2
     except Exception as err:
         print(f"factstream logs: the streaming query failed: {job_error(err)}", file=sys.stderr)
         if fresh_checkpoint and _checkpoint_unused(args.checkpoint):

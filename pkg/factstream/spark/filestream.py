@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlparse
 from .lines import ParseOptions
 from .pipeline import parse_archives
 from .sources import archive_formats
-from .streaming import publish_batch
+from .streaming import check_output, check_writable, publish_batch, publish_or_explain, write_marker
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -66,11 +66,23 @@ def start_file_stream(
     """Start the query: closed files under ``directory`` parsed into ``out`` exactly once.
 
     ``on_batch(batch_id, files_published)`` is called after each batch is published.
+    Raises PermissionError for a checkpoint or output that cannot be written
+    and :class:`.streaming.CheckpointMismatch` when ``out`` already holds
+    these files' facts from another checkpoint (a new one would parse every
+    file again), before the query starts.
     """
     staging = f"{checkpoint.rstrip('/')}/staging"
     options = ParseOptions(typed=typed)
+    source = f"closed files {glob} under {directory}"
+    check_writable(checkpoint, "checkpoint directory")
+    check_writable(out, "output directory")
+    check_output(out, checkpoint, source, ["*"])
+    noted: list[bool] = []
 
     def write(df: DataFrame, batch_id: int) -> None:
+        if not noted:
+            write_marker(out, checkpoint, source, ["*"])
+            noted.append(True)
         # only path and length are read: Spark's binaryFile source leaves the content unread
         files = [(file_path(r["path"]), int(r["length"])) for r in df.select("path", "length").collect()]
         try:
@@ -81,7 +93,7 @@ def start_file_stream(
         published = 0
         if formats:
             parsed = parse_archives(spark, sorted(formats), options)
-            published = publish_batch(parsed, batch_id, out, staging)
+            published = publish_or_explain(checkpoint, lambda: publish_batch(parsed, batch_id, out, staging))
         if on_batch is not None:
             on_batch(batch_id, published)
 

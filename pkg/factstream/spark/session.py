@@ -20,7 +20,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["executor_pythonpath", "make_session", "quiet_pyspark_warnings", "require_spark", "session_cores"]
+__all__ = [
+    "EXECUTOR_TIMEOUT",
+    "executor_pythonpath",
+    "make_session",
+    "quiet_pyspark_warnings",
+    "require_spark",
+    "session_cores",
+    "wait_for_executors",
+]
+
+#: Seconds a cluster session waits for its first executor before giving up (``--conf
+#: spark.factstream.executorTimeout=...``); without one a job waits forever for resources.
+EXECUTOR_TIMEOUT = "120s"
 
 #: A cluster's executors are taken as all there when none has joined for this long, or for half the
 #: time the first one took to join if that is longer (see session_cores).
@@ -98,6 +110,10 @@ def make_session(
     builds or reuses the cached zip, a string names a zip to ship. Executors
     then run ``executor_python`` (default ``python3`` on the workers' PATH)
     instead of the driver's ``sys.executable``.
+
+    On a cluster it waits for the first executor (``spark.factstream.executorTimeout``,
+    120 s) and raises RuntimeError, the application stopped, if none joins:
+    Spark would queue the job forever.
     """
     require_spark()
     quiet_pyspark_warnings()
@@ -142,7 +158,38 @@ def make_session(
                   PYSPARK_DRIVER_PYTHON=os.environ.get("PYSPARK_DRIVER_PYTHON", python)):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    if not master.startswith("local"):
+        try:
+            wait_for_executors(spark, _seconds(str(settings.get("spark.factstream.executorTimeout", EXECUTOR_TIMEOUT))))
+        except BaseException:
+            spark.stop()  # the application leaves the master: nothing of ours keeps waiting there
+            raise
     return spark
+
+
+def wait_for_executors(spark: SparkSession, timeout: float) -> None:
+    """Raise RuntimeError unless an executor joins the application within ``timeout`` seconds.
+
+    On a standalone cluster with no worker alive, or none with the cores and
+    memory an executor asks for, Spark queues every job and only logs "Initial
+    job has not accepted any resources" to its own log, forever. Dynamic
+    allocation starts executors only for queued tasks: not waited for.
+    """
+    sc = spark.sparkContext
+    conf = sc.getConf()
+    if (conf.get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
+        return
+    deadline = time.monotonic() + timeout
+    while _executors(spark) == 0:
+        if time.monotonic() >= deadline:
+            memory = conf.get("spark.executor.memory") or "1g"
+            raise RuntimeError(
+                f"no executor joined within {timeout:g} s: the master {sc.master} has no alive worker with a "
+                f"free core and {memory} of free memory (spark.executor.memory); start workers or lower "
+                "spark.executor.memory, and see the master's web UI for its workers "
+                "(--conf spark.factstream.executorTimeout=SECONDS waits longer)"
+            )
+        time.sleep(0.2)
 
 
 def session_cores(spark: SparkSession) -> int | None:

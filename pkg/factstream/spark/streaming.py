@@ -25,6 +25,13 @@ parsed by the archive builder; ``ts`` is when the query read it,
 ``line_number`` its token, ``source_file`` ``<database URL, password
 masked>#<stream>/<writer>``.
 
+Faults: a database that cannot be reached pauses the query, the source
+retrying for ``retrySeconds`` (60) before the query stops with one line
+saying so; the first batch leaves a note in ``OUT/_factstream_streams/``
+naming its query and checkpoint, and a query whose checkpoint is not that
+one (deleted, lost, mistyped) is refused on the same source, since it would
+read every fact again and write it a second time.
+
 Redis pub/sub cannot replay, so no streaming source on it can be exactly
 once; record it with ``factstream record`` into closed files and parse those
 (docs/spark.md, "Streaming").
@@ -35,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -56,9 +64,18 @@ __all__ = [
     "ReplicationStreamReader",
     "FactRange",
     "SourceProblem",
+    "CheckpointMismatch",
     "check_source",
+    "check_output",
+    "check_writable",
+    "write_marker",
+    "checkpoint_query_id",
+    "stream_markers",
     "select_streams",
     "publish_batch",
+    "publish_or_explain",
+    "StreamFailed",
+    "failure_text",
     "start_stream",
     "run_stream",
 ]
@@ -85,6 +102,47 @@ def _run(coro: Any) -> Any:
         return loop.run_until_complete(coro)
     finally:
         loop.close()
+
+
+#: Seconds the source waits for an unreachable database (a restart, a failover, a dropped connection)
+#: before the query fails; option ``retrySeconds``.
+RETRY_SECONDS = 60.0
+
+
+def _unreachable(url: str, waited: float, err: BaseException) -> ConnectionError:
+    """The error a query stops with once the database stayed unreachable: one line, password masked.
+
+    A builtin ConnectionError, so that the last line of the traceback Spark
+    carries reads ``ConnectionError: <this>``, which the CLI shows as it is.
+    """
+    from ..redaction import redact_text, redact_url
+
+    reason = redact_text(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+    return ConnectionError(
+        f"the database {redact_url(url)} stayed unreachable for {waited:.0f} s ({reason}); the query stopped "
+        "with nothing lost: start it again with the same --checkpoint once the database is back"
+    )
+
+
+def _with_retry(url: str, call: Callable[[], Any], retry_seconds: float) -> Any:
+    """``call()``, again after a DatabaseUnavailable for up to ``retry_seconds``: a restarting database pauses the query.
+
+    Safe because every read is of committed rows at or below recorded
+    positions: reading again gives the same rows.
+    """
+    from ..store.database import DatabaseUnavailable
+
+    start = time.monotonic()
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except DatabaseUnavailable as err:
+            waited = time.monotonic() - start
+            if waited >= retry_seconds:
+                raise _unreachable(url, waited, err) from None
+            time.sleep(min(delay, max(0.0, retry_seconds - waited)))
+            delay = min(delay * 2, 5.0)
 
 
 async def _recorded_positions(url: str, streams: Sequence[str]) -> Offset:
@@ -191,6 +249,7 @@ class ReplicationStreamReader(DataSourceStreamReader):
             self.streams = select_streams(_tables(self.tables_option), options.get("streams"))
             self.tokens_per_task = int(options.get("tokensPerTask", "50000"))
             self.page_rows = int(options.get("pageRows", "5000"))
+            self.retry_seconds = float(options.get("retrySeconds", str(RETRY_SECONDS)))
         except Exception as err:  # noqa: BLE001 - raised again by the first call (see the class docstring)
             self.problem = err
 
@@ -204,7 +263,7 @@ class ReplicationStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         self._check()
-        recorded = _run(_recorded_positions(self.url, self.streams))
+        recorded = _with_retry(self.url, lambda: _run(_recorded_positions(self.url, self.streams)), self.retry_seconds)
         out: dict[str, Any] = {s: dict((start or {}).get(s, {})) for s in self.streams}
         for stream, writers in recorded.items():
             for writer, token in writers.items():
@@ -225,7 +284,8 @@ class ReplicationStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, FactRange)
-        return read_range(self.url, _tables(self.tables_option)[partition.stream], partition, self.page_rows)
+        return read_range(self.url, _tables(self.tables_option)[partition.stream], partition, self.page_rows,
+                          self.retry_seconds)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the database keeps every row."""
@@ -237,7 +297,8 @@ class ReplicationDataSource(DataSource):
     Options: ``db`` (database URL, required), ``streams`` (comma list;
     default all of ``tables``), ``tables`` (required: JSON list of
     ``{"stream", "table", "columns", "plain_columns"}``, as
-    ``tables_to_json`` writes), ``tokensPerTask`` (50000), ``pageRows`` (5000).
+    ``tables_to_json`` writes), ``tokensPerTask`` (50000), ``pageRows`` (5000),
+    ``retrySeconds`` (60: how long an unreachable database pauses the query before it fails).
     """
 
     @classmethod
@@ -258,8 +319,14 @@ def source_name(url: str, stream: str, writer: str) -> str:
     return f"{redact_url(url)}#{stream}/{writer}"
 
 
-def read_range(url: str, table: StreamTable, part: FactRange, page_rows: int = 5000) -> Iterator[pa.RecordBatch]:
-    """The facts of ``part`` as logs-parse columns, in token order (runs on an executor)."""
+def read_range(
+    url: str, table: StreamTable, part: FactRange, page_rows: int = 5000, retry_seconds: float = RETRY_SECONDS
+) -> Iterator[pa.RecordBatch]:
+    """The facts of ``part`` as logs-parse columns, in token order (runs on an executor).
+
+    A connection lost mid-range is opened again and the page read again, for
+    up to ``retry_seconds``: the pages already yielded are not read twice.
+    """
     import pyarrow as pa
 
     from .. import wire
@@ -267,28 +334,45 @@ def read_range(url: str, table: StreamTable, part: FactRange, page_rows: int = 5
 
     source = source_name(url, part.stream, part.writer)
     loop = asyncio.new_event_loop()
-    try:
-        db = loop.run_until_complete(connect(url, max_connections=1))
+    db: Any = None
+
+    def close() -> None:
+        nonlocal db
+        if db is not None:
+            try:
+                loop.run_until_complete(db.close())
+            except Exception:  # noqa: BLE001 - a dead connection has nothing left to close
+                pass
+            db = None
+
+    def page(frm: int) -> Any:
+        nonlocal db
         try:
-            src = table.source(db)
-            frm = part.start
-            while frm < part.end:
-                updates, upto, _ = loop.run_until_complete(src.get_updates(part.writer, frm, part.end, page_rows))
-                if updates:
-                    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ > ").encode()
-                    lines = [now + wire.encode(wire.RdataCommand(part.stream, part.writer, t, row)) for t, row in updates]
-                    tokens = pa.array([t for t, _ in updates], pa.int64())
-                    done = 0
-                    for batch in parse_block(lines, source=source, fmt="lines", typed=True, batch_rows=len(lines) + 1):
-                        n = batch.num_rows
-                        cols = batch.columns
-                        cols[1] = tokens.slice(done, n)  # line_number is the token: the order of the facts
-                        done += n
-                        yield pa.RecordBatch.from_arrays(cols, schema=batch.schema)
-                frm = max(upto, frm + 1) if not updates else upto
-        finally:
-            loop.run_until_complete(db.close())
+            if db is None:
+                db = loop.run_until_complete(connect(url, max_connections=1))
+            return loop.run_until_complete(table.source(db).get_updates(part.writer, frm, part.end, page_rows))
+        except BaseException:
+            close()
+            raise
+
+    try:
+        frm = part.start
+        while frm < part.end:
+            updates, upto, _ = _with_retry(url, lambda: page(frm), retry_seconds)
+            if updates:
+                now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ > ").encode()
+                lines = [now + wire.encode(wire.RdataCommand(part.stream, part.writer, t, row)) for t, row in updates]
+                tokens = pa.array([t for t, _ in updates], pa.int64())
+                done = 0
+                for batch in parse_block(lines, source=source, fmt="lines", typed=True, batch_rows=len(lines) + 1):
+                    n = batch.num_rows
+                    cols = batch.columns
+                    cols[1] = tokens.slice(done, n)  # line_number is the token: the order of the facts
+                    done += n
+                    yield pa.RecordBatch.from_arrays(cols, schema=batch.schema)
+            frm = max(upto, frm + 1) if not updates else upto
     finally:
+        close()
         loop.close()
 
 
@@ -331,6 +415,160 @@ def publish_batch(df: DataFrame, batch_id: int, out: str, staging: str) -> int:
     return published
 
 
+#: Directory in the output where each query that published into it leaves a note (Spark and pyarrow skip ``_`` names).
+MARKERS = "_factstream_streams"
+
+
+class StreamFailed(RuntimeError):
+    """The query stopped on an error; the message is Spark's, less its query ids and SQLSTATE wrapping."""
+
+
+_SPARK_WRAPPING = re.compile(r"\[STREAM_FAILED\] Query \[id = [^\]]*\] terminated with exception: |\s*SQLSTATE: \w+")
+
+
+def failure_text(exc: BaseException) -> str:
+    """What a failed query's exception says, without "[STREAM_FAILED] Query [id = ..., runId = ...]" and SQLSTATEs."""
+    return _SPARK_WRAPPING.sub("", str(exc)).strip() or type(exc).__name__
+
+
+def check_writable(path: str, what: str) -> None:
+    """Raise PermissionError naming ``path`` unless a file can be made in it (the directory made if missing).
+
+    Spark reports a checkpoint it cannot write as "An error occurred while
+    calling o64.start" once the JVM is up; an output it cannot write fails
+    the first batch deep in its writer.
+    """
+    import pyarrow.fs as pafs
+
+    fs, rel = _fs(path)
+    try:
+        if fs.get_file_info(rel).type == pafs.FileType.File:
+            raise PermissionError(f"the {what} {path} is a file, not a directory")
+        fs.create_dir(rel, recursive=True)
+        probe = f"{rel}/.factstream-probe-{os.getpid()}"
+        with fs.open_output_stream(probe) as fh:
+            fh.write(b"")
+        fs.delete_file(probe)
+    except PermissionError:
+        raise
+    except OSError as err:
+        reason = str(err).rsplit("Detail: ", 1)[-1].strip() or type(err).__name__
+        raise PermissionError(f"cannot write the {what} {path} ({reason})") from None
+
+
+def checkpoint_gone(checkpoint: str) -> bool:
+    """True once ``checkpoint`` (its ``query`` directory, made when the query starts) no longer exists."""
+    import pyarrow.fs as pafs
+
+    fs, rel = _fs(f"{checkpoint.rstrip('/')}/query")
+    try:
+        return bool(fs.get_file_info(rel).type == pafs.FileType.NotFound)
+    except OSError:
+        return False
+
+
+def publish_or_explain(checkpoint: str, publish: Callable[[], int]) -> int:
+    """``publish()``, with a failure caused by the checkpoint vanishing under the query said as such.
+
+    Removed while the query runs, the checkpoint takes the staging directory
+    with it and the batch fails on a missing file deep in Spark's writer.
+    """
+    try:
+        return publish()
+    except Exception:
+        if checkpoint_gone(checkpoint):
+            raise RuntimeError(
+                f"the checkpoint {checkpoint} was removed while the query ran; the output keeps the batches "
+                "published so far, but the query cannot go on or resume without it: restore the checkpoint "
+                "directory, or stream into a new --out"
+            ) from None
+        raise
+
+
+class CheckpointMismatch(Exception):
+    """The output already holds facts of this source streamed under another checkpoint: starting would write them twice."""
+
+
+def _read_text(path: str) -> str | None:
+    import pyarrow.fs as pafs
+
+    fs, rel = _fs(path)
+    if fs.get_file_info(rel).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(rel) as fh:
+        return bytes(fh.read()).decode("utf-8", "replace")
+
+
+def checkpoint_query_id(checkpoint: str) -> str | None:
+    """The id of the query whose checkpoint this is (Spark's ``query/metadata``), None if it has none yet."""
+    import json
+
+    text = _read_text(f"{checkpoint.rstrip('/')}/query/metadata")
+    try:
+        return str(json.loads(text.splitlines()[0])["id"]) if text else None
+    except (ValueError, KeyError, IndexError):
+        return None
+
+
+def stream_markers(out: str) -> list[dict[str, Any]]:
+    """The notes of the queries that published into ``out`` (query_id, checkpoint, source, streams)."""
+    import json
+
+    import pyarrow.fs as pafs
+
+    fs, rel = _fs(out)
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(f"{rel}/{MARKERS}", allow_not_found=True)):
+        if info.type == pafs.FileType.File and info.base_name.endswith(".json"):
+            try:
+                note = json.loads(_read_text(f"{out.rstrip('/')}/{MARKERS}/{info.base_name}") or "")
+            except ValueError:
+                continue
+            if isinstance(note, dict) and "query_id" in note:
+                found.append(note)
+    return found
+
+
+def check_output(out: str, checkpoint: str, source: str, streams: Sequence[str]) -> None:
+    """Raise CheckpointMismatch if ``out`` holds facts of ``source``'s ``streams`` published by another checkpoint's query.
+
+    ``source`` names where the facts come from as shown to users (a database
+    URL, password masked; a directory of closed files). A checkpoint deleted,
+    lost or mistyped starts from the beginning again: every fact already in
+    ``out`` would be written a second time, silently.
+    """
+    mine = checkpoint_query_id(checkpoint)
+    for note in stream_markers(out):
+        shared = sorted(set(note.get("streams") or ()) & set(streams))
+        if note["query_id"] == mine or note.get("source") != source or not shared:
+            continue
+        where = note.get("checkpoint") or "?"
+        what = "facts" if shared == ["*"] else f"{', '.join(shared)} facts"
+        now = "which has no query yet" if mine is None else f"of another query, {mine}"
+        raise CheckpointMismatch(
+            f"{out} already holds {what} of {source} streamed with checkpoint {where} (query {note['query_id']}), "
+            f"and checkpoint {checkpoint} is not that one ({now}): starting it would write those facts a second "
+            f"time. Resume with --checkpoint {where}, or stream into a new --out (to start over into {out}, "
+            f"remove its streamed files and {out}/{MARKERS}/{note['query_id']}.json)"
+        )
+
+
+def write_marker(out: str, checkpoint: str, source: str, streams: Sequence[str]) -> None:
+    """Note in ``out`` which query (and checkpoint) publishes these facts, before its first files land."""
+    import json
+
+    query_id = checkpoint_query_id(checkpoint)
+    if query_id is None:
+        return
+    fs, rel = _fs(out)
+    path = f"{rel}/{MARKERS}/{query_id}.json"
+    fs.create_dir(f"{rel}/{MARKERS}", recursive=True)
+    cp = checkpoint if "://" in checkpoint and not checkpoint.startswith("file://") else _fs(checkpoint)[1]
+    note = {"query_id": query_id, "checkpoint": cp, "source": source, "streams": sorted(streams)}
+    with fs.open_output_stream(path) as fh:
+        fh.write(json.dumps(note, sort_keys=True).encode() + b"\n")
+
+
 def start_stream(
     spark: SparkSession,
     db: str,
@@ -346,21 +584,35 @@ def start_stream(
 
     ``tables`` are the writer's stream tables (or their JSON, ``tables_to_json``).
     Raises ValueError for an unknown stream and SourceProblem for a database
-    that cannot be reached or lacks the tables, before the query starts.
+    that cannot be reached or lacks the tables, PermissionError for a checkpoint
+    or output that cannot be written, and CheckpointMismatch when
+    ``out`` already holds these facts from another checkpoint (see
+    :func:`check_output`), before the query starts.
     """
     from ..replication.tables import tables_to_json
 
     option = tables if isinstance(tables, str) else tables_to_json(tables)
     chosen = select_streams(_tables(option), streams)
     check_source(db, _tables(option), chosen)
+    from ..redaction import redact_url
+
+    source = redact_url(db)
+    check_writable(checkpoint, "checkpoint directory")
+    check_writable(out, "output directory")
+    check_output(out, checkpoint, source, chosen)
     spark.dataSource.register(ReplicationDataSource)
     reader = spark.readStream.format(SOURCE_NAME).option("db", db).option("tables", option)
     if streams:
         reader = reader.option("streams", ",".join(streams))
     staging = f"{checkpoint.rstrip('/')}/staging"
 
+    noted: list[bool] = []
+
     def write(df: DataFrame, batch_id: int) -> None:
-        files = publish_batch(df, batch_id, out, staging)
+        if not noted:
+            write_marker(out, checkpoint, source, chosen)
+            noted.append(True)
+        files = publish_or_explain(checkpoint, lambda: publish_batch(df, batch_id, out, staging))
         if on_batch is not None:
             on_batch(batch_id, files)
 
@@ -375,9 +627,17 @@ def start_stream(
 
 
 def run_stream(query: StreamingQuery, stop_when_idle: float = 0.0, poll: float = 0.2) -> None:
-    """Wait for ``query``: until it fails, forever, or until no new facts came for ``stop_when_idle`` seconds."""
+    """Wait for ``query``: until it fails, forever, or until no new facts came for ``stop_when_idle`` seconds.
+
+    Raises StreamFailed with Spark's reason when the query stops on an error.
+    """
     if stop_when_idle <= 0:
-        query.awaitTermination()
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as err:
+            raise StreamFailed(failure_text(err)) from err
         return
     last_seen = time.monotonic()
     last_batch = -1
@@ -395,4 +655,4 @@ def run_stream(query: StreamingQuery, stop_when_idle: float = 0.0, poll: float =
         time.sleep(poll)
     exc = query.exception()
     if exc is not None:
-        raise exc
+        raise StreamFailed(failure_text(exc)) from exc
