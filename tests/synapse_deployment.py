@@ -207,6 +207,70 @@ class PrivateRedis:
         self.proc = None
 
 
+class PrivatePostgres:
+    """A PostgreSQL server of a test's own on a free port that checks passwords (scram-sha-256), in a temp dir.
+
+    The shared server trusts every local connection, so a wrong password
+    passes there; this one refuses it. Its superuser ``postgres`` has
+    ``password`` (given through a file, never on a command line). Run as the
+    ``postgres`` system user when the tests run as root (PostgreSQL refuses
+    root). Stop it with :meth:`stop`, which stops only this server.
+    """
+
+    def __init__(self, password: str) -> None:
+        import glob
+        import pwd
+        import shutil
+
+        from conftest import unavailable
+
+        self.password = password
+        self.port = free_port()
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        initdb = shutil.which("initdb") or (found[-1] if found else None)
+        if initdb is None:
+            unavailable("initdb is not installed (apt-get install postgresql)")
+        self.bindir = os.path.dirname(initdb)
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                unavailable("running as root and there is no 'postgres' user to run a private PostgreSQL as")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        import tempfile
+
+        self.dir = Path(tempfile.mkdtemp(prefix="factstream-pg-"))  # not under pytest's root-only tmp tree
+        self.data = self.dir / "data"
+        pwfile = self.dir / "pw"
+        pwfile.write_text(password + "\n")
+        if self.as_user:
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+            os.chown(pwfile, owner.pw_uid, owner.pw_gid)
+        os.chmod(pwfile, 0o600)
+        subprocess.run([*self.as_user, initdb, "-D", str(self.data), "-U", "postgres", "--pwfile", str(pwfile),
+                        "-A", "scram-sha-256", "--no-sync"], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=120)
+        pwfile.unlink()
+        self.started = False
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        subprocess.run([*self.as_user, os.path.join(self.bindir, "pg_ctl"), "-D", str(self.data), "-l",
+                        str(self.dir / "log"), "-o", opts, "-w", "-t", "60", "start"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=90)
+        self.started = True
+
+    def stop(self) -> None:
+        import shutil
+
+        if self.started:
+            subprocess.run([*self.as_user, os.path.join(self.bindir, "pg_ctl"), "-D", str(self.data), "-m", "fast",
+                            "-w", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+            self.started = False
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class Watch:
     """A running ``factstream synapse watch --json``: its reports as they come."""
 

@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,94 @@ def test_check_refuses_a_factstream_database(tmp_path: Path) -> None:
     assert check.stderr.count("\n") == 1 and "homeserver.yaml" in check.stderr
     check = cli("synapse", "check", "--db", db, "--json")
     assert check.returncode == 2 and json.loads(check.stdout)["healthy"] is None
+
+
+# ---------------------------------------------------------------------------------------------- a new operator's mistakes
+
+SECRET = "Cfg-s3cret-n0t-shown"
+
+
+def one_line_exit_2(proc: Any, *words: str) -> None:
+    """Could not check/watch: one line on stderr holding ``words``, no traceback, no password."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, (proc.args, out)
+    assert proc.stderr.count("\n") == 1 and no_traceback(proc.stderr), proc.stderr
+    assert all(w in proc.stderr for w in words), (words, proc.stderr)
+    assert SECRET not in out, out
+
+
+def test_config_mistakes_name_the_file_and_what_to_do(tmp_path: Path) -> None:
+    """A path that does not exist, a directory without *.yaml, broken YAML, no redis or database section."""
+    yml = tmp_path / "conf.d"
+    yml.mkdir()
+    (yml / "homeserver.yml").write_text("server_name: x.test\n")  # Synapse reads only *.yaml from a directory
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(f'server_name: x.test\nredis:\n  enabled: true\n  password: "{SECRET}\n')  # no closing quote
+    tabbed = tmp_path / "tabbed.yaml"
+    tabbed.write_text("server_name: x.test\nredis:\n\tenabled: true\n")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("server_name: x.test\n")
+    watch_only = ("--redis", "redis://127.0.0.1:1/0", "--server-name", "x.test", "--duration", "1")
+    for command in (["watch", "--duration", "1"], ["check"]):
+        one_line_exit_2(cli("synapse", *command, "-c", str(tmp_path / "homeserver.yaml")),
+                        "cannot read Synapse config", "No such file", "check the path")
+        one_line_exit_2(cli("synapse", *command, "-c", str(yml)),
+                        f"no Synapse config file in {yml}", "it holds homeserver.yml", "give homeserver.yaml itself")
+        one_line_exit_2(cli("synapse", *command, "-c", str(broken)),
+                        f"{broken} line 5, column 1: not valid YAML", "quoted scalar that starts at line 4, column 13",
+                        "fix the file")
+        one_line_exit_2(cli("synapse", *command, "-c", str(tabbed)),
+                        f"{tabbed} line 3, column 1: not valid YAML", "YAML indents with spaces only")
+    one_line_exit_2(cli("synapse", "watch", "-c", str(bare), "--duration", "1"),
+                    f"{bare} has no redis section", "pass --redis URL", "-c the file that holds the redis section")
+    one_line_exit_2(cli("synapse", "check", "-c", str(bare)), f"{bare}: no database section", "pass --db URL")
+    # With --redis and --db given, neither section is needed.
+    assert "no redis section" not in cli("synapse", "watch", "-c", str(bare), *watch_only).stderr
+
+
+@pytest.mark.parametrize(("typed", "words"), [
+    # an unencoded '@' or '/' in the password: the driver quoted the rest of it as a host or port name
+    (f"postgresql://postgres:pw@{SECRET}@127.0.0.1:1/synapse", ["percent-encoded", "'@' as %40", "postgres:***@"]),
+    (f"postgresql://postgres:{SECRET}/x@127.0.0.1:1/synapse", ["percent-encoded", "'/' as %2F"]),
+    # one slash: psycopg read it as a key=value string ('missing "=" after ...')
+    ("postgresql:/postgres@127.0.0.1:1/synapse", ["is not a URL", "two slashes", "postgresql://user@host"]),
+])
+def test_db_url_typos_are_named_before_anything_connects(typed: str, words: list[str]) -> None:
+    one_line_exit_2(cli("synapse", "check", "--db", typed), *words)
+    one_line_exit_2(cli("synapse", "watch", "--redis", "redis://127.0.0.1:1/0", "--server-name", "x.test",
+                        "--db", typed, "--duration", "1"), "--db: ", *words)
+
+
+def test_check_suggests_the_scheme_meant() -> None:
+    one_line_exit_2(cli("synapse", "check", "--db", "postgresq://postgres@127.0.0.1:1/synapse"),
+                    "unsupported database URL", "did you mean postgresql://?")
+
+
+@pytest.mark.redis
+def test_watch_config_without_a_postgresql_database_says_it_watches_the_wire_only(
+        redis_url: str, channel_prefix: str, tmp_path: Path) -> None:
+    """A SQLite database (a single process) or none in the config: a note, and the wire alone; a database
+    section Synapse refuses is exit 2. Before: silently no database checks, or the refused section ignored."""
+    from urllib.parse import urlsplit
+
+    redis = urlsplit(redis_url)
+    base = {"server_name": channel_prefix, "redis": {"enabled": True, "host": redis.hostname, "port": redis.port}}
+    for name, database, words in (
+        ("sqlite", {"name": "sqlite3", "args": {"database": str(tmp_path / "homeserver.db")}},
+         ["names a SQLite database", "watching the wire only"]),
+        ("none", None, ["has no database section", "do not run", "pass --db URL"]),
+    ):
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(json.dumps({**base, **({"database": database} if database else {})}))
+        proc = cli("synapse", "watch", "-c", str(config), "--duration", "1.5", "--json", timeout=30)
+        assert proc.returncode == 1, (name, proc.stdout, proc.stderr)  # silent: nobody writes on this channel
+        assert reports(proc.stdout)[-1]["redis_subscribed"] is True
+        note = proc.stderr.splitlines()[0]
+        assert note.startswith(f"factstream synapse watch: note: {config}"), proc.stderr
+        assert all(w in note for w in words), (words, note)
+        assert "database checks (frozen, unpublished, sequence_behind_wire, position_ahead and db lag)" in note
+    refused = tmp_path / "mysql.yaml"
+    refused.write_text(json.dumps({**base, "database": {"name": "mysql", "args": {"password": SECRET}}}))
+    one_line_exit_2(cli("synapse", "watch", "-c", str(refused), "--duration", "1"),
+                    "database.name is 'mysql'", "Synapse supports psycopg2 (PostgreSQL) or sqlite3", "--no-db")
+    one_line_exit_2(cli("synapse", "check", "-c", str(refused)), "database.name is 'mysql'")

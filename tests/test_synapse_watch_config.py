@@ -32,7 +32,7 @@ import pytest
 
 from conftest import PG_HOST, PG_PORT, PG_START, REDIS_HOST, REDIS_PORT, REDIS_START, pg_dsn, require_service, \
     synapse_python
-from synapse_deployment import PrivateRedis, SynapseDeployment, free_port
+from synapse_deployment import PrivatePostgres, PrivateRedis, SynapseDeployment, free_port
 from synapse_fixtures import (  # noqa: F401
     FACTSTREAM, SynapseDb, _create_db, _drop_db, factstream, synapse_db, synapse_template)
 
@@ -182,6 +182,126 @@ def test_watch_with_the_deployments_config(deployment: SynapseDeployment, tmp_pa
     text = factstream("synapse", "watch", "-c", str(shared), "--duration", "3", "--interval", "1", timeout=60)
     assert text.returncode == 1, text.stdout + text.stderr
     assert "WRITER_MISSING receipts/worker1: worker1 writes receipts" in text.stdout, text.stdout
+
+
+# ---------------------------------------------------------------------------------------------- database from config
+
+
+def _with_database(dep: SynapseDeployment, path: Path, **changes: Any) -> Path:
+    """The deployment's shared config with ``changes`` to its database args (None: the setting left out)."""
+    cfg = json.loads((dep.dir / "shared.json").read_text())
+    args = cfg["database"]["args"]
+    for key, value in changes.items():
+        if value is None:
+            args.pop(key, None)
+        else:
+            args[key] = value
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_watch_takes_the_database_from_the_config(deployment: SynapseDeployment, tmp_path: Path) -> None:
+    """Given only --config, the watch probes the database the config's database section names, as Synapse connects
+    to it (TCP host, a Unix socket directory, no host at all); an explicit --db wins. Before: no database without
+    --db, so a position edited beyond the sequence went unseen."""
+    dep = deployment
+    shared, main = _configs(dep)
+    dsn = pg_dsn(dep.dbname)
+    token = dep.register("dbcfg" + uuid.uuid4().hex[:8])
+    room = dep.create_room(token)
+    dep.receipt(token, room, dep.send(token, room, "a receipt, so that master records a receipts position"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [(before,)] = conn.execute("SELECT stream_id FROM stream_positions WHERE stream_name = 'receipts' "
+                                   "AND instance_name = 'master'").fetchall()
+        [(sockets,)] = conn.execute("SHOW unix_socket_directories").fetchall()
+        conn.execute("UPDATE stream_positions SET stream_id = stream_id + 1000 WHERE stream_name = 'receipts' "
+                     "AND instance_name = 'master'")
+    socket_dir = str(sockets).split(",")[0].strip()
+
+    def watch_sees_it(*config: str) -> None:
+        args = [a for c in config for a in ("-c", c)]
+        proc = factstream("synapse", "watch", *args, "--duration", "3", "--interval", "1", "--json", timeout=60)
+        assert proc.returncode == 1, (config, proc.stdout, proc.stderr)
+        report = last_report(proc.stdout)
+        assert ("position_ahead", "receipts", "master") in problems(report), (config, report["problems"])
+        assert report["db_error"] is None and writer(report, "receipts", "master")["db_position"] == before + 1000
+
+    try:
+        # 1. The files the main process runs with, nothing else: their database section (host, port, user, dbname).
+        watch_sees_it(str(shared), str(main))
+
+        # 2. The same database through its Unix socket directory, and with no host at all (libpq's default socket,
+        #    which is where Synapse's psycopg2 connects then); check reads the same database.
+        variants = [(_with_database(dep, tmp_path / "socket.json", host=socket_dir), f"host={socket_dir}")]
+        if socket_dir in ("/var/run/postgresql", "/run/postgresql", "/tmp"):
+            variants.append((_with_database(dep, tmp_path / "no-host.json", host=None), "@/"))
+        for config, shown in variants:
+            watch_sees_it(str(config), str(main))
+            check = factstream("synapse", "check", "-c", str(config), "--json")
+            assert check.returncode == 1, (config, check.stdout, check.stderr)
+            doc = json.loads(check.stdout)
+            assert shown in doc["database"] and "localhost" not in doc["database"], doc["database"]
+            found = [(f["kind"], f["stream"]) for f in doc["findings"] if f["severity"] == "error"]
+            assert found == [("positions_ahead_of_sequence", "receipts")], doc["findings"]
+
+        # 3. An explicit --db wins over the config's database section (here one that does not exist).
+        elsewhere = _with_database(dep, tmp_path / "elsewhere.json", dbname=dep.dbname + "_nonexistent")
+        gone = factstream("synapse", "watch", "-c", str(elsewhere), "--duration", "2", timeout=60)
+        assert gone.returncode == 2 and gone.stdout == "", gone.stdout
+        assert f"(the database section of {elsewhere})" in gone.stderr and "does not exist" in gone.stderr
+        assert "pass --db URL" in gone.stderr and gone.stderr.count("\n") == 1, gone.stderr
+        wins = factstream("synapse", "watch", "-c", str(elsewhere), "--db", dsn, "--duration", "3", "--interval", "1",
+                          "--json", timeout=60)
+        assert ("position_ahead", "receipts", "master") in problems(last_report(wins.stdout)), wins.stderr
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE stream_positions SET stream_id = {before} WHERE stream_name = 'receipts' "
+                         "AND instance_name = 'master'")
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_wrong_password_in_the_configs_database_section(deployment: SynapseDeployment, tmp_path: Path) -> None:
+    """A PostgreSQL that checks passwords: a wrong one in the config is exit 2 naming the config's database section,
+    the right one gets through (to a database that is not Synapse's), and the password is in no output."""
+    secret = "cfg-pw-" + uuid.uuid4().hex
+    pg = PrivatePostgres(secret)
+    pg.start()
+    try:
+        common = {"host": "127.0.0.1", "port": pg.port, "user": "postgres", "dbname": "postgres"}
+        wrong = _with_database(deployment, tmp_path / "wrong.json", password="not-" + secret, **common)
+        right = _with_database(deployment, tmp_path / "right.json", password=secret, **common)
+        for args in (["watch", "--duration", "3", "--json"], ["watch", "--duration", "3"], ["check"],
+                     ["check", "--json"]):
+            proc = factstream("synapse", *args, "-c", str(wrong), timeout=60)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode == 2, (args, out)
+            assert secret not in out and "***" in proc.stderr and "Traceback" not in out, (args, out)
+            assert proc.stderr.count("\n") == 1, proc.stderr
+            assert "password authentication failed for user \"postgres\"" in proc.stderr, proc.stderr
+            assert f"(the database section of {wrong})" in proc.stderr and "pass --db URL" in proc.stderr
+            if args[0] == "watch":
+                assert "--no-db" in proc.stderr, proc.stderr
+            else:
+                assert json.loads(proc.stdout)["healthy"] is None if "--json" in args else proc.stdout == ""
+
+            proc = factstream("synapse", *args, "-c", str(right), timeout=60)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode == 2 and secret not in out, (args, out)
+            assert f"(the database section of {right}) is not a Synapse database" in proc.stderr, proc.stderr
+
+        # --no-db: the wire alone, as before the config's database was read.
+        alone = factstream("synapse", "watch", "-c", str(wrong), "--no-db", "--duration", "2", "--json", timeout=60)
+        assert alone.returncode in (0, 1) and secret not in alone.stdout + alone.stderr, alone.stderr
+        report = last_report(alone.stdout)
+        assert report["redis_subscribed"] is True and report["db_error"] is None, report
+        assert report["writers"] and all(w["db_position"] is None for w in report["writers"]), report["writers"]
+    finally:
+        pg.stop()
 
 
 # ---------------------------------------------------------------------------------------------- Redis from config

@@ -80,3 +80,38 @@ def test_a_recorded_position_above_the_wire_counts_only_for_writers_the_wire_kno
     assert kinds(dog, now=2) == {("frozen", "receipts", "master")}
     assert "records master at position 9" in dog.problems(now=2)[0].summary
     assert [w["db_lag"] for w in dog.snapshot(now=2)] == [None, 5]  # gone_worker, master
+
+
+def test_sequence_behind_wire_and_position_ahead_say_exactly_this() -> None:
+    """The two problems of a writer's figures against its stream's sequence, word for word (one code serves both)."""
+    dog = Watchdog(frozen_after=1)
+    dog.on_command(PositionCommand("receipts", "master", 40, 40), now=0)
+    dog.on_command(PositionCommand("receipts", "worker1", 40, 40), now=0)
+    dog.on_command(PositionCommand("account_data", "master", 7, 7), now=0)
+    dog.on_database({
+        # the sequence went back under both writers: behind the wire; master's position (40) only restates it
+        ("receipts", "master"): DbView(position=40, sequence="receipts_sequence", sequence_issued=2, wire_token=40),
+        # a position beyond the wire and the sequence: a second problem for worker1
+        ("receipts", "worker1"): DbView(position=99, sequence="receipts_sequence", sequence_issued=2, wire_token=40),
+        # only a position ahead, and no sequence name known
+        ("account_data", "master"): DbView(position=12, sequence=None, sequence_issued=7, wire_token=7),
+    }, now=0)
+    found = [(p.kind, p.stream, p.writer, p.summary) for p in dog.problems(now=0)]
+    behind = ("sequence receipts_sequence has handed out only up to 2 but {w} already announced receipts token 40: "
+              "new rows get ids every reader has passed and are never seen (the sequence was set back: a restore or "
+              "a hand edit); stop every Synapse process and run 'factstream synapse check --fix' (or setval "
+              "receipts_sequence to at least 40)")
+    assert found == [
+        ("position_ahead", "account_data", "master",
+         "stream_positions records master at 12 but sequence its sequence has handed out only up to 7 (edited by "
+         "hand, or the sequence and stream_positions restored from different backups); Synapse refuses to start "
+         "until it is repaired: run 'factstream synapse check' for the repair"),
+        ("sequence_behind_wire", "receipts", "master", behind.format(w="master")),
+        ("sequence_behind_wire", "receipts", "worker1", behind.format(w="worker1")),
+        ("position_ahead", "receipts", "worker1",
+         "stream_positions records worker1 at 99 but sequence receipts_sequence has handed out only up to 2 (edited "
+         "by hand, or the sequence and stream_positions restored from different backups); Synapse refuses to start "
+         "until it is repaired: run 'factstream synapse check' for the repair"),
+    ], found
+    dog.on_database({}, now=1)  # the database no longer shows them: both clear
+    assert dog.problems(now=1) == []

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
-from ..redaction import redact_text
+from ..redaction import redact_text, redact_url
 from .argtypes import duration, port
 
 EXIT_HEALTHY, EXIT_INCONSISTENT, EXIT_CANNOT_CHECK = 0, 1, 2
@@ -52,13 +52,14 @@ def register(subparsers: Any) -> None:
         help="follow a live deployment's replication over Redis and report whether every stream flows",
         description=(
             "Subscribe to a Synapse deployment's replication channel on Redis and report, every --interval, each "
-            "(stream, writer)'s token, rows/s and idle time; with --db also how far the wire is behind the database, "
+            "(stream, writer)'s token, rows/s and idle time; with a database (--db, or the database section of "
+            "--config) also how far the wire is behind the database, "
             "frozen streams and committed rows the wire skipped. Human output, JSON lines (--json) and/or "
             "Prometheus metrics (--metrics-port). Exit status with --duration: 0 healthy at the end, 1 not (a problem, or "
             "no writer heard on the channel: check --server-name), 2 could not watch (Redis never reached, database "
             "unreachable or not Synapse's, metrics endpoint cannot listen, config unreadable). With --config, also "
             "each configured writer that never answers on the channel (a dead worker) and each writer heard that "
-            "the config does not name; --redis and --server-name default to the config's."
+            "the config does not name; --redis, --server-name and --db default to the config's."
         ),
     )
     w.add_argument("--redis", metavar="URL",
@@ -68,7 +69,11 @@ def register(subparsers: Any) -> None:
     w.add_argument("-c", "--config", action="append", metavar="PATH",
                    help="Synapse config file or directory (of *.yaml files), repeatable and merged as Synapse merges "
                         "its -c options: report configured writers that never answer, and writers it does not name")
-    w.add_argument("--db", metavar="URL", help="Synapse's PostgreSQL database, to compare the wire with its rows")
+    w.add_argument("--db", metavar="URL",
+                   help="Synapse's PostgreSQL database, to compare the wire with its rows (default: the config's "
+                        "database section)")
+    w.add_argument("--no-db", action="store_true",
+                   help="watch the wire only: do not connect to the database the config names")
     w.add_argument("--interval", type=duration(), default=5.0, help="seconds between reports (default 5)")
     w.add_argument("--frozen-after", type=duration(), default=30.0, metavar="S",
                    help="seconds before rows the wire has not announced, or a writer left behind, count (default 30)")
@@ -98,15 +103,15 @@ def _fail(args: argparse.Namespace, message: str) -> int:
     return EXIT_CANNOT_CHECK
 
 
-def _writers(args: argparse.Namespace) -> tuple[dict[str, Collection[str]] | None, list[str] | None, str | None]:
-    """(writers per stream, flat instance list, database URL from the config)."""
+def _writers(args: argparse.Namespace) -> tuple[dict[str, Collection[str]] | None, list[str] | None, Any]:
+    """(writers per stream, flat instance list, the config's DatabaseSetting or None without --config)."""
     from ..synapse.config import load_config
     from ..synapse.streams import SYNAPSE_ID_STREAMS
 
     if args.config:
         cfg = load_config(args.config)
         _notes("check", cfg.notes)
-        return {s.name: cfg.writers_of(s) for s in SYNAPSE_ID_STREAMS}, None, cfg.database_url
+        return {s.name: cfg.writers_of(s) for s in SYNAPSE_ID_STREAMS}, None, cfg.database
     fixed: dict[str, Collection[str]] = {s.name: s.fixed_writers for s in SYNAPSE_ID_STREAMS if s.fixed_writers}
     instances = [i.strip() for i in args.instances.split(",") if i.strip()] if args.instances else None
     if instances is None:
@@ -129,16 +134,21 @@ def run_check(args: argparse.Namespace) -> int:
         stream_writers, instances, config_db = _writers(args)
     except FactstreamError as err:
         return _fail(args, str(err))
-    url = args.db or config_db
+    # An explicit --db wins; else the database Synapse's main store uses, as the config says it connects.
+    url, origin = args.db, None
+    if not url and config_db is not None:
+        if config_db.url is None:
+            return _fail(args, str(config_db.error))
+        url, origin = config_db.url, config_db.origin
     if not url:
-        return _fail(args, "no database: pass --db URL (or --config with a database section)")
+        return _fail(args, "no database: pass --db URL, or --config homeserver.yaml (its database section is used)")
     if args.force and not args.fix:
         return _fail(args, "--force only makes sense with --fix")
 
     def look() -> tuple[Any, list[Any]]:
-        conn = connect(url)
+        conn = connect(url, origin=origin)
         try:
-            snap = take_snapshot(conn, url)
+            snap = take_snapshot(conn, url, origin)
         finally:
             conn.close()
         # Streams with writers from the config (or fixed by Synapse) use them; the rest fall back to --instances.
@@ -150,10 +160,10 @@ def run_check(args: argparse.Namespace) -> int:
         return _fail(args, str(err))
     except Exception as err:  # a driver error mid-check: say what, never how deep
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return _fail(args, f"checking {url} failed: {first}")
+        return _fail(args, f"checking {redact_url(url)} failed: {first}")
     if not args.fix:
         return _show(args, snapshot, findings)
-    return _fix(args, url, snapshot, findings, look)
+    return _fix(args, url, origin, snapshot, findings, look)
 
 
 def _show(args: argparse.Namespace, snapshot: Any, findings: list[Any], extra: dict[str, Any] | None = None) -> int:
@@ -168,7 +178,8 @@ def _show(args: argparse.Namespace, snapshot: Any, findings: list[Any], extra: d
     return EXIT_HEALTHY if is_healthy(findings) else EXIT_INCONSISTENT
 
 
-def _fix(args: argparse.Namespace, url: str, snapshot: Any, findings: list[Any], look: Any) -> int:
+def _fix(args: argparse.Namespace, url: str, origin: str | None, snapshot: Any, findings: list[Any],
+         look: Any) -> int:
     from ..synapse.report import check_json, render_text
     from ..synapse.repair import apply_repairs, connected_sessions, repair_statements
     from ..synapse.snapshot import CheckError, connect
@@ -182,7 +193,7 @@ def _fix(args: argparse.Namespace, url: str, snapshot: Any, findings: list[Any],
             return _show(args, snapshot, findings, {"fixed": []})
         return EXIT_HEALTHY if all(f.severity == "info" for f in findings) else EXIT_INCONSISTENT
     try:
-        conn = connect(url, read_only=False)
+        conn = connect(url, read_only=False, origin=origin)
     except CheckError as err:
         return _fail(args, str(err))
     try:
@@ -246,10 +257,18 @@ def run_watch(args: argparse.Namespace) -> int:
         print(f"factstream synapse watch: {redact_text(message)}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
 
-    if args.db and _scheme(args.db) not in ("postgresql", "postgres"):
+    if args.db and args.no_db:
+        return fail("give either --db URL or --no-db, not both")
+    from ..synapse.config import ConfigError, load_config
+    from ..synapse.snapshot import url_problem
+
+    postgres = args.db and _scheme(args.db) in ("postgresql", "postgres")
+    one_slash = args.db and "://" not in args.db and args.db.lower().startswith(("postgresql:", "postgres:"))
+    if (postgres or one_slash) and (problem := url_problem(args.db)):
+        return fail(f"--db: {problem}")
+    if args.db and not postgres:
         return fail("--db: watch compares the wire with Synapse's PostgreSQL database: give its "
                     "postgresql://host:port/dbname URL (a SQLite Synapse has no workers to watch)")
-    from ..synapse.config import ConfigError, load_config
 
     cfg = None
     if args.config:
@@ -262,6 +281,10 @@ def run_watch(args: argparse.Namespace) -> int:
     if not redis_url:
         if cfg is None:
             return fail("no Redis: pass --redis URL (or --config homeserver.yaml with a redis section)")
+        if not cfg.redis_section:
+            return fail(f"{cfg.source} has no redis section, so it names no Redis to watch (Synapse's processes "
+                        "replicate over the Redis of 'redis: enabled: true'); pass --redis URL, or also -c the file "
+                        "that holds the redis section (every -c file the processes run with)")
         if not cfg.redis_enabled or not cfg.redis_url:
             return fail(f"{cfg.source}: redis is not enabled (redis: enabled: true), so Synapse's processes do not "
                         "replicate over Redis there; pass --redis URL, or the config files every process runs with")
@@ -279,8 +302,13 @@ def run_watch(args: argparse.Namespace) -> int:
         print("factstream synapse watch: note: with --no-replicate, configured writers that stay quiet are not "
               "reported (an idle writer says nothing unasked); writers the config does not name still are",
               file=sys.stderr)
+    db_url, db_origin = args.db, None
+    if cfg is not None and not args.db and not args.no_db:
+        db_url, db_origin, refused = _config_database(cfg)
+        if refused:
+            return fail(refused)
     opts = WatchOptions(
-        redis_url=redis_url, server_name=server_name, db_url=args.db, interval=args.interval,
+        redis_url=redis_url, server_name=server_name, db_url=db_url, db_origin=db_origin, interval=args.interval,
         frozen_after=args.frozen_after, json_output=args.json, metrics_port=args.metrics_port,
         metrics_host=args.metrics_host, duration=args.duration, replicate=not args.no_replicate,
         configured=cfg.wire_writers() if cfg is not None else None,
@@ -289,13 +317,49 @@ def run_watch(args: argparse.Namespace) -> int:
     )
     try:
         return transport.run(lambda: watch(opts, sys.stdout))
-    except (CheckError, WatchError) as err:
+    except CheckError as err:
+        hint = " (or --no-db to watch the wire only)" if db_origin else ""
+        return fail(f"{err}{hint}")
+    except WatchError as err:
         return fail(str(err))
     except OSError as err:
         return fail(f"{err.strerror or err}")
     except ValueError as err:  # a malformed Redis URL
         origin = "--redis URL" if args.redis else f"Redis URL built from the redis section of {cfg.source if cfg else ''}"
         return fail(f"bad {origin}: {err}")
+
+
+#: What the watch cannot judge without a database, for the notes that say it runs without one.
+_DB_CHECKS = "frozen, unpublished, sequence_behind_wire, position_ahead and db lag"
+
+
+def _config_database(cfg: Any) -> tuple[str | None, str | None, str | None]:
+    """(URL, origin, refusal) of the database ``watch --config`` takes when no --db is given.
+
+    Synapse's PostgreSQL database, as Synapse connects to it. A config that
+    names no database, or a SQLite one (a single process: no workers to
+    fall behind), leaves the database checks out, saying so on stderr. A
+    database section Synapse itself refuses is a refusal (exit 2).
+    """
+    db = cfg.database
+    if db.engine == "sqlite" and db.url:
+        path = db.url[len("sqlite:///"):]
+        print(f"factstream synapse watch: note: {db.source} names a SQLite database ({path}); a SQLite Synapse is "
+              f"one process, and the database checks ({_DB_CHECKS}) need PostgreSQL: watching the wire only",
+              file=sys.stderr)
+        return None, None, None
+    if db.url:
+        from ..synapse.snapshot import url_problem
+
+        problem = url_problem(db.url)
+        if problem:
+            return None, None, f"{db.origin}: {problem}; fix it, or pass --db URL (or --no-db)"
+        return db.url, db.origin, None
+    if db.source is None:  # no database section at all: a split config given without its database file
+        print(f"factstream synapse watch: note: {cfg.source} has no database section: the database checks "
+              f"({_DB_CHECKS}) do not run; pass --db URL, or also -c the file that holds it", file=sys.stderr)
+        return None, None, None
+    return None, None, f"{db.error} (or --no-db to watch the wire only)"
 
 
 def _scheme(url: str) -> str:

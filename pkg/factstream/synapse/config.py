@@ -12,8 +12,10 @@ YAML is read with PyYAML (a dependency; the ImportError path below is for a brok
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +24,8 @@ from urllib.parse import quote, urlencode
 from ..errors import FactstreamError
 from .streams import SynapseIdStream
 
-__all__ = ["ConfigError", "SynapseConfig", "load_config", "config_files", "MAIN_INSTANCE", "WIRE_WRITER_SETTINGS"]
+__all__ = ["ConfigError", "DatabaseSetting", "SynapseConfig", "load_config", "config_files", "MAIN_INSTANCE",
+           "WIRE_WRITER_SETTINGS"]
 
 #: The instance name of Synapse's main process.
 MAIN_INSTANCE = "master"
@@ -56,8 +59,28 @@ class ConfigError(FactstreamError):
 
 
 @dataclass(frozen=True)
+class DatabaseSetting:
+    """The database the config makes Synapse's main store use, as a URL for ``--db``, or why there is none.
+
+    ``url`` holds the password (percent-encoded): print it only through
+    :func:`~factstream.redaction.redact_url`. ``error`` says why the config
+    names no usable database; it matters only when no ``--db`` is given.
+    """
+
+    url: str | None = field(default=None, repr=False)
+    engine: str | None = None
+    source: str | None = None
+    error: str | None = None
+
+    @property
+    def origin(self) -> str:
+        """Where the URL came from, for messages."""
+        return f"the database section of {self.source}" if self.source else "the config"
+
+
+@dataclass(frozen=True)
 class SynapseConfig:
-    """What the config says: writers per ``stream_writers`` entry, database URL, Redis URL, server name.
+    """What the config says: writers per ``stream_writers`` entry, database, Redis URL, server name.
 
     ``files`` are the files read, in order; ``notes`` say which paths were
     skipped the way Synapse skips them (not ``*.yaml`` in a directory, empty).
@@ -65,8 +88,9 @@ class SynapseConfig:
     """
 
     stream_writers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    database_url: str | None = field(default=None, repr=False)
+    database: DatabaseSetting = field(default_factory=lambda: DatabaseSetting(error="no database section"))
     server_name: str | None = None
+    redis_section: bool = False
     redis_enabled: bool = False
     redis_url: str | None = field(default=None, repr=False)
     files: tuple[str, ...] = ()
@@ -76,6 +100,11 @@ class SynapseConfig:
     def source(self) -> str:
         """The files read, for messages."""
         return " + ".join(self.files) if self.files else "the config"
+
+    @property
+    def database_url(self) -> str | None:
+        """The database URL the config gives (password included), None when it gives none."""
+        return self.database.url
 
     def writers_of(self, stream: SynapseIdStream) -> tuple[str, ...]:
         """The instances allowed to write ``stream`` (empty: any process, positions never recorded)."""
@@ -103,35 +132,145 @@ def _parse(text: str, path: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise ConfigError(_yaml_error(path, err)) from None
 
 
-def _database_url(section: Any) -> str | None:
-    if not isinstance(section, Mapping) or section.get("name") not in ("psycopg2", "psycopg"):
-        if isinstance(section, Mapping) and section.get("name") == "sqlite3":
-            args = section.get("args") or {}
-            db = args.get("database") if isinstance(args, Mapping) else None
-            return f"sqlite:///{db}" if db else None
-        return None
+def _yaml_error(path: str, err: Any) -> str:
+    """Where a YAML file goes wrong and how (the offending line is not quoted: it may hold a password)."""
+    from ..redaction import redact_text
+
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    context = getattr(err, "context", None)
+    context_mark = getattr(err, "context_mark", None)
+    if mark is None or not problem:
+        what = (str(err).splitlines() or [type(err).__name__])[0]
+        return f"{path}: not valid YAML ({redact_text(what)}); Synapse cannot read it either: fix the file"
+    where = f"{path} line {mark.line + 1}, column {mark.column + 1}"
+    why = redact_text(str(problem))
+    if "'\\t'" in why:
+        why += ", a tab: YAML indents with spaces only"
+    if context:
+        started = (f" that starts at line {context_mark.line + 1}, column {context_mark.column + 1}"
+                   if context_mark is not None and context_mark.line != mark.line else "")
+        why += f" ({redact_text(str(context))}{started})"
+    return f"{where}: not valid YAML: {why}; Synapse cannot read it either: fix the file"
+
+
+#: ``database.args`` keys that are psycopg2's own Python arguments, not libpq connection settings.
+_DRIVER_ARGS = frozenset({"connection_factory", "cursor_factory", "async", "async_"})
+
+#: Connection settings whose value is a secret besides ``password``: kept out of any URL (see _postgres_url).
+_SECRET_ARGS = frozenset({"sslpassword"})
+
+#: A host that reads unchanged as a URL's host (a name or an IPv4 address); others go in ``?host=``.
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9_.\-]+")
+_IPV6_HOST = re.compile(r"[0-9A-Fa-f]*:[0-9A-Fa-f:.]*")
+
+
+def _database(data: Mapping[str, Any], origin: Mapping[str, str], files: Sequence[str]) -> DatabaseSetting:
+    """The main store's database as Synapse connects to it (``database``, ``databases``, ``database_path``)."""
+    source = origin.get("database") or origin.get("databases") or origin.get("database_path")
+    if data.get("database") and data.get("databases"):
+        return DatabaseSetting(source=source, error=(
+            f"{origin['database']} has a database section and {origin['databases']} a databases section; Synapse "
+            "refuses to start with both: keep one (or pass --db URL)"))
+    where = "database"
+    section = data.get("database")
+    if not section and data.get("databases"):
+        stores = data["databases"]
+        if not isinstance(stores, Mapping):
+            return DatabaseSetting(source=source, error=f"{source}: databases must be a mapping of name to database")
+        main = [(name, db) for name, db in stores.items()
+                if isinstance(db, Mapping) and "main" in (db.get("data_stores") or ("main", "state"))]
+        if len(main) != 1:
+            return DatabaseSetting(source=source, error=(
+                f"{source}: databases names {len(main)} database(s) holding the main data store (data_stores: "
+                "[main, ...]); Synapse needs exactly one: pass --db URL"))
+        where = f"databases.{main[0][0]}"
+        section = main[0][1]
+    path = data.get("database_path")
+    if not section and not path:
+        return DatabaseSetting(error=(
+            f"{' + '.join(files)}: no database section (nor databases, nor database_path), so the config names "
+            "no database (Synapse refuses to start without one); pass --db URL, or also -c the file that holds it"))
+    if section and not isinstance(section, Mapping):
+        return DatabaseSetting(source=source, error=f"{source}: {where} must be a mapping (name, args)")
+    section = section or {}
+    name = section.get("name", "sqlite3")
     args = section.get("args") or {}
     if not isinstance(args, Mapping):
-        return None
-    user = args.get("user")
-    password = args.get("password")
-    host = args.get("host") or "localhost"
-    port = args.get("port")
-    dbname = args.get("dbname") or args.get("database") or ""
+        return DatabaseSetting(source=source, error=f"{source}: {where}.args must be a mapping (user, host, ...)")
+    if name == "sqlite3":
+        db = os.path.abspath(str(path)) if path else args.get("database")  # database_path wins, as in Synapse
+        if path:
+            source = origin.get("database_path", source)
+        if not db or str(db) == ":memory:":
+            return DatabaseSetting(engine="sqlite", source=source, error=(
+                f"{source}: {where} is SQLite without a database file (args.database); pass --db sqlite:///PATH"))
+        return DatabaseSetting(f"sqlite:///{db}", "sqlite", source)
+    if name not in ("psycopg2", "psycopg"):
+        return DatabaseSetting(source=source, error=(
+            f"{source}: {where}.name is {name!r}; Synapse supports psycopg2 (PostgreSQL) or sqlite3"))
+    try:
+        return DatabaseSetting(_postgres_url(args, f"{source}: {where}.args"), "postgresql", source)
+    except ConfigError as err:
+        return DatabaseSetting(engine="postgresql", source=source, error=str(err))
+
+
+def _postgres_url(args: Mapping[str, Any], where: str) -> str:
+    """A ``postgresql://`` URL that makes libpq connect as psycopg2.connect(**args) does for Synapse.
+
+    Synapse hands every ``args`` entry but the pool's ``cp_*`` to
+    psycopg2.connect, which passes them to libpq as connection settings
+    (``database`` standing for ``dbname``, ``dsn`` a connection string the
+    others override, None values dropped). A setting left out keeps libpq's
+    default, as for Synapse: no host is the local Unix socket (or PGHOST), no
+    dbname the user's name. A host that is a socket directory, a list, or
+    anything else that is not a plain name goes in ``?host=``.
+    """
+    params: dict[str, str] = {}
+    dsn = args.get("dsn")
+    if dsn:
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            params.update({k: str(v) for k, v in conninfo_to_dict(str(dsn)).items() if v is not None})
+        except Exception:  # its text may hold a password: never quoted
+            raise ConfigError(f"{where}.dsn is not a libpq connection string (key=value ...)") from None
+    if "database" in args and "dbname" in args:
+        raise ConfigError(f"{where} has both database and dbname; psycopg2 refuses both (Synapse does not "
+                          "start): keep one")
+    for key, value in args.items():
+        key = "dbname" if key == "database" else str(key)
+        if key.startswith("cp_") or key == "dsn" or key in _DRIVER_ARGS or value is None:
+            continue
+        params[key] = str(value)
+    for key in _SECRET_ARGS & set(params):
+        raise ConfigError(f"{where}.{key}: factstream does not read this setting from the config (it would have "
+                          "to go into a URL); pass --db URL")
+    user = params.pop("user", "")
+    password = params.pop("password", "")
+    host = params.pop("host", "")
+    port = params.pop("port", "")
+    dbname = params.pop("dbname", "")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"{where}.port must be a port number (1-65535), not {port!r}")
     auth = ""
-    if user:
-        auth = quote(str(user), safe="")
-        if password:
-            auth += ":" + quote(str(password), safe="")
-        auth += "@"
-    hostpart = str(host) if not str(host).startswith("/") else ""
-    url = f"postgresql://{auth}{hostpart}{':' + str(port) if port else ''}/{quote(str(dbname), safe='')}"
-    if str(host).startswith("/"):  # a Unix socket directory
-        url += f"?host={quote(str(host), safe='')}"
-    return url
+    if user or password:
+        auth = quote(user, safe="") + (":" + quote(password, safe="") if password else "") + "@"
+    hostpart = ""
+    query: dict[str, str] = {}
+    if host and (_PLAIN_HOST.fullmatch(host) or _IPV6_HOST.fullmatch(host)):
+        hostpart = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    else:
+        if host:  # a Unix socket directory, several hosts, an IPv6 address: libpq reads it from the query
+            query["host"] = host
+        if port:
+            query["port"] = port
+    query.update(params)
+    tail = f"?{urlencode(query, quote_via=quote, safe='/')}" if query else ""
+    return f"postgresql://{auth}{hostpart}/{quote(dbname, safe='')}{tail}"
 
 
 def _redis_url(section: Any, where: str) -> tuple[bool, str | None]:
@@ -231,7 +370,12 @@ def load_config(paths: str | Sequence[str]) -> SynapseConfig:
     given = [paths] if isinstance(paths, str) else list(paths)
     files, notes = config_files(given)
     if not files:
-        raise ConfigError(f"no Synapse config file in {', '.join(given)} (a directory is read for its *.yaml files)")
+        others = sorted(os.path.basename(n.split(": ", 1)[0]) for n in notes if "not a *.yaml file" in n)
+        held = f"; it holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''}, which Synapse skips too" \
+            if others else ""
+        raise ConfigError(f"no Synapse config file in {', '.join(given)}: a directory is read for its *.yaml files "
+                          f"only (as Synapse reads it){held}; give homeserver.yaml itself (-c PATH), or the "
+                          "directory that holds the *.yaml files")
     data: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for path in files:
@@ -239,7 +383,9 @@ def load_config(paths: str | Sequence[str]) -> SynapseConfig:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as err:
-            raise ConfigError(f"cannot read Synapse config {path}: {err.strerror}") from None
+            fix = ("; check the path (-c takes homeserver.yaml, or a directory of *.yaml files)"
+                   if err.errno == errno.ENOENT else "")
+            raise ConfigError(f"cannot read Synapse config {path}: {err.strerror}{fix}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"cannot read Synapse config {path}: not UTF-8 text") from None
         parsed = _parse(text, path)
@@ -268,9 +414,9 @@ def load_config(paths: str | Sequence[str]) -> SynapseConfig:
     _check_writers(where, writers, data.get("instance_map"))
     enabled, redis_url = _redis_url(data.get("redis"), origin.get("redis", files[-1]))
     server_name = data.get("server_name")
-    return SynapseConfig(writers, _database_url(data.get("database")),
+    return SynapseConfig(writers, _database(data, origin, files),
                          server_name=server_name if isinstance(server_name, str) and server_name else None,
-                         redis_enabled=enabled, redis_url=redis_url, files=tuple(files), notes=tuple(notes))
+                         redis_section="redis" in data, redis_enabled=enabled, redis_url=redis_url, files=tuple(files), notes=tuple(notes))
 
 
 def _check_writers(path: str, writers: Mapping[str, tuple[str, ...]], instance_map: Any) -> None:

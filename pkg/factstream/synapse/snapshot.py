@@ -9,17 +9,18 @@ production database no more than starting one worker does.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from ..errors import FactstreamError
 from ..redaction import redact_text, redact_url
 from .streams import SYNAPSE_ID_STREAMS, SynapseIdStream
 
 __all__ = ["CheckError", "SequenceState", "TableState", "RowsAbove", "StreamState", "DatabaseSnapshot",
-           "connect", "take_snapshot", "engine_of", "require_synapse_schema"]
+           "connect", "take_snapshot", "engine_of", "url_problem", "require_synapse_schema"]
 
 
 class CheckError(FactstreamError):
@@ -108,23 +109,90 @@ class DatabaseSnapshot:
 
 
 def engine_of(url: str) -> str:
-    """"postgresql" or "sqlite" for a database URL (CheckError otherwise)."""
+    """"postgresql" or "sqlite" for a database URL (CheckError saying how to write it otherwise)."""
+    problem = url_problem(url)
+    if problem:
+        raise CheckError(problem)
     scheme = urlsplit(url).scheme.split("+")[0].lower()
-    if scheme in ("postgres", "postgresql"):
-        return "postgresql"
-    if scheme == "sqlite":
-        return "sqlite"
-    raise CheckError(f"unsupported database URL {redact_url(url)!r}: use postgresql://... or sqlite:///path")
+    return "sqlite" if scheme == "sqlite" else "postgresql"
 
 
-def connect(url: str, *, read_only: bool = True) -> Any:
-    """A DB-API connection to ``url`` (read-only unless asked), or CheckError with a redacted reason."""
+#: Characters a URL's user or password must percent-encode for libpq, and how.
+_ENCODE = "'@' as %40, '/' as %2F"
+
+
+def _unencoded(run: str) -> bool:
+    """Whether the password of a PostgreSQL URL (``run``: what follows ``://``) holds a raw '@' or '/'.
+
+    libpq ends the user and password at the first '@' before any '/': a
+    second '@' there (not in a ``?`` query) is the rest of the password read
+    as the host; with a '/' in the password, the text before it is read as
+    host and port, and the rest, up to an '@', as the database name.
+    """
+    head = run.split("/", 1)[0]
+    if "@" in head:
+        first, last = head.index("@"), head.rindex("@")
+        return first < last and "?" not in head[first + 1 : last]
+    port = head.rpartition(":")[2] if ":" in head and not head.endswith("]") else ""
+    return ":" in head and not port.isdigit() and "@" in run[len(head):].split("?", 1)[0]
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with how ``url`` is written (password masked), before anything connects; None if fine.
+
+    A driver reading a malformed URL quotes the piece it trips on, and with an
+    unencoded ``@`` or ``/`` in a password that piece is part of the password:
+    such a URL is refused here, before the driver sees it.
+    """
+    import difflib
+
+    from ..store.database import DatabaseURLError, check_url
+
+    head, sep, run = url.partition("://")
+    lowered = url.lower()
+    if not sep and lowered.split(":", 1)[0] in ("postgresql", "postgres") and ":" in url:
+        return (f"{redact_url(url)!r} is not a URL: write two slashes after the scheme: "
+                "postgresql://user@host:port/dbname")
+    if sep:
+        scheme = head.split("+")[0].lower()
+        if scheme not in ("postgresql", "postgres", "sqlite"):
+            near = difflib.get_close_matches(scheme, ("postgresql", "postgres", "sqlite"), n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]}://?)" if near else ""
+            return (f"unsupported database URL {redact_url(url)!r}{hint}: use "
+                    "postgresql://user@host:port/dbname or sqlite:///path/homeserver.db")
+        if scheme != "sqlite" and _unencoded(run):
+            return (f"the user name or password in {redact_url(url)} holds a character that a URL needs "
+                    f"percent-encoded ({_ENCODE}); write it encoded")
+    try:
+        check_url(url)
+    except DatabaseURLError as err:
+        return str(err)
+    return None
+
+
+def _connect_timeout_given(url: str) -> bool:
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        return "connect_timeout" in conninfo_to_dict(url)
+    except Exception:  # libpq will say what is wrong with it
+        return False
+
+
+def connect(url: str, *, read_only: bool = True, origin: str | None = None) -> Any:
+    """A DB-API connection to ``url`` (read-only unless asked), or CheckError with a redacted reason.
+
+    ``origin`` says where the URL came from when the user did not type it (the
+    config's database section): the message then names it and what to change.
+    """
     engine = engine_of(url)
+    via = f" ({origin})" if origin else ""
     try:
         if engine == "postgresql":
             import psycopg
 
-            conn = psycopg.connect(url, connect_timeout=10, application_name="factstream-synapse-check")
+            timeout: dict[str, Any] = {} if _connect_timeout_given(url) else {"connect_timeout": 10}
+            conn = psycopg.connect(url, application_name="factstream-synapse-check", **timeout)
             if read_only:
                 conn.read_only = True
                 conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -133,13 +201,21 @@ def connect(url: str, *, read_only: bool = True) -> Any:
         path = path[1:] if path.startswith("/") else path
         if not path:
             raise CheckError("sqlite URL without a path: use sqlite:///path/to/homeserver.db")
+        if not os.path.exists(path) or os.path.isdir(path):
+            what = "is a directory, not a database file" if os.path.isdir(path) else "does not exist"
+            relative = "" if os.path.isabs(path) else (
+                f" (a relative path, read from the current directory {os.getcwd()}; Synapse reads it from its own "
+                "working directory)")
+            fix = "; pass --db sqlite:///ABSOLUTE/PATH" if origin else ""
+            raise CheckError(f"SQLite database {path!r}{via} {what}{relative}{fix}")
         mode = "ro" if read_only else "rw"
-        return sqlite3.connect(f"file:{path}?mode={mode}", uri=True)
+        return sqlite3.connect(f"file:{quote(path)}?mode={mode}", uri=True)
     except CheckError:
         raise
     except Exception as err:  # the driver's own error, which may quote the URL
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckError(f"cannot connect to {redact_url(url)}: {redact_text(first)}") from None
+        fix = ("; check host, port, user, password and dbname there, or pass --db URL" if origin else "")
+        raise CheckError(f"cannot connect to {redact_url(url)}{via}: {redact_text(first)}{fix}") from None
 
 
 def _one(cur: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
@@ -210,21 +286,24 @@ def _stream_state(cur: Any, engine: str, stream: SynapseIdStream) -> StreamState
 SYNAPSE_MARKER_TABLES = ("schema_version", "stream_positions", "events", "event_json", "room_memberships")
 
 
-def require_synapse_schema(cur: Any, engine: str, url: str) -> None:
+def require_synapse_schema(cur: Any, engine: str, url: str, origin: str | None = None) -> None:
     """CheckError unless the database has Synapse's core tables: an empty table of streams is not health."""
     missing = [t for t in SYNAPSE_MARKER_TABLES if not _table_exists(cur, engine, t)]
     if missing:
-        raise CheckError(f"{redact_url(url)} is not a Synapse database (no {', '.join(missing)} "
-                         f"table{'s' if len(missing) > 1 else ''}); point --db at the database "
+        tables = f"no {', '.join(missing)} table{'s' if len(missing) > 1 else ''}"
+        if origin:
+            raise CheckError(f"{redact_url(url)} ({origin}) is not a Synapse database ({tables}): is that the "
+                             "config Synapse runs with? Otherwise pass --db URL")
+        raise CheckError(f"{redact_url(url)} is not a Synapse database ({tables}); point --db at the database "
                          "that the database section of Synapse's homeserver.yaml names")
 
 
-def take_snapshot(conn: Any, url: str) -> DatabaseSnapshot:
+def take_snapshot(conn: Any, url: str, origin: str | None = None) -> DatabaseSnapshot:
     """Read every stream's sequence, table tops and positions through ``conn`` (no writes)."""
     engine = engine_of(url)
     cur = conn.cursor()
     try:
-        require_synapse_schema(cur, engine, url)
+        require_synapse_schema(cur, engine, url, origin)
         row = _one(cur, "SELECT version FROM schema_version")
         version = int(row[0]) if row else None
         streams = [_stream_state(cur, engine, s) for s in SYNAPSE_ID_STREAMS]

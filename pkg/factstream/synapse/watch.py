@@ -18,7 +18,7 @@ import logging
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -46,9 +46,11 @@ class WatchError(FactstreamError):
 class WatchOptions:
     """What ``factstream synapse watch`` was asked to do."""
 
-    redis_url: str
+    redis_url: str = field(repr=False)  # may hold a password, as db_url may
     server_name: str
-    db_url: str | None = None
+    db_url: str | None = field(default=None, repr=False)
+    #: Where ``db_url`` came from when it was not --db (the config's database section), for messages.
+    db_origin: str | None = None
     interval: float = 5.0
     frozen_after: float = 30.0
     json_output: bool = False
@@ -155,7 +157,7 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
     started = time.monotonic()
     deadline = None if opts.duration is None else started + opts.duration
     dog = Watchdog(frozen_after=opts.frozen_after)
-    probe = DbProbe(opts.db_url) if opts.db_url else None
+    probe = DbProbe(opts.db_url, opts.db_origin) if opts.db_url else None
     if probe is not None:
         await asyncio.to_thread(probe.open)
     metrics = WatchMetrics() if opts.metrics_port is not None else None

@@ -23,8 +23,9 @@ AUDIT_WINDOW = 100_000
 class DbProbe:
     """Reads, per wire stream and writer, what the database holds above the wire's tokens."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, origin: str | None = None) -> None:
         self.url = url
+        self.origin = origin  # where the URL came from when not --db (for messages)
         self._conn: Any = None
         self._floor: dict[str, int] = {}
         self.streams: list[SynapseIdStream] = [s for s in SYNAPSE_ID_STREAMS if s.wire and s.positive]
@@ -32,10 +33,10 @@ class DbProbe:
     def open(self) -> None:
         """Connect (CheckError with a redacted reason if the database cannot be reached or is not Synapse's)."""
         if self._conn is None:
-            conn = connect(self.url)
+            conn = connect(self.url, origin=self.origin)
             try:
                 cur = conn.cursor()
-                require_synapse_schema(cur, "postgresql", self.url)
+                require_synapse_schema(cur, "postgresql", self.url, self.origin)
                 cur.close()
                 conn.rollback()
             except BaseException:

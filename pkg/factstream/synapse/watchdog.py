@@ -245,25 +245,7 @@ class Watchdog:
         for w in self.writers.values():
             by_stream.setdefault(w.stream, []).append(w)
         for (stream, writer), w in sorted(self.writers.items()):
-            if w.sequence_behind is not None:
-                issued, announced = w.sequence_behind
-                seq = w.sequence or "its sequence"
-                out.append(Problem(
-                    "sequence_behind_wire", stream, writer,
-                    f"sequence {seq} has handed out only up to {issued} but {writer} already announced {stream} "
-                    f"token {announced}: new rows get ids every reader has passed and are never seen (the sequence "
-                    "was set back: a restore or a hand edit); stop every Synapse process and run "
-                    f"'factstream synapse check --fix' (or setval {seq} to at least {announced})"))
-            # A position the wire also reached only says again that the sequence went back: one problem is enough.
-            if w.position_ahead is not None and not (
-                    w.sequence_behind is not None and w.position_ahead[0] <= w.sequence_behind[1]):
-                position, issued = w.position_ahead
-                seq = w.sequence or "its sequence"
-                out.append(Problem(
-                    "position_ahead", stream, writer,
-                    f"stream_positions records {writer} at {position} but sequence {seq} has handed out only up to "
-                    f"{issued} (edited by hand, or the sequence and stream_positions restored from different backups); "
-                    "Synapse refuses to start until it is repaired: run 'factstream synapse check' for the repair"))
+            out.extend(_sequence_problems(w))
             if wire_seen and w.pending_since is not None and now - w.pending_since >= self.frozen_after:
                 token = "nothing" if w.token is None else str(w.token)
                 if w.db_top is not None:
@@ -360,6 +342,37 @@ class Watchdog:
                 "unpublished": len(w.unpublished),
             })
         return out
+
+
+#: The problems of a writer's figures against its stream's sequence: (kind, the WriterWatch field holding the
+#: pair of figures, their names, the summary). A figure is the sequence's ``issued`` and the writer's wire token
+#: (``announced``) or its ``stream_positions`` row (``position``); ``seq`` is the sequence's name.
+_SEQUENCE_PROBLEMS: tuple[tuple[str, str, tuple[str, str], str], ...] = (
+    ("sequence_behind_wire", "sequence_behind", ("issued", "announced"),
+     "sequence {seq} has handed out only up to {issued} but {writer} already announced {stream} token {announced}: "
+     "new rows get ids every reader has passed and are never seen (the sequence was set back: a restore or a hand "
+     "edit); stop every Synapse process and run 'factstream synapse check --fix' (or setval {seq} to at least "
+     "{announced})"),
+    ("position_ahead", "position_ahead", ("position", "issued"),
+     "stream_positions records {writer} at {position} but sequence {seq} has handed out only up to {issued} (edited "
+     "by hand, or the sequence and stream_positions restored from different backups); Synapse refuses to start "
+     "until it is repaired: run 'factstream synapse check' for the repair"),
+)
+
+
+def _sequence_problems(w: WriterWatch) -> list[Problem]:
+    """``sequence_behind_wire`` and ``position_ahead`` of one writer, as they stand."""
+    out: list[Problem] = []
+    # A position the wire also reached only says again that the sequence went back: one problem is enough.
+    restated = (w.sequence_behind is not None and w.position_ahead is not None
+                and w.position_ahead[0] <= w.sequence_behind[1])
+    for kind, attr, names, summary in _SEQUENCE_PROBLEMS:
+        figures = getattr(w, attr)
+        if figures is None or (kind == "position_ahead" and restated):
+            continue
+        out.append(Problem(kind, w.stream, w.writer, summary.format(
+            seq=w.sequence or "its sequence", writer=w.writer, stream=w.stream, **dict(zip(names, figures)))))
+    return out
 
 
 def _where(stream: str, source: str) -> str:
