@@ -33,6 +33,9 @@ URLS = [
     ("redis://127.0.0.1:6379/0?password=s3cret", f"redis://127.0.0.1:6379/0?password={MASK}"),
     ("unix:///tmp/r.sock?password=s3cret", f"unix:///tmp/r.sock?password={MASK}"),
     ("host=h password=s3cret dbname=x", f"host=h password={MASK} dbname=x"),
+    # libpq's passphrase of the client key
+    ("postgresql://u@h/db?sslmode=verify-full&sslpassword=s3cret", f"postgresql://u@h/db?sslmode=verify-full&sslpassword={MASK}"),
+    ("host=h sslpassword=s3cret sslkey=/k", f"host=h sslpassword={MASK} sslkey=/k"),
 ]
 
 #: URLs without a password come out as they went in.

@@ -32,8 +32,9 @@ _BARE_SECRET = re.compile(
 # password that lost its colon (redis://PASSWORD@host; a bare user name is rare there). In postgresql://user@
 # it is a user name, shown as it is.
 _TOKEN_SCHEMES = frozenset({"nats", "tls", "ws", "wss", "redis", "rediss"})
-# password=... in a libpq keyword/value string or a URL query string.
-_KV_SECRET = re.compile(r"(?P<key>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+# password=... (and libpq's sslpassword=, the client key's passphrase) in a libpq keyword/value string or a URL
+# query string.
+_KV_SECRET = re.compile(r"(?P<key>\b(?:ssl)?password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
 
 
 def _mask_authority(run: str, scheme: str = "") -> str:
