@@ -10,7 +10,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -470,20 +469,26 @@ def test_cli_rejects_a_bad_capture_pattern(tmp_path: Path) -> None:
 # ------------------------------------------------------------ streaming sink
 
 def test_publishing_a_batch_again_replaces_it(spark: Any, report_dir: str, tmp_path: Path) -> None:
-    """A micro-batch re-run after a crash (same id, same rows) must not add its rows twice."""
+    """A micro-batch re-run after a crash (same id, same rows) must not add its rows twice, nor touch the files
+    another query published into the same output under the same batch id."""
     from factstream.spark.streaming import publish_batch
 
     df = spark.read.parquet(report_dir)
-    out, staging = str(tmp_path / "out"), str(tmp_path / "staging")
-    assert publish_batch(df, 7, out, staging) > 0
-    # an interrupted second attempt left a stray file of batch 7 and its staging directory
-    stray = next(p for p in (tmp_path / "out").rglob("part-b000000000007-*.parquet"))
-    shutil.copy(stray, stray.with_name("part-b000000000007-stray.parquet"))
+    caches = df.where("stream = 'caches'")
+    out = str(tmp_path / "out")
+    staging, other = str(tmp_path / "ck" / "staging"), str(tmp_path / "ck2" / "staging")
+    assert publish_batch(df, 7, out, staging, "q1") > 0
+    assert publish_batch(caches, 7, out, other, "q2") > 0  # another query's batch 7
+    # an interrupted second attempt left its staging directory
     os.makedirs(os.path.join(staging, "batch-7", "date=2026-11-22", "stream=events"))
-    publish_batch(df, 7, out, staging)
-    publish_batch(df.where("stream = 'caches'"), 8, out, staging)
+    published = publish_batch(df, 7, out, staging, "q1")
+    assert (published.lines, published.malformed) == (df.count(), df.where("error IS NOT NULL").count())
+    publish_batch(caches, 8, out, staging, "q1")
     back = spark.read.parquet(out)
-    assert back.count() == df.count() + df.where("stream = 'caches'").count()
+    assert back.count() == df.count() + 2 * caches.count()
     assert sorted(map(tuple, back.where("stream = 'events'").select("line_number", "token").collect())) == sorted(
         map(tuple, df.where("stream = 'events'").select("line_number", "token").collect()))
+    names = [p.name for p in (tmp_path / "out").rglob("*.parquet")]
+    assert names and all(n.startswith(("part-q1-b000000000007-", "part-q1-b000000000008-", "part-q2-b000000000007-"))
+                         for n in names), names
     assert not os.path.exists(os.path.join(staging, "batch-7"))

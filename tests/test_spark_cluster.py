@@ -268,15 +268,6 @@ def test_a_worker_killed_mid_job_does_not_change_the_result(cluster: Any, tmp_pa
     assert _table(out) == _table(local)
 
 
-def _stream_helpers() -> Any:
-    """The writer/query harness of test_spark_stream (same checks, here on the cluster)."""
-    spec = importlib.util.spec_from_file_location("spark_stream_helpers", Path(__file__).with_name("test_spark_stream.py"))
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.postgres
 def test_stream_on_the_cluster_killed_and_restarted_matches_the_writers_database(
     cluster: Any, postgres_dsn: str, tmp_path: Path
@@ -284,7 +275,7 @@ def test_stream_on_the_cluster_killed_and_restarted_matches_the_writers_database
     """`logs stream` with executors on the two workers (shipped env): SIGKILL the query mid-stream, restart."""
     import signal
 
-    h = _stream_helpers()
+    import spark_stream_run as h
     out, ck = str(tmp_path / "pq"), str(tmp_path / "ck")
     stream_cmd = [FACTSTREAM, "logs", "stream", "--db", postgres_dsn, "--out", out, "--checkpoint", ck,
                   "--trigger", "0.5", "--ship-env", "--master", cluster.url, *SPARK_CONF]
@@ -294,11 +285,11 @@ def test_stream_on_the_cluster_killed_and_restarted_matches_the_writers_database
     try:
         writer.wait_for(lambda line: '"listening"' in line, 60)
         first = h.Proc(stream_cmd)
-        first.wait_for(h._data_batch(1), 600)
+        first.wait_for(h.data_batch(1), 600)
         first.killpg(signal.SIGKILL)  # driver, JVM and its Python: the cluster's executors lose their application
         first.p.wait(timeout=60)
         second = h.Proc([*stream_cmd, "--stop-when-idle", "8"])
-        second.wait_for(h._data_batch(0), 600)  # resumed while the writer still writes
+        second.wait_for(h.data_batch(0), 600)  # resumed while the writer still writes
         writer.killpg(signal.SIGTERM)
         assert writer.p.wait(timeout=60) == 0
         assert second.p.wait(timeout=600) == 0, "".join(second.lines[-60:])
@@ -307,9 +298,9 @@ def test_stream_on_the_cluster_killed_and_restarted_matches_the_writers_database
             if proc is not None and proc.p.poll() is None:
                 proc.killpg(signal.SIGKILL)
                 proc.p.wait(timeout=30)
-    want = h._db_rows(postgres_dsn)
+    want = h.db_rows(postgres_dsn)
     assert sum(want.values()) > 100
-    assert h._parquet_rows(out) == want  # nothing lost, nothing twice
+    assert h.parquet_rows(out) == want  # nothing lost, nothing twice
     batches = [int(line.split()[1].rstrip(":")) for line in second.lines if line.startswith("batch ")]
     assert batches and batches[0] >= 1  # resumed from the checkpoint
     # the batches ran on the workers, from the shipped overlay

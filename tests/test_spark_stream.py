@@ -11,113 +11,27 @@ under CI=true (a missing PostgreSQL or Java fails there).
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import IN_CI
+from cli_run import FACTSTREAM, require_spark_cli
+from spark_stream_run import SPARK, Proc, data_batch, db_rows, parquet_rows, stream_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres,
               pytest.mark.filterwarnings("ignore::ResourceWarning")]
 
-FACTSTREAM = os.path.join(os.path.dirname(sys.executable), "factstream")
-
-
-def _require_spark() -> None:
-    problems = [f"{m} is not installed" for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        problems.append("Java is not installed (apt-get install openjdk-17-jre-headless)")
-    if problems:
-        if IN_CI:
-            pytest.fail("; ".join(problems) + " (CI=true: Spark tests must run)")
-        pytest.skip("; ".join(problems))
-
-
-class Proc:
-    """A subprocess in its own process group whose stderr (or stdout) lines are collected."""
-
-    def __init__(self, args: list[str], stream: str = "stderr") -> None:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYTHONPATH")}
-        env["SPARK_LOCAL_IP"] = "127.0.0.1"
-        self.p = subprocess.Popen(
-            args, stdout=subprocess.PIPE if stream == "stdout" else subprocess.DEVNULL,
-            stderr=subprocess.PIPE if stream == "stderr" else subprocess.DEVNULL,
-            text=True, env=env, start_new_session=True,
-        )
-        self.lines: list[str] = []
-        pipe = self.p.stderr if stream == "stderr" else self.p.stdout
-        assert pipe is not None
-        self.t = threading.Thread(target=lambda: self.lines.extend(iter(pipe.readline, "")), daemon=True)
-        self.t.start()
-
-    def wait_for(self, pred: Any, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if pred(line):
-                    return line
-            if self.p.poll() is not None:
-                time.sleep(0.5)
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"not seen within {timeout} s (exit {self.p.poll()}):\n" + "".join(self.lines[-60:]))
-
-    def killpg(self, sig: int = signal.SIGKILL) -> None:
-        try:
-            os.killpg(self.p.pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _db_rows(dsn: str) -> collections.Counter[tuple[str, str, int, str]]:
-    import psycopg
-
-    from factstream.demo.tables import DEMO_TABLES
-
-    out: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
-    with psycopg.connect(dsn) as conn:
-        for t in DEMO_TABLES:
-            for row in conn.execute(f"SELECT stream_id, instance_name, {', '.join(t.columns)} FROM {t.table}"):
-                out[(t.stream, row[1], int(row[0]), json.dumps(t.to_row(tuple(row[2:])), sort_keys=True))] += 1
-    return out
-
-
-def _parquet_rows(path: str) -> collections.Counter[tuple[str, str, int, str]]:
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path, columns=["stream", "instance", "token", "row", "command", "error"])
-    out: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
-    for r in table.to_pylist():
-        assert r["command"] == "RDATA" and r["error"] is None, r
-        out[(str(r["stream"]), r["instance"], r["token"], json.dumps(json.loads(r["row"]), sort_keys=True))] += 1
-    return out
-
-
-def _data_batch(at_least: int) -> Any:
-    """A predicate on stream stderr lines: a batch numbered at least ``at_least`` published files."""
-    def pred(line: str) -> bool:
-        parts = line.split()
-        return (len(parts) > 2 and parts[0] == "batch" and parts[2] != "0"
-                and int(parts[1].rstrip(":")) >= at_least)
-    return pred
-
 
 def test_stream_killed_and_restarted_matches_the_writers_database(postgres_dsn: str, tmp_path: Path) -> None:
-    _require_spark()
+    require_spark_cli()
     out, ck = str(tmp_path / "pq"), str(tmp_path / "ck")
-    spark_args = ["--master", "local[2]", "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=768m"]
     stream_cmd = [FACTSTREAM, "logs", "stream", "--db", postgres_dsn, "--out", out, "--checkpoint", ck,
-                  "--trigger", "0.5", *spark_args]
+                  "--trigger", "0.5", *SPARK]
     # the writer produces until told to stop (SIGTERM: it stops producing, records its positions and exits)
     writer = Proc([FACTSTREAM, "serve", "--produce", "--db", postgres_dsn, "--port", "0", "--rate", "100",
                    "--seed", "3", "--status"], stream="stdout")
@@ -126,12 +40,12 @@ def test_stream_killed_and_restarted_matches_the_writers_database(postgres_dsn: 
         writer.wait_for(lambda line: '"listening"' in line, 60)
         first = Proc(stream_cmd)
         # a few batches with data published, then the whole query dies at once (driver, JVM, Python workers)
-        first.wait_for(_data_batch(2), 600)
+        first.wait_for(data_batch(2), 600)
         first.killpg(signal.SIGKILL)
         first.p.wait(timeout=60)
         time.sleep(3)  # the writer goes on meanwhile
         second = Proc([*stream_cmd, "--stop-when-idle", "10"])
-        second.wait_for(_data_batch(0), 600)  # resumed while the writer still writes
+        second.wait_for(data_batch(0), 600)  # resumed while the writer still writes
         time.sleep(3)
         writer.killpg(signal.SIGTERM)
         assert writer.p.wait(timeout=60) == 0
@@ -142,16 +56,16 @@ def test_stream_killed_and_restarted_matches_the_writers_database(postgres_dsn: 
             if proc is not None and proc.p.poll() is None:
                 proc.killpg(signal.SIGKILL)
                 proc.p.wait(timeout=30)
-    want = _db_rows(postgres_dsn)
-    got = _parquet_rows(out)
+    want = db_rows(postgres_dsn)
+    got = parquet_rows(out)
     assert sum(want.values()) > 300, json.loads(produced)
     assert got == want  # same rows, each as often: nothing lost, nothing twice
     # the second run resumed from the checkpoint: its first batch id continues the first run's
     batches = [int(line.split()[1].rstrip(":")) for line in second.lines if line.startswith("batch ")]
     assert batches and batches[0] >= 2
     # logs report reads the streamed output like a parsed one
-    rep = subprocess.run([FACTSTREAM, "logs", "report", out, "--json", *spark_args], capture_output=True, text=True,
-                         timeout=600, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    rep = subprocess.run([FACTSTREAM, "logs", "report", out, "--json", *SPARK], capture_output=True, text=True,
+                         timeout=600, env=stream_env())
     assert rep.returncode == 0, rep.stderr
     report = json.loads(rep.stdout)
     assert report["lines"] == sum(want.values()) and report["malformed"] == 0
@@ -175,16 +89,15 @@ def test_file_stream_over_recorder_files_killed_and_restarted_holds_each_closed_
     postgres_dsn: str, tmp_path: Path
 ) -> None:
     """`logs stream --files`: `factstream record` rotates closed files while the stream runs; crash; restart."""
-    _require_spark()
+    require_spark_cli()
     captures, out, ck = tmp_path / "captures", str(tmp_path / "pq"), str(tmp_path / "ck")
     captures.mkdir()
     import gzip
 
     with gzip.open(captures / "notes.log.gz", "wb") as fh:  # a closed file in no known format: skipped, warned
         fh.write(b"not a replication archive\n")
-    spark_args = ["--master", "local[2]", "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.memory=768m"]
     stream_cmd = [FACTSTREAM, "logs", "stream", "--files", str(captures), "--out", out, "--checkpoint", ck,
-                  "--trigger", "0.5", *spark_args]
+                  "--trigger", "0.5", *SPARK]
     writer = Proc([FACTSTREAM, "serve", "--produce", "--db", postgres_dsn, "--port", "0", "--rate", "100",
                    "--seed", "5", "--status"], stream="stdout")
     recorder = first = second = None
@@ -193,12 +106,12 @@ def test_file_stream_over_recorder_files_killed_and_restarted_holds_each_closed_
         recorder = Proc([FACTSTREAM, "record", f"127.0.0.1:{port}", "--dir", str(captures), "--name", "w1",
                          "--rotate-time", "1s", "--flush-interval", "0.5s"])
         first = Proc(stream_cmd)
-        first.wait_for(_data_batch(2), 600)
+        first.wait_for(data_batch(2), 600)
         first.killpg(signal.SIGKILL)
         first.p.wait(timeout=60)
         time.sleep(3)  # the recorder closes more files meanwhile
         second = Proc([*stream_cmd, "--stop-when-idle", "8"])
-        second.wait_for(_data_batch(0), 600)
+        second.wait_for(data_batch(0), 600)
         recorder.killpg(signal.SIGTERM)  # closes (renames) its last file
         assert recorder.p.wait(timeout=60) == 0, "".join(recorder.lines[-30:])
         assert second.p.wait(timeout=600) == 0, "".join(second.lines[-60:])

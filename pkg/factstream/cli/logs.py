@@ -693,7 +693,10 @@ def run_stream(args: argparse.Namespace) -> int:
         quiet_py4j()  # py4j logs the traceback of a failed foreachBatch; the one line below says it
 
     def on_batch(batch_id: int, files: int) -> None:
-        print(f"batch {batch_id}: {files} files published", file=sys.stderr, flush=True)
+        # publish_batch's count carries the batch's lines and malformed lines, counted as logs parse counts them
+        lines = getattr(files, "lines", None)
+        counts = "" if lines is None else f", {lines} lines ({getattr(files, 'malformed', 0)} malformed)"
+        print(f"batch {batch_id}: {files} files published{counts}", file=sys.stderr, flush=True)
 
     try:
         if args.files:

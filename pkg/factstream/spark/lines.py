@@ -331,7 +331,7 @@ def parse_blocks(
     bytes as read, where a newline ends every line; bytes after the last one
     are a line the file ends in the middle of, which becomes a malformed row
     (:func:`cut_line_values`) and is not parsed. Without it, the end of the
-    last block ends a line too (lines joined by newlines, see parse_block).
+    last block ends a line too.
     """
     values = ROW_FUNCTIONS.get(fmt)
     if values is None:
@@ -383,12 +383,17 @@ def parse_file_blocks(
 ) -> Iterator[pa.RecordBatch]:
     """Parse a file's bytes as read, in any format but "auto": blocks ending at newlines (sources.read_chunk_blocks).
 
+    Lines are numbered from ``first_line``. Yields record batches of
+    ``ARROW_SCHEMA`` (typed columns null when not ``typed``) with at most
+    ``batch_rows`` rows; ``ts``/``date`` are computed as Spark would in
+    ``session_time_zone``. ``impl`` picks the column builder twin ("c" or
+    "python"; default: the active one).
+
     A newline ends every line of such blocks, except a last line the file
     ends in the middle of (a copy cut short, a recorder killed, a file still
     being written): that one is a malformed row with ``ENDS_MID_LINE`` in
     ``error`` and its bytes in ``raw``, never parsed (the wire has a line only
-    once its newline arrives). A file whose last line ends in a newline is
-    parsed exactly as :func:`parse_block` parses its lines.
+    once its newline arrives).
     """
     if fmt in ROW_FUNCTIONS:
         yield from parse_blocks(
@@ -409,9 +414,7 @@ def parse_file_blocks(
             yield from lines
 
     def rows() -> Iterator[tuple[Any, ...] | None]:
-        lines = map(_line_without_cr, whole_lines())
-        for n, payload, ts, direction, channel, problem in payloads(lines, fmt, first_line):
-            yield command_values(n, payload, typed, ts, direction, channel, problem)
+        yield from _record_rows(whole_lines(), fmt, first_line, typed)
         if cut:
             yield cut_line_values(given[0] + 1, cut[0], typed)
 
@@ -430,30 +433,34 @@ def parse_block(
     session_time_zone: str = "UTC",
     impl: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Parse archive ``lines`` (without newlines) numbered from ``first_line``.
+    """Parse archive ``lines`` (without newlines) as :func:`parse_file_blocks` parses a file of them.
 
-    Yields record batches of ``ARROW_SCHEMA`` (typed columns null when not
-    ``typed``) with at most ``batch_rows`` rows; ``ts``/``date`` are computed
-    as Spark would in ``session_time_zone``. ``impl`` picks the column
-    builder twin ("c" or "python"; default: the active one).
+    The options are :func:`parse_file_blocks`'; every line is whole (a file
+    of these lines ends in a newline). A line that holds a newline itself (a
+    message from a column, not a line of a file) stays one line.
     """
-    options = dict(source=source, typed=typed, batch_rows=batch_rows, session_time_zone=session_time_zone, impl=impl)
-    if fmt in ROW_FUNCTIONS:
-        if not isinstance(lines, list):
-            lines = list(lines)
-        data = b"\n".join(lines)
-        if data.count(b"\n") == len(lines) - 1:  # no line holds a newline: parse the bytes in one go
-            if lines:
-                yield from parse_blocks([data], first_line=first_line, fmt=fmt, **options)  # type: ignore[arg-type]
-            return
-        row_values = ROW_FUNCTIONS[fmt]
-        rows: Iterator[tuple[Any, ...] | None] = (
-            row_values(n, _line_without_cr(line), typed) for n, line in enumerate(lines, first_line)
+    if not isinstance(lines, list):
+        lines = list(lines)
+    data = b"\n".join([*lines, b""])
+    if data.count(b"\n") == len(lines):  # no line holds a newline: the bytes of a file of these lines
+        yield from parse_file_blocks(
+            [data], source=source, first_line=first_line, fmt=fmt, typed=typed, batch_rows=batch_rows,
+            session_time_zone=session_time_zone, impl=impl,
         )
-    else:
-        rows = (command_values(n, payload, typed, ts, direction, channel, problem)
-                for n, payload, ts, direction, channel, problem in payloads(map(_line_without_cr, lines), fmt, first_line))
-    yield from _collect(rows, **options)  # type: ignore[arg-type]
+        return
+    row_values = ROW_FUNCTIONS.get(fmt)
+    rows: Iterator[tuple[Any, ...] | None] = (
+        (row_values(n, _line_without_cr(line), typed) for n, line in enumerate(lines, first_line))
+        if row_values is not None else _record_rows(lines, fmt, first_line, typed)
+    )
+    yield from _collect(rows, source=source, typed=typed, batch_rows=batch_rows, session_time_zone=session_time_zone,
+                        impl=impl)
+
+
+def _record_rows(lines: Iterable[bytes], fmt: str, first_line: int, typed: bool) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``lines`` (without newlines) of a format whose records may span lines (``payloads``)."""
+    for n, payload, ts, direction, channel, problem in payloads(map(_line_without_cr, lines), fmt, first_line):
+        yield command_values(n, payload, typed, ts, direction, channel, problem)
 
 
 def _collect(

@@ -15,10 +15,12 @@ Reading ``(a, b]`` again gives the same rows, so when Spark re-runs a batch
 after a crash (its offset log says which), the data is identical. The sink
 (:func:`publish_batch`, through ``foreachBatch``) makes the re-run harmless:
 Spark writes the batch to a staging directory, then its files are renamed
-into the output as ``part-b<batch id>-...``, after deleting any such files
-an interrupted earlier attempt left. Hence nothing lost (offsets only move
-after the batch is published), nothing duplicated (a batch's files are
-replaced, never added twice). The output has the columns and layout of
+into the output as ``part-<query id>-b<batch id>-...``, after deleting the
+files an interrupted earlier attempt of the same batch named in the
+staging directory's ``published.json``. Hence nothing lost (offsets only
+move after the batch is published), nothing duplicated (a batch's files
+are replaced, never added twice), and a query never deletes a file another
+query published into the same output. The output has the columns and layout of
 ``logs parse`` (Parquet partitioned by date and stream), so ``logs report``
 reads both. Each fact becomes the RDATA line a reader would have received,
 parsed by the archive builder; ``ts`` is when the query read it,
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
 import re
 import time
@@ -73,12 +76,16 @@ __all__ = [
     "stream_markers",
     "select_streams",
     "publish_batch",
+    "Published",
+    "running_query_id",
     "publish_or_explain",
     "StreamFailed",
     "failure_text",
     "start_stream",
     "run_stream",
 ]
+
+_log = logging.getLogger(__name__)
 
 SOURCE_NAME = "factstream"
 Offset = dict[str, dict[str, int]]
@@ -385,34 +392,158 @@ def _fs(path: str) -> tuple[Any, str]:
     return pafs.LocalFileSystem(), os.path.abspath(path.removeprefix("file://"))
 
 
-def publish_batch(df: DataFrame, batch_id: int, out: str, staging: str) -> int:
+#: The file in a query's staging directory naming the files its latest batch published (see publish_batch).
+PUBLISHED = "published.json"
+
+
+def running_query_id(df: DataFrame) -> str | None:
+    """The id of the streaming query whose ``foreachBatch`` is running (Spark's ``sql.streaming.queryId``), else None.
+
+    The same id as the checkpoint's ``query/metadata`` (:func:`checkpoint_query_id`) and the output's note.
+    """
+    try:
+        return df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or None
+    except Exception:  # noqa: BLE001 - not on a Spark context (Spark Connect): names without the id
+        return None
+
+
+def _published(fs: Any, path: str) -> tuple[int, list[str]] | None:
+    """(batch id, files relative to the output) of a staging directory's ``PUBLISHED`` note, None if it has none."""
+    import json
+
+    import pyarrow.fs as pafs
+
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as fh:
+        try:
+            note = json.loads(bytes(fh.read()))
+            return int(note["batch"]), [str(f) for f in note["files"]]
+        except (ValueError, KeyError, TypeError):
+            return None  # cut short: written before any of its files was moved, so none was
+
+
+def _note_published(fs: Any, path: str, batch_id: int, files: Sequence[str]) -> None:
+    """Replace the ``PUBLISHED`` note at ``path``: written in full under another name, then renamed over it."""
+    import json
+
+    with fs.open_output_stream(f"{path}.tmp") as fh:
+        fh.write(json.dumps({"batch": batch_id, "files": list(files)}).encode())
+    fs.move(f"{path}.tmp", path)
+
+
+class Published(int):
+    """What :func:`publish_batch` returns: the number of files published, also giving ``lines`` and ``malformed``.
+
+    An int, as it always was; ``lines`` and ``malformed`` (rows with an
+    ``error``) come from the staged files' footers, as ``logs parse`` counts
+    "N lines (M malformed)".
+    """
+
+    lines: int
+    malformed: int
+
+    def __new__(cls, files: int, lines: int = 0, malformed: int = 0) -> Published:
+        self = super().__new__(cls, files)
+        self.lines, self.malformed = lines, malformed
+        return self
+
+
+def _staged_counts(fs: Any, paths: Sequence[str]) -> tuple[int, int, dict[str, int]]:
+    """(lines, malformed lines, source file -> lines cut mid-line) of staged Parquet files.
+
+    Only the footers are read, unless a file holds a malformed row (its
+    ``error`` statistics say so): then its ``source_file`` and ``error``, to
+    name the files read while cut short (:data:`.formats.ENDS_MID_LINE`).
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from .formats import ENDS_MID_LINE
+
+    lines = malformed = 0
+    cut: dict[str, int] = {}
+    for path in paths:
+        with fs.open_input_file(path) as fh:
+            pf = pq.ParquetFile(fh)
+            meta = pf.metadata
+            lines += meta.num_rows
+            column = pf.schema_arrow.get_field_index("error")
+            if column < 0:
+                continue
+            known = 0  # rows without an error, as the statistics say
+            for g in range(meta.num_row_groups):
+                stats = meta.row_group(g).column(column).statistics
+                if stats is None or not stats.has_null_count:
+                    known = -1
+                    break
+                known += stats.null_count
+            if known == meta.num_rows:
+                continue
+            table = pf.read(columns=["source_file", "error"])
+            malformed += len(table) - table["error"].null_count
+            for name in table.filter(pc.equal(table["error"], ENDS_MID_LINE))["source_file"].to_pylist():
+                cut[name] = cut.get(name, 0) + 1
+    return lines, malformed, cut
+
+
+def publish_batch(df: DataFrame, batch_id: int, out: str, staging: str, query_id: str | None = None) -> Published:
     """Write one micro-batch into ``out`` (logs-parse layout) so that writing it again replaces it.
 
-    Returns the number of files published.
+    ``staging`` is the query's own directory (under its checkpoint). The
+    batch is written there, then its files are renamed into ``out`` as
+    ``part-<query id>-b<batch id>-...`` (``query_id``, by default the
+    running query's; ``part-b<batch id>-...`` outside a query). Before the
+    renames, ``staging/published.json`` is made to name them; when Spark
+    runs the batch again (a crash before it recorded the batch as done), the
+    files the earlier attempt named there are deleted first. So a query only
+    ever deletes files it published itself, whatever else shares ``out``
+    (other queries, other sources, ``logs parse`` output), and the cost of a
+    batch does not grow with ``out``. A file read while cut mid-line
+    (:data:`.formats.ENDS_MID_LINE`) is named in a warning. Returns the
+    number of files published, with the batch's lines and malformed lines.
     """
     import pyarrow.fs as pafs
 
-    stage = f"{staging.rstrip('/')}/batch-{batch_id}"
+    root = staging.rstrip("/")
+    stage = f"{root}/batch-{batch_id}"
     df.write.mode("overwrite").partitionBy("date", "stream").parquet(stage)
     fs, out_path = _fs(out)
     _, stage_path = _fs(stage)
-    prefix = f"part-b{batch_id:012d}-"
-    fs.create_dir(out_path, recursive=True)
-    # an earlier attempt of this batch may have published some files: they go first
-    for info in fs.get_file_info(pafs.FileSelector(out_path, recursive=True)):
-        if info.type == pafs.FileType.File and info.base_name.startswith(prefix):
-            fs.delete_file(info.path)
-    published = 0
+    note = f"{_fs(root)[1]}/{PUBLISHED}"
+    query_id = query_id or running_query_id(df)
+    prefix = f"part-{query_id}-b{batch_id:012d}-" if query_id else f"part-b{batch_id:012d}-"
+    moves: list[tuple[str, str]] = []  # (staged file, its name relative to out)
     for info in fs.get_file_info(pafs.FileSelector(stage_path, recursive=True, allow_not_found=True)):
-        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
-            continue
-        rel = os.path.relpath(os.path.dirname(info.path), stage_path)
-        dest_dir = out_path if rel == "." else f"{out_path}/{rel}"
-        fs.create_dir(dest_dir, recursive=True)
-        fs.move(info.path, f"{dest_dir}/{prefix}{info.base_name}")
-        published += 1
+        if info.type == pafs.FileType.File and info.base_name.endswith(".parquet"):
+            rel = os.path.relpath(os.path.dirname(info.path), stage_path)
+            moves.append((info.path, f"{prefix}{info.base_name}" if rel == "." else f"{rel}/{prefix}{info.base_name}"))
+    lines, malformed, cut = _staged_counts(fs, [src for src, _ in moves])
+    earlier = _published(fs, note)
+    if earlier is not None and earlier[0] == batch_id:  # an earlier attempt of this batch: its files go first
+        for rel in earlier[1]:
+            try:
+                fs.delete_file(f"{out_path}/{rel}")
+            except FileNotFoundError:
+                pass
+    _note_published(fs, note, batch_id, [rel for _, rel in moves])
+    made: set[str] = set()
+    for src, rel in moves:
+        dest = f"{out_path}/{rel}"
+        parent = os.path.dirname(dest)
+        if parent not in made:
+            fs.create_dir(parent, recursive=True)
+            made.add(parent)
+        fs.move(src, dest)
     fs.delete_dir(stage_path)
-    return published
+    for name, rows in sorted(cut.items()):
+        _log.warning(
+            "batch %d: %s ends mid-line (cut short, or still being written when the batch read it): %s, not "
+            "parsed; a file stream reads each file once, so what is written to it later is not read: let --glob "
+            "match closed files only", batch_id, name,
+            "its last line is a malformed row" if rows == 1 else f"{rows} lines are malformed rows",
+        )
+    return Published(len(moves), lines, malformed)
 
 
 #: Directory in the output where each query that published into it leaves a note (Spark and pyarrow skip ``_`` names).
@@ -549,7 +680,7 @@ def check_output(out: str, checkpoint: str, source: str, streams: Sequence[str])
             f"{out} already holds {what} of {source} streamed with checkpoint {where} (query {note['query_id']}), "
             f"and checkpoint {checkpoint} is not that one ({now}): starting it would write those facts a second "
             f"time. Resume with --checkpoint {where}, or stream into a new --out (to start over into {out}, "
-            f"remove its streamed files and {out}/{MARKERS}/{note['query_id']}.json)"
+            f"remove the files it published, part-{note['query_id']}-*, and {out}/{MARKERS}/{note['query_id']}.json)"
         )
 
 
@@ -606,13 +737,13 @@ def start_stream(
         reader = reader.option("streams", ",".join(streams))
     staging = f"{checkpoint.rstrip('/')}/staging"
 
-    noted: list[bool] = []
+    query_id: list[str | None] = []  # the query's, once it has one (its first batch)
 
     def write(df: DataFrame, batch_id: int) -> None:
-        if not noted:
+        if not query_id:
             write_marker(out, checkpoint, source, chosen)
-            noted.append(True)
-        files = publish_or_explain(checkpoint, lambda: publish_batch(df, batch_id, out, staging))
+            query_id.append(checkpoint_query_id(checkpoint))
+        files = publish_or_explain(checkpoint, lambda: publish_batch(df, batch_id, out, staging, query_id[0]))
         if on_batch is not None:
             on_batch(batch_id, files)
 
