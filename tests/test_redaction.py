@@ -33,6 +33,10 @@ URLS = [
     ("redis://127.0.0.1:6379/0?password=s3cret", f"redis://127.0.0.1:6379/0?password={MASK}"),
     ("unix:///tmp/r.sock?password=s3cret", f"unix:///tmp/r.sock?password={MASK}"),
     ("host=h password=s3cret dbname=x", f"host=h password={MASK} dbname=x"),
+    # '?' and '#' in a password: libpq reads the userinfo to its first '@' (a URL parser stops at them)
+    ("postgresql://u:pa?ss@127.0.0.1:5432/db", f"postgresql://u:{MASK}@127.0.0.1:5432/db"),
+    ("postgresql://u:s3#cret@h/db?sslmode=require", f"postgresql://u:{MASK}@h/db?sslmode=require"),
+    ("postgresql://u:a?b#c@h/db", f"postgresql://u:{MASK}@h/db"),
     # libpq's passphrase of the client key
     ("postgresql://u@h/db?sslmode=verify-full&sslpassword=s3cret", f"postgresql://u@h/db?sslmode=verify-full&sslpassword={MASK}"),
     ("host=h sslpassword=s3cret sslkey=/k", f"host=h sslpassword={MASK} sslkey=/k"),
@@ -41,7 +45,8 @@ URLS = [
 #: URLs without a password come out as they went in.
 PLAIN = ["sqlite:///x.db", "sqlite:////tmp/a@b.db", "postgresql://postgres@127.0.0.1/x", "postgresql:///db?host=/tmp",
          "postgres://postgres@h:5432/x,postgresql://u@h2/y",
-         "nats://h1:4222,nats://h2:4222", "redis://127.0.0.1:6379", "w.db", "/tmp/a@b.db"]
+         "nats://h1:4222,nats://h2:4222", "redis://127.0.0.1:6379", "w.db", "/tmp/a@b.db",
+         "redis://h:6379/0?client_name=a@b", "postgresql://u@h/db?application_name=a@b#x"]
 
 
 @pytest.mark.parametrize(("given", "shown"), URLS)

@@ -32,6 +32,9 @@ _BARE_SECRET = re.compile(
 # password that lost its colon (redis://PASSWORD@host; a bare user name is rare there). In postgresql://user@
 # it is a user name, shown as it is.
 _TOKEN_SCHEMES = frozenset({"nats", "tls", "ws", "wss", "redis", "rediss"})
+# What ends a URL's userinfo as libpq reads it: its first '@', unless a '/' (the path) or the end of the word
+# comes first. A password holding '?' or '#' is valid to libpq, where a URL parser ends the authority.
+_USERINFO_END = re.compile(r"[@/\s\"'<>]")
 # password=... (and libpq's sslpassword=, the client key's passphrase) in a libpq keyword/value string or a URL
 # query string.
 _KV_SECRET = re.compile(r"(?P<key>\b(?:ssl)?password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
@@ -63,6 +66,11 @@ def _mask_urls(text: str) -> str:
             continue  # inside a run already masked
         end = _RUN_END.search(text, m.end())
         stop = end.start() if end else len(text)
+        if stop < len(text) and text[stop] in "?#":  # the query, or a password holding '?'/'#' (libpq's reading)
+            at = _USERINFO_END.search(text, m.end())
+            if at is not None and text[at.start()] == "@" and at.start() > stop:
+                end = _RUN_END.search(text, at.start())
+                stop = end.start() if end else len(text)
         out.append(text[pos : m.end()])
         out.append(_mask_authority(text[m.end() : stop], m.group()[:-3]))
         pos = stop
@@ -81,6 +89,10 @@ def redact_url(url: str) -> str:
         if "@" in head and "=" not in head:
             head = _mask_authority(head)
         return redact_text(head + sep + rest)
+    run = url.split("://", 1)[1]
+    at = _USERINFO_END.search(run)
+    if at is not None and run[at.start()] == "@" and ("?" in run[: at.start()] or "#" in run[: at.start()]):
+        return redact_text(url)  # a password holding '?' or '#': urlsplit would end the authority inside it
     try:
         parts = urlsplit(url)
     except ValueError:
