@@ -148,7 +148,7 @@ async def test_reads_and_commit_blocked_by_another_process_are_unavailable(tmp_p
 async def test_opening_a_file_locked_elsewhere_is_unavailable_not_unreadable(tmp_path: Path) -> None:
     """It said "cannot open SQLite database ... (database is locked); check that the file and its folder are
     readable and writable" (a DatabaseError: not retried by callers that wait out an outage). Waits the
-    default busy timeout (30 s): no URL option shortens it at connect."""
+    default busy timeout (30 s; the URL's ?busy_timeout= shortens it: test_database_busy_timeout.py)."""
     path = tmp_path / "journal.db"
     plain = sqlite3.connect(path)  # rollback-journal mode: opening must switch it to WAL, which needs the lock
     plain.execute("CREATE TABLE t (x INTEGER)")

@@ -43,6 +43,7 @@ from ..replication import Publisher, ReplicationHub
 from ..demo.tables import DEMO_TABLES
 from ..replication.tables import StreamTable, create_tables, open_id_generators
 from ..replication.written import WrittenRows
+from ..store.database import shown_url
 from ..status_lines import emit
 from .link import check_nats, check_redis, cli_exit
 from .argtypes import duration, fraction, number, port, whole_number
@@ -376,7 +377,7 @@ class Writer:
         time.
         """
         a = self.args
-        outage = Outage(log, f"database {redact_url(a.db)}", initial=0.1, maximum=5.0)
+        outage = Outage(log, f"database {shown_url(a.db)}", initial=0.1, maximum=5.0)
         rng = random.Random(a.seed)
         deadline = time.monotonic() + a.duration if a.duration else None
         interval = 1.0 / a.rate if a.rate else 0.0
@@ -636,7 +637,7 @@ async def serve(args: argparse.Namespace) -> int:
     if args.status:
         status({"event": "listening", **listening, "positions": writer.positions(), "loop": transport.loop_name()})
     else:
-        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {where}, db {redact_url(args.db)}",
+        print(f"factstream serve: {args.server_name} ({args.instance_name}) on {where}, db {shown_url(args.db)}",
               file=sys.stderr)
 
     def links() -> dict[str, Any]:

@@ -35,8 +35,8 @@ from typing import Any
 
 from .._checks import seconds, text, whole
 from ..backoff import Outage
-from ..redaction import redact_text, redact_url
-from ..store.database import Database, DatabaseUnavailable, Transaction
+from ..redaction import redact_text
+from ..store.database import Database, DatabaseUnavailable, Transaction, shown_url
 from ..store.migrations import migrate
 from .errors import IdGeneratorError, PositionWaitTimeout, SequenceBehindError
 from .tracker import Listener, PositionTracker, check_names
@@ -429,11 +429,11 @@ class IdGenerator:
             if self._closed or not await self._flush_loop(once=True):
                 return
 
-    async def _flush_loop(self, retry: bool = True, once: bool = False) -> bool:
-        # With ``retry`` (the background flush) a database outage (PostgreSQL gone, a SQLite file
-        # another process keeps locked past the busy timeout: both DatabaseUnavailable) is waited out with
-        # backoff, logged once; an explicit flush (close) tries once. ``once``: return after
-        # one upsert, True if the position has moved on since (the caller flushes again later).
+    async def _flush_loop(self, once: bool = False) -> bool:
+        # The background flush: a database outage (PostgreSQL gone, a SQLite file another process
+        # keeps locked past the busy timeout: both DatabaseUnavailable) is waited out with backoff,
+        # logged once (flush_positions() and close() try once instead). ``once``: return after one
+        # upsert, True if the position has moved on since (the caller flushes again later).
         wrote = False
         try:
             while True:
@@ -447,11 +447,11 @@ class IdGenerator:
                     await self._write_position(pos)
                 except DatabaseUnavailable as err:
                     delay = self._outage.failed(err)
-                    if not retry or self._closed:
+                    if self._closed:
                         return False
                     await asyncio.sleep(delay)
                     continue
-                self._flushed = pos
+                self._flushed = max(self._flushed, pos)
                 wrote = True
         except Exception:  # noqa: BLE001 - a hint only; the tables are the truth
             logger.exception("stream %s: could not record the position in stream_positions", self.stream_name)
@@ -467,23 +467,56 @@ class IdGenerator:
         )
 
     async def flush_positions(self) -> None:
-        """Record the local position in ``stream_positions`` now.
+        """Record the local position in ``stream_positions`` now; return once it is recorded, or raise.
 
-        It is also recorded in the background, at most once per
-        ``flush_interval`` seconds (0.01 by default).
+        On return, ``stream_positions`` holds at least the position this
+        writer had when the call began (a reader's generator has nothing to
+        record and returns at once). One attempt, no retry: when the database
+        is unavailable (PostgreSQL down or its connection cut, a SQLite file
+        another process keeps locked past the busy timeout) it raises
+        :class:`~factstream.store.database.DatabaseUnavailable` naming the
+        stream and the position not recorded, after waiting at most what one
+        statement waits (the busy timeout, the connect timeout). Any other
+        database error is raised as it is. Nothing is lost either way: the
+        background recording keeps trying, and a restart recovers positions
+        from the backing tables (``stream_positions`` is a hint).
+
+        The position is also recorded in the background, at most once per
+        ``flush_interval`` seconds (0.01 by default); call this where you must
+        know it is recorded, e.g. before a planned shutdown (:meth:`close`
+        records it too, but logs rather than raises).
         """
-        if self.is_writer:
-            await self._flush_loop(retry=False)
+        if not self.is_writer:
+            return
+        pos = self._tracker.current_token_for_writer(self.instance_name)
+        if pos <= self._flushed:
+            return
+        try:
+            await self._write_position(pos)
+        except DatabaseUnavailable as err:
+            raise DatabaseUnavailable(
+                f"stream {self.stream_name!r}: position {pos} of {self.instance_name!r} was not recorded in "
+                f"stream_positions: {err}"
+            ) from None
+        self._flushed = max(self._flushed, pos)
 
     async def close(self) -> None:
-        """Record the local position and stop; the database stays open (it is the caller's)."""
+        """Record the local position and stop; the database stays open (it is the caller's).
+
+        Safe during an outage: when the database is unavailable it logs one
+        warning (no traceback) saying what was not recorded and stops,
+        after waiting at most one statement's timeout for it (it does not
+        then also try to give back the ids recorded ahead of use). Use
+        :meth:`flush_positions` first to know whether the position was recorded.
+        """
         if self._closed:
             return
         try:
-            await self.flush_positions()
+            reachable = await self._flush_on_close()
             if self._block_writes:
                 await asyncio.gather(*self._block_writes, return_exceptions=True)
-            if self._counter is not None and self._block_end is not None and self._block_end > self._counter:
+            if (reachable and self._counter is not None and self._block_end is not None
+                    and self._block_end > self._counter):
                 await self._give_back_block()
         finally:
             self._closed = True
@@ -500,6 +533,27 @@ class IdGenerator:
             key = _sqlite_key(self._db, self.stream_name)
             if _SQLITE_WRITERS.get(key) is self:
                 del _SQLITE_WRITERS[key]
+
+    async def _flush_on_close(self) -> bool:
+        """:meth:`flush_positions` for :meth:`close`: logs instead of raising; False if the database is unavailable.
+
+        Again while ids completing meanwhile moved the position on, as the stop's own record.
+        """
+        try:
+            await self.flush_positions()
+            while self.is_writer and self._tracker.current_token_for_writer(self.instance_name) > self._flushed:
+                await self.flush_positions()
+        except DatabaseUnavailable as err:
+            block = ""
+            if self._counter is not None and self._block_end is not None and self._block_end > self._counter:
+                block = (f"; could not give back the ids recorded ahead of use either: a restart continues after "
+                         f"position {self._block_end} instead of {self._counter}")
+            logger.warning("closing while the database is unavailable: %s%s (a restart recovers positions from "
+                           "the tables)", redact_text(str(err)), block)
+            return False
+        except Exception:  # noqa: BLE001 - closing goes on; the tables are the truth
+            logger.exception("stream %s: could not record the position in stream_positions", self.stream_name)
+        return True
 
     async def _give_back_block(self) -> None:
         """A clean stop: give back the ids recorded ahead of use, so a restart does not skip them.
@@ -698,7 +752,7 @@ async def create_id_generator(
         key = _sqlite_key(db, stream_name)
         if is_writer and key in _SQLITE_WRITERS:
             raise IdGeneratorError(
-                f"stream {stream_name!r} already has a writer id generator on {redact_url(db.url)} in this process; "
+                f"stream {stream_name!r} already has a writer id generator on {shown_url(db.url)} in this process; "
                 "share it (or close() it first): two counters would hand out the same ids"
             )
         recorded = await _stream_positions(db, stream_name)

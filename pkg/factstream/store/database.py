@@ -42,10 +42,13 @@ otherwise), and a connect in progress ends at once when its task is
 cancelled (Ctrl-C).
 
 A SQLite file another connection or process keeps locked for longer than
-the busy timeout (30 s; ``PRAGMA busy_timeout`` changes it for the
-connection) is :class:`DatabaseUnavailable` too, naming the file, on every
-call and at connect, with what was begun rolled back; any other SQLite error
-(a missing table, a syntax error) stays the driver's own.
+the busy timeout (30 s unless the URL's ``?busy_timeout=SECONDS`` says
+otherwise; ``PRAGMA busy_timeout`` changes it later for the connection) is
+:class:`DatabaseUnavailable` too, naming the file, on every call and at
+connect, with what was begun rolled back; any other SQLite error (a missing
+table, a syntax error) stays the driver's own. ``busy_timeout`` is the only
+option a ``sqlite:`` URL takes: any other, or a value that is not a number of
+seconds, is a :class:`DatabaseURLError` (never ignored).
 
 A URL that cannot name a database (a bare path, ``sqlite://file.db`` with two
 slashes, an IPv6 host without its closing bracket) is a
@@ -62,20 +65,22 @@ import inspect
 import logging
 import math
 import os
+import re
 import select
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import unquote
 
 from .. import _checks
 from ..errors import FactstreamError
-from ..redaction import redact_text, redact_url
+from ..redaction import MASK, redact_text, redact_url
 
 __all__ = [
     "CONNECT_TIMEOUT", "Database", "DatabaseError", "DatabaseURLError", "DatabaseUnavailable", "Transaction",
-    "check_url", "connect", "sqlite_path", "to_pyformat",
+    "check_url", "connect", "shown_url", "sqlite_options", "sqlite_path", "to_pyformat",
 ]
 
 logger = logging.getLogger(__name__)
@@ -378,9 +383,88 @@ class Database:
         raise NotImplementedError
 
 
-def _shown(url: str) -> str:
-    """``url`` as it may appear in a message: a password in the authority, the query or a ``password=`` masked."""
-    return redact_text(redact_url(url))
+#: The form of a PostgreSQL URL, for hints. The placeholders are in angle brackets so that the password
+#: masking of messages (which masks ``user:PASSWORD@``) leaves the example readable: a plain
+#: ``user:password@host`` was shown as ``user:***@host``.
+_PG_URL_FORM = "postgresql://<user>:<password>@<host>:<port>/<dbname>"
+
+
+def shown_url(url: str) -> str:
+    """A database ``url`` as it may appear in output: its password masked, whatever characters it holds.
+
+    :func:`~factstream.redaction.redact_url`, plus the password as libpq
+    reads it: one holding '?' or '#' is valid to libpq, but a URL parser ends
+    the authority there and ``redact_url`` showed it whole.
+    """
+    return _scrub(redact_text(redact_url(url)), url)
+
+
+_shown = shown_url
+
+
+def _libpq_at(run: str) -> int:
+    """Where libpq ends the userinfo of a URL's ``run`` (what follows ``scheme://``): its first '@' before any '/'.
+
+    libpq takes a password up to that '@' whatever it holds ('?', '#',
+    ':'), so a password with '?' or '#' is valid to it and must be masked
+    as a whole, not cut where a URL parser would end the authority. -1: no
+    userinfo.
+    """
+    for i, ch in enumerate(run):
+        if ch == "@":
+            return i
+        if ch == "/":
+            return -1
+    return -1
+
+
+def _url_passwords(url: str) -> list[str]:
+    """Every string ``url`` may hold as its password (longest first), as written and percent-decoded.
+
+    The userinfo read libpq's way (the first '@') and the masking's way (the
+    last '@': a password holding an unencoded '@' or '/'), ``password=``
+    settings, and what libpq parses out of the URL.
+    """
+    found: set[str] = set()
+    if "://" in url:
+        run = url.split("://", 1)[1]
+        first = _libpq_at(run)
+        query = re.search(r"[?#]", run[max(first, 0) :])  # an '@' in the query is no password's
+        last = run.rfind("@", 0, max(first, 0) + query.start() if query else len(run))
+        for at in (first, last):
+            if at > 0:
+                user, colon, password = run[:at].partition(":")
+                if colon:
+                    found.update((password, unquote(password)))
+    for m in re.finditer(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]+)", url, re.IGNORECASE):
+        value = m.group(1)
+        found.update((value, value.strip("'"), unquote(value)))
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        parsed = conninfo_to_dict(url).get("password")
+        if isinstance(parsed, str):
+            found.add(parsed)
+    except Exception:  # noqa: BLE001 - a URL libpq cannot parse: the forms above cover it
+        pass
+    return sorted((p for p in found if p and p != MASK), key=len, reverse=True)
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` with the password of ``url`` masked wherever it appears, whatever characters it holds.
+
+    For what the generic masking cannot see: a password holding '?' or '#'
+    (valid to libpq: the URL masking ended the authority there and showed
+    it), or one a driver quotes back ('invalid percent-encoded token:
+    "pa%zz"'). A password of one or two characters is masked only where it
+    stands quoted, so that it does not mask every such letter of the text.
+    """
+    for password in _url_passwords(url):
+        for quoted in (f'"{password}"', f"'{password}'"):
+            text = text.replace(quoted, quoted[0] + MASK + quoted[0])
+        if len(password) >= 3:
+            text = text.replace(password, MASK)
+    return text
 
 
 def _idle_and_alive(conn: Any) -> bool:
@@ -419,10 +503,10 @@ def _cut_off(err: BaseException) -> bool:
     return state is None or state.startswith("08") or state.startswith("57P0")
 
 
-def _driver_text(err: BaseException) -> str:
-    """A driver error's message on one line, any password in it masked."""
+def _driver_text(err: BaseException, url: str = "") -> str:
+    """A driver error's message on one line, any password in it (and ``url``'s, wherever it appears) masked."""
     text = " ".join(str(err).split()) or type(err).__name__
-    return redact_text(text)
+    return _scrub(redact_text(text), url) if url else redact_text(text)
 
 
 # ----------------------------------------------------------------------------- SQLite
@@ -470,8 +554,12 @@ def _waited(err: sqlite3.Error) -> str:
     return f"gave up after waiting {shown}, the busy timeout"
 
 
-#: How long SQLite waits for a lock another connection holds before giving up (``PRAGMA busy_timeout`` changes it).
+#: How long SQLite waits for a lock another connection holds before giving up, unless the URL's
+#: ``?busy_timeout=SECONDS`` says otherwise (``PRAGMA busy_timeout`` changes it later).
 _BUSY_TIMEOUT_MS = 30_000
+
+#: The longest busy timeout SQLite takes (milliseconds in a C int: about 24 days).
+_MAX_BUSY_TIMEOUT_MS = 2**31 - 1
 
 #: What a busy SQLite database left behind, per kind of call (see SqliteDatabase._run).
 _NOTHING_WRITTEN = "nothing was written"
@@ -484,7 +572,8 @@ class SqliteDatabase(Database):
     """SQLite through the stdlib driver, in one dedicated thread.
 
     A file another connection or process keeps locked for longer than the
-    busy timeout (30 s, or what ``PRAGMA busy_timeout`` set) is an ordinary
+    busy timeout (``busy_timeout_ms``: 30 s, or the URL's ``?busy_timeout=SECONDS``;
+    later, what ``PRAGMA busy_timeout`` set) is an ordinary
     operational condition, like PostgreSQL being down: every call raises
     :class:`DatabaseUnavailable` naming the file, never the driver's bare
     "database is locked", and what it had begun is rolled back.
@@ -492,9 +581,11 @@ class SqliteDatabase(Database):
 
     engine = "sqlite"
 
-    def __init__(self, url: str, path: str) -> None:
+    def __init__(self, url: str, path: str, busy_timeout_ms: int = _BUSY_TIMEOUT_MS) -> None:
         super().__init__(url)
         self.path = path
+        #: milliseconds SQLite waits for a lock held elsewhere, set when the connection opens
+        self.busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="factstream-sqlite")
         self._lock = asyncio.Lock()
         self._conn: sqlite3.Connection | None = None
@@ -503,13 +594,13 @@ class SqliteDatabase(Database):
         def opener() -> sqlite3.Connection:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             try:
-                conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
                 if self.path != ":memory:":
                     conn.execute("PRAGMA journal_mode = WAL")
                     conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.Error as err:
                 conn.close()
-                err.factstream_busy_ms = _BUSY_TIMEOUT_MS  # type: ignore[attr-defined]
+                err.factstream_busy_ms = int(self.busy_timeout_ms)  # type: ignore[attr-defined]
                 raise
             return conn
 
@@ -716,8 +807,8 @@ class PostgresDatabase(Database):
         except psycopg.Error as err:
             # from None: the driver's exception (and its traceback) would show its text unredacted.
             raise DatabaseUnavailable(
-                f"cannot connect to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}; check that the "
-                "server is running and the URL (postgresql://user:password@host:port/db) is right"
+                f"cannot connect to PostgreSQL at {_shown(self.url)}: {_driver_text(err, self.url)}; check that "
+                f"the server is running and the URL ({_PG_URL_FORM}) is right"
             ) from None
 
     async def _lost(self, conn: Any, err: BaseException) -> DatabaseUnavailable | None:
@@ -732,7 +823,9 @@ class PostgresDatabase(Database):
                 self._all.discard(other)
         for other in stale:
             await _close_quietly(other)
-        return DatabaseUnavailable(f"lost the connection to PostgreSQL at {_shown(self.url)}: {_driver_text(err)}")
+        return DatabaseUnavailable(
+            f"lost the connection to PostgreSQL at {_shown(self.url)}: {_driver_text(err, self.url)}"
+        )
 
     @asynccontextmanager
     async def _guard(self, conn: Any) -> AsyncIterator[None]:
@@ -915,14 +1008,21 @@ async def connect(url: str, *, max_connections: int = 10, connect_timeout: float
     """Open a database by URL.
 
     ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (the
-    SQLAlchemy rule: the path is whatever follows the third slash, so
-    ``f"sqlite:///{abs_path}"`` works), ``sqlite:///:memory:``, or ``postgresql://user@host:port/dbname``
-    (``postgres://`` accepted). ``max_connections`` bounds the PostgreSQL pool; ``connect_timeout``
+    SQLAlchemy rule: the path is whatever follows the third slash, up to a
+    ``?``, so ``f"sqlite:///{abs_path}"`` works), ``sqlite:///:memory:``, or
+    ``postgresql://user@host:port/dbname`` (``postgres://`` accepted). A
+    SQLite URL may end in ``?busy_timeout=SECONDS``: how long a statement (and
+    the connect) waits for a lock another connection or process holds before
+    :class:`DatabaseUnavailable` (default 30; fractions and 0 allowed).
+    ``max_connections`` bounds the PostgreSQL pool; ``connect_timeout``
     is how long a PostgreSQL server has to answer each connect (the URL's ``?connect_timeout=N`` wins).
-    A URL that names no database is a :class:`DatabaseURLError` (see :func:`check_url`).
+    A URL that names no database, or gives a SQLite option that does not exist or a value it cannot
+    mean, is a :class:`DatabaseURLError` (see :func:`check_url`).
     """
     if check_url(url) == "sqlite":
-        db = SqliteDatabase(url, sqlite_path(url))
+        busy = sqlite_options(url).get("busy_timeout")
+        busy_ms = _BUSY_TIMEOUT_MS if busy is None else round(busy * 1000)
+        db = SqliteDatabase(url, sqlite_path(url), busy_timeout_ms=busy_ms)
         await db._open()
         return db
     pg = PostgresDatabase(url, max_connections=max_connections, connect_timeout=connect_timeout)
@@ -947,6 +1047,7 @@ def check_url(url: str) -> str:
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
         sqlite_path(url)
+        sqlite_options(url)
         return "sqlite"
     if scheme in ("postgresql", "postgres"):
         _check_postgres_host(url)
@@ -957,8 +1058,7 @@ def check_url(url: str) -> str:
 def _no_scheme(url: str) -> str:
     """What to write instead of a URL without a scheme: a file path, or libpq's key=value form."""
     if "=" in url:
-        return (f"{_shown(url)!r} is a key=value connection string; write it as a URL: "
-                "postgresql://user:password@host:port/dbname")
+        return f"{_shown(url)!r} is a key=value connection string; write it as a URL: {_PG_URL_FORM}"
     if not url:
         return f"empty database URL; use {_URL_FORMS}"
     return f"{url!r} is a file path, not a database URL; write sqlite:///{url}"
@@ -967,11 +1067,12 @@ def _no_scheme(url: str) -> str:
 def sqlite_path(url: str) -> str:
     """The file (or ``:memory:``) a ``sqlite:`` URL names; :class:`DatabaseURLError` if it names none.
 
-    The path is what follows the third slash: ``sqlite://t.db`` has none
-    (``t.db`` is where a URL's host goes), so it is refused with the form that
-    names ``t.db``, not read as a file name that does not exist.
+    The path is what follows the third slash, up to the options (``?``):
+    ``sqlite://t.db`` has none (``t.db`` is where a URL's host goes), so it is
+    refused with the form that names ``t.db``, not read as a file name that
+    does not exist.
     """
-    rest = url[len("sqlite:") :]
+    rest = url[len("sqlite:") :].partition("?")[0]
     if rest.startswith("///"):
         path = rest[3:]
         if path:
@@ -982,17 +1083,72 @@ def sqlite_path(url: str) -> str:
     raise DatabaseURLError(f"{url!r} names no file (the path follows a third slash); write sqlite:///{typed}")
 
 
-def _check_postgres_host(url: str) -> None:
-    """A malformed host or port of a PostgreSQL URL, named (password masked) before libpq reads it."""
-    run = url.split("://", 1)[1] if "://" in url else ""
-    run = run.split("?", 1)[0].split("#", 1)[0]
-    hosts = run[run.rfind("@") + 1 :].split("/", 1)[0]  # the last '@': a password may hold '@' or '/'
-    for host in hosts.split(","):  # libpq takes a list: host1:5432,host2:5433
-        if not host:
+#: The options a ``sqlite:`` URL takes, for messages.
+_SQLITE_OPTIONS = ("busy_timeout=SECONDS (how long to wait for a lock another connection or process holds, "
+                   "default 30)")
+
+
+def sqlite_options(url: str) -> dict[str, float]:
+    """The options after ``?`` in a ``sqlite:`` URL, checked: ``{"busy_timeout": seconds}`` when given.
+
+    ``busy_timeout`` is the only one, in seconds (fractions and 0 allowed);
+    an option of any other name, one given twice, or a value that is not a
+    number of seconds is a :class:`DatabaseURLError` naming it, never ignored
+    (a typo such as ``busytimeout=5`` would otherwise leave the default
+    30 s in force without a word).
+    """
+    query = url.partition("?")[2]
+    found: dict[str, float] = {}
+    for part in query.split("&"):
+        if not part:
             continue
-        fault = _host_fault(host)
-        if fault:
-            raise DatabaseURLError(f"bad host or port in {_shown(url)}: {fault}")
+        name, eq, value = part.partition("=")
+        if name != "busy_timeout":
+            raise DatabaseURLError(
+                f"unknown option {name!r} in {url!r}: a sqlite: URL takes only {_SQLITE_OPTIONS}, "
+                "e.g. sqlite:///path/file.db?busy_timeout=5"
+            )
+        if name in found:
+            raise DatabaseURLError(f"{name} is given twice in {url!r}; give it once")
+        try:
+            secs = float(value) if eq else math.nan
+        except ValueError:
+            secs = math.nan
+        if not (math.isfinite(secs) and 0 <= secs * 1000 <= _MAX_BUSY_TIMEOUT_MS):
+            raise DatabaseURLError(
+                f"{name} in {url!r} must be a number of seconds from 0 to {_MAX_BUSY_TIMEOUT_MS // 1000}, "
+                f"got {value!r}" + ("" if eq else f" (write {name}=SECONDS)")
+            )
+        found[name] = secs
+    return found
+
+
+def _check_postgres_host(url: str) -> None:
+    """A malformed host or port of a PostgreSQL URL, named (password masked) before libpq reads it.
+
+    Where the hosts begin is read two ways: libpq's (after the first '@'
+    before any '/': its password may hold '?', '#' or ':') and after the
+    last '@' (a password holding '@' or '/'). Only a fault both readings
+    find is reported, and always from the hosts after the last '@', which
+    no password precedes: a password with '?' was cut there, named as a
+    bad port ("the port in 'user:pa' ...") and shown, in a URL libpq takes.
+    """
+    run = url.split("://", 1)[1] if "://" in url else ""
+    first, last = _libpq_at(run), run.rfind("@")
+    if 0 <= first < last and not re.search(r"[/?#]", run[first:last]):
+        # libpq ends the userinfo at the first '@': the rest of the password would be taken for the host
+        raise DatabaseURLError(
+            f"the user name or password in {_shown(url)} holds an '@': write it percent-encoded, %40 "
+            "(libpq ends the password at the first '@' and takes the rest for the host)"
+        )
+    faults = []
+    for at in (first, last):
+        hosts = re.split(r"[/?#]", run[at + 1 :], maxsplit=1)[0]
+        fault = next(filter(None, (_host_fault(h) for h in hosts.split(",") if h)), None)  # host1:5432,host2
+        if fault is None:
+            return
+        faults.append(fault)
+    raise DatabaseURLError(_scrub(f"bad host or port in {_shown(url)}: {faults[-1]}", url))
 
 
 def _host_fault(host: str) -> str | None:
