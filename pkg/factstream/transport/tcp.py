@@ -22,6 +22,11 @@ carrier contract and handle, themselves and nothing more:
 * congestion: while the socket is backed up, at most ``max_buffered``
   commands wait per connection; past that the peer is told it fell behind
   and disconnected (it reconnects and catches up from the database);
+* fairness: one link handles at most ``COMMANDS_PER_TURN`` commands per turn
+  of the event loop (``READER_COMMANDS_PER_TURN`` at a reader's end); a peer
+  sending more has the rest handled in the next turns, in order, with
+  reading from it paused meanwhile, so a client flooding the writer cannot
+  hold its loop;
 * optional TLS (:func:`server_ssl_context`, :func:`client_ssl_context`;
   ``client_cafile`` for mutual TLS). The TLS listener accepts sockets itself
   and runs each handshake as a task (``loop.connect_accepted_socket``): a
