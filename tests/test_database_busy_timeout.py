@@ -14,37 +14,14 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from cli_run import ENV, FACTSTREAM
 from factstream.store.database import DatabaseURLError, DatabaseUnavailable, check_url, connect, sqlite_path
-
-#: Another process: takes the file's write lock, says "locked", holds on until a line on stdin.
-LOCKER = """
-import sqlite3, sys
-c = sqlite3.connect(sys.argv[1], isolation_level=None)
-c.execute("BEGIN EXCLUSIVE")
-print("locked", flush=True)
-sys.stdin.readline()
-"""
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    proc = subprocess.Popen([sys.executable, "-c", LOCKER, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "locked\n", "the locker did not get its lock"
-        yield
-    finally:
-        proc.communicate("\n", timeout=10)
-        assert proc.returncode == 0
+from sqlite_lock import held
 
 
 def journal_file(path: Path) -> None:
@@ -62,7 +39,7 @@ async def test_a_statement_gives_up_after_the_busy_timeout_of_the_url(tmp_path: 
         assert db.path == str(path)  # type: ignore[attr-defined]
         assert await db.fetchall("PRAGMA busy_timeout") == [(1500,)]
         await db.execute("CREATE TABLE t (x INTEGER)")
-        with locked(path):
+        with held(path):
             started = time.monotonic()
             with pytest.raises(DatabaseUnavailable) as err:
                 await db.execute("INSERT INTO t VALUES (1)")
@@ -80,7 +57,7 @@ async def test_connect_to_a_locked_file_gives_up_after_the_busy_timeout_of_the_u
     """The connect waited the fixed 30 s: no option shortened it (the option made another file instead)."""
     path = tmp_path / "journal.db"
     journal_file(path)
-    with locked(path):
+    with held(path):
         started = time.monotonic()
         with pytest.raises(DatabaseUnavailable) as err:
             await connect(f"sqlite:///{path}?busy_timeout=0.8")
@@ -97,7 +74,7 @@ async def test_a_busy_timeout_of_0_gives_up_at_once(tmp_path: Path) -> None:
     db = await connect(f"sqlite:///{path}?busy_timeout=0")
     try:
         await db.execute("CREATE TABLE t (x INTEGER)")
-        with locked(path):
+        with held(path):
             started = time.monotonic()
             with pytest.raises(DatabaseUnavailable):
                 await db.execute("INSERT INTO t VALUES (1)")
@@ -168,7 +145,7 @@ def test_serve_refuses_an_unknown_option_with_a_usage_error(tmp_path: Path) -> N
 
 def test_serve_on_a_locked_file_gives_up_after_the_busy_timeout_of_the_url(tmp_path: Path) -> None:
     journal_file(tmp_path / "w.db")
-    with locked(tmp_path / "w.db"):
+    with held(tmp_path / "w.db"):
         started = time.monotonic()
         proc = _cli_in(tmp_path, "serve", "--db", "sqlite:///w.db?busy_timeout=1", "--port", "0")
         took = time.monotonic() - started

@@ -18,8 +18,6 @@ ended by ``pg_terminate_backend`` from another connection.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,33 +27,12 @@ import pytest
 
 from factstream.ids import IdGenerator, create_id_generator
 from factstream.store.database import Database, DatabaseUnavailable, connect
+from sqlite_lock import held
 
 TABLES = [("facts", "instance_name", "stream_id")]
 
-#: Another process: takes the file's write lock, says "locked", holds on until a line on stdin.
-LOCKER = """
-import sqlite3, sys
-c = sqlite3.connect(sys.argv[1], isolation_level=None)
-c.execute("BEGIN EXCLUSIVE")
-print("locked", flush=True)
-sys.stdin.readline()
-"""
-
 #: The busy timeout of these tests (the URL's option), seconds.
 BUSY = 0.6
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """``path`` write-locked by another process meanwhile."""
-    proc = subprocess.Popen([sys.executable, "-c", LOCKER, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "locked\n", "the locker did not get its lock"
-        yield
-    finally:
-        proc.communicate("\n", timeout=10)
-        assert proc.returncode == 0
 
 
 async def recorded(db: Database, stream: str = "events") -> int | None:
@@ -84,7 +61,7 @@ async def test_flush_positions_on_a_locked_sqlite_file_raises_and_records_once_r
     """It returned None with the position unrecorded: the caller could not tell."""
     db, gen, path = await sqlite_writer(tmp_path)
     try:
-        with locked(path):
+        with held(path):
             async with gen.get_next_mult(3):  # ids from the in-process counter: no write needed
                 pass
             assert gen.current_token_for_writer("master") == 5
@@ -113,7 +90,7 @@ async def test_close_on_a_locked_sqlite_file_waits_once_and_logs_one_warning(
     'retrying with backoff' at ERROR for a generator that was stopping."""
     db, gen, path = await sqlite_writer(tmp_path)
     try:
-        with locked(path), caplog.at_level(logging.INFO, logger="factstream"):
+        with held(path), caplog.at_level(logging.INFO, logger="factstream"):
             async with gen.get_next() as sid:
                 assert sid == 3
             started = time.monotonic()
@@ -142,7 +119,7 @@ async def test_flush_positions_on_a_reader_returns_at_once(tmp_path: Path) -> No
     db, gen, path = await sqlite_writer(tmp_path)
     try:
         reader = await create_id_generator(db, stream_name="events", instance_name="reader", tables=TABLES)
-        with locked(path):
+        with held(path):
             started = time.monotonic()
             await reader.flush_positions()  # nothing of its own to record
             assert time.monotonic() - started < BUSY / 2
