@@ -16,6 +16,7 @@ members of a file a crashed recorder left behind.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import re
@@ -23,7 +24,7 @@ import time
 import zlib
 from typing import IO
 
-__all__ = ["CaptureWriter", "recover_parts", "capture_file_name", "prefix_lines", "check_capture_name"]
+__all__ = ["CaptureWriter", "CaptureError", "recover_parts", "capture_file_name", "prefix_lines", "check_capture_name"]
 
 _NAME = re.compile(r"^(?P<capture>[^.]+)\.(?P<stamp>\d{8}T\d{12}Z)\.(?P<seq>\d{6})\.log\.gz(?P<part>\.part)?$")
 
@@ -92,8 +93,25 @@ def next_sequence(directory: str, capture: str) -> int:
     return max(seqs) + 1 if seqs else 0
 
 
+class CaptureError(Exception):
+    """The capture files cannot be written (disk full, --dir removed or replaced): recording must stop.
+
+    The file in progress was cut back to its last complete gzip member and finished (or, when even that
+    failed, left as ``.part`` for the next recorder to finish); ``saved``/``lost`` count the lines."""
+
+    def __init__(self, path: str, err: OSError, saved: int, lost: int) -> None:
+        self.path = path
+        self.reason = (err.strerror or str(err)).lower() if isinstance(err, OSError) else str(err)
+        self.saved = saved
+        self.lost = lost
+        super().__init__(f"cannot write {path}: {self.reason}")
+
+
 class CaptureWriter:
-    """Appends prefixed lines to the capture's current file, rotating by size and by time."""
+    """Appends prefixed lines to the capture's current file, rotating by size and by time.
+
+    An OSError writing, finishing or renaming a file (and a file found removed when a member is
+    finished) becomes one :class:`CaptureError`; the writer then refuses further lines."""
 
     def __init__(self, directory: str, capture: str, *, rotate_bytes: int = 64 << 20,
                  rotate_seconds: float = 3600.0, flush_interval: float = 1.0) -> None:
@@ -113,6 +131,10 @@ class CaptureWriter:
         self._path = ""
         self._opened = 0.0
         self._member_started = 0.0
+        self._safe = 0  # bytes of the current file in finished (fsynced) members
+        self.saved = 0  # lines in finished members
+        self._member_lines = 0
+        self.failed: CaptureError | None = None
 
     @property
     def current(self) -> str:
@@ -121,6 +143,14 @@ class CaptureWriter:
 
     def write(self, data: bytes, lines: int) -> None:
         """Append ``data`` (complete, prefixed lines); rotates first when the file is due."""
+        self._check()
+        try:
+            self._write(data, lines)
+        except OSError as err:
+            raise self._fail(err) from err
+
+    def _write(self, data: bytes, lines: int) -> None:
+        self.lines += lines  # counted before the disk is touched: lost if it fails
         now = time.time()
         if self._raw is not None and (now - self._opened >= self.rotate_seconds or self._raw.tell() >= self.rotate_bytes):
             self.rotate()
@@ -131,17 +161,21 @@ class CaptureWriter:
             self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=int(now))
             self._member_started = now
         self._gz.write(data)
-        self.lines += lines
+        self._member_lines += lines
         if now - self._member_started >= self.flush_interval:
             self.finish_member()
 
     def tick(self) -> None:
         """Called periodically: finish a member that is due and rotate a file that is due even when idle."""
+        self._check()
         now = time.time()
-        if self._gz is not None and now - self._member_started >= self.flush_interval:
-            self.finish_member()
-        if self._raw is not None and now - self._opened >= self.rotate_seconds:
-            self.rotate()
+        try:
+            if self._gz is not None and now - self._member_started >= self.flush_interval:
+                self.finish_member()
+            if self._raw is not None and now - self._opened >= self.rotate_seconds:
+                self.rotate()
+        except OSError as err:
+            raise self._fail(err) from err
 
     def finish_member(self) -> None:
         """Close the gzip member in progress (its bytes are then safe on disk)."""
@@ -151,6 +185,11 @@ class CaptureWriter:
             assert self._raw is not None
             self._raw.flush()
             os.fsync(self._raw.fileno())
+            if os.fstat(self._raw.fileno()).st_nlink == 0:  # unlinked: --dir removed, or the file deleted
+                raise FileNotFoundError(errno.ENOENT, "the file was removed while being written (was --dir deleted?)")
+            self._safe = self._raw.tell()
+            self.saved += self._member_lines
+            self._member_lines = 0
 
     def rotate(self) -> None:
         """Finish the current file (rename it from .part); the next write starts a new one."""
@@ -165,12 +204,50 @@ class CaptureWriter:
         self._path = ""
 
     def close(self) -> None:
-        """Finish everything (on SIGTERM, Ctrl-C or the end of --duration)."""
-        self.rotate()
+        """Finish everything (on SIGTERM, Ctrl-C or the end of --duration); nothing to do after a failure."""
+        if self.failed is not None:
+            return
+        try:
+            self.rotate()
+        except OSError as err:
+            raise self._fail(err) from err
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+
+    def _fail(self, err: OSError) -> CaptureError:
+        """Keep what is safe after a failed write: cut the file back to its finished members and finish it."""
+        path = self._path or self.directory
+        self._member_lines = 0
+        if self._gz is not None:
+            self._gz.fileobj = None  # type: ignore[assignment]  # drop the member unfinished: close() writes nothing
+            self._gz = None
+        if self._raw is not None:
+            try:
+                self._raw.close()  # its buffer may fail to flush again: the truncate below drops it anyway
+            except OSError:
+                pass
+            self._raw = None
+        if self._path:
+            try:
+                if self._safe:
+                    os.truncate(self._path, self._safe)
+                    final = self._path[: -len(".part")]
+                    os.replace(self._path, final)
+                    self.files.append(final)
+                else:
+                    os.remove(self._path)
+            except OSError:
+                pass  # left as .part: the next recorder of this capture keeps its complete members
+            self._path = ""
+        self.failed = CaptureError(path, err, self.saved, self.lines - self.saved)
+        return self.failed
 
     def _open(self, now: float) -> None:
         name = capture_file_name(self.capture, now, self.seq)
         self.seq += 1
         self._path = os.path.join(self.directory, name + ".part")
         self._raw = open(self._path, "xb")
+        self._safe = 0
         self._opened = now

@@ -25,7 +25,7 @@ from typing import Any
 from .. import transport
 from ..redaction import redact_url
 from .argtypes import duration, size_bytes
-from .capture import CaptureWriter, check_capture_name, prefix_lines
+from .capture import CaptureError, CaptureWriter, check_capture_name, prefix_lines
 from .link import LinkError, open_link, utc_stamp
 from .link import connect_within
 from .tail import add_link_options, link_options, parse_target
@@ -57,7 +57,9 @@ def register(subparsers: Any) -> None:
             "('>' received, '<' sent, '#' a recorder note) into DIR/<capture>.<start>.<seq>.log.gz. Files rotate by "
             "size and by time; the gzip member in progress is finished every --flush-interval, on rotation and on "
             "SIGTERM, so a crash loses at most that member. Disconnects are written as '# disconnected' lines and "
-            "the recorder reconnects (with a WARNING per failed attempt). Read the files with "
+            "the recorder reconnects (with a WARNING per failed attempt). A capture file that cannot be written "
+            "(disk full, --dir removed) stops it with exit 1, its files complete to their last member. "
+            "Read the files with "
             "'factstream logs parse DIR --out PARQUET'."
         ),
         epilog="example: factstream record 127.0.0.1:9092 --dir /var/log/factstream --rotate-size 64M --rotate-time 1h",
@@ -85,21 +87,41 @@ def register(subparsers: Any) -> None:
 
 
 class Recorder:
-    """Lines in, prefixed lines out to the capture files; counts for the summary."""
+    """Lines in, prefixed lines out to the capture files; counts for the summary.
 
-    def __init__(self, writer: CaptureWriter) -> None:
+    A capture file that cannot be written (disk full, --dir removed) stops the recording: the error is
+    kept in ``writer.failed`` and ``stop`` is set, whichever transport callback hit it."""
+
+    def __init__(self, writer: CaptureWriter, stop: asyncio.Event) -> None:
         self.writer = writer
+        self.stop = stop
         self.disconnects = 0
 
+    def _write(self, data: bytes, lines: int) -> None:
+        if self.writer.failed is not None:
+            return
+        try:
+            self.writer.write(data, lines)
+        except CaptureError:
+            self.stop.set()
+
+    def tick(self) -> None:
+        if self.writer.failed is not None:
+            return
+        try:
+            self.writer.tick()
+        except CaptureError:
+            self.stop.set()
+
     def received(self, chunk: bytes) -> None:
-        self.writer.write(prefix_lines(utc_stamp().encode(), b">", chunk), chunk.count(b"\n"))
+        self._write(prefix_lines(utc_stamp().encode(), b">", chunk), chunk.count(b"\n"))
 
     def sent(self, lines: list[bytes]) -> None:
         chunk = b"".join(line + b"\n" for line in lines)
-        self.writer.write(prefix_lines(utc_stamp().encode(), b"<", chunk), len(lines))
+        self._write(prefix_lines(utc_stamp().encode(), b"<", chunk), len(lines))
 
     def note(self, text: str) -> None:
-        self.writer.write(f"{utc_stamp()} # {text}\n".encode(), 1)
+        self._write(f"{utc_stamp()} # {text}\n".encode(), 1)
 
 
 async def record_tcp(args: argparse.Namespace, rec: Recorder, stop: asyncio.Event) -> int:
@@ -183,7 +205,7 @@ async def record_redis(args: argparse.Namespace, rec: Recorder, stop: asyncio.Ev
             while not stop.is_set():
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
                 if msg is None:
-                    rec.writer.tick()
+                    rec.tick()
                     continue
                 data = msg.get("data")
                 if isinstance(data, bytes):
@@ -338,8 +360,8 @@ async def _record(args: argparse.Namespace, writer: CaptureWriter) -> int:
     """Record until stopped, then print the summary."""
     for path in writer.recovered:
         log.warning("finished %s left behind by an earlier recorder (complete gzip members kept)", path)
-    rec = Recorder(writer)
     stop = asyncio.Event()
+    rec = Recorder(writer, stop)
     interrupted: list[int] = []
     loop = asyncio.get_running_loop()
 
@@ -355,7 +377,7 @@ async def _record(args: argparse.Namespace, writer: CaptureWriter) -> int:
     async def ticker() -> None:
         while True:
             await asyncio.sleep(min(0.5, args.flush_interval))
-            writer.tick()
+            rec.tick()
 
     tick = asyncio.ensure_future(ticker())
     started = time.monotonic()
@@ -370,7 +392,16 @@ async def _record(args: argparse.Namespace, writer: CaptureWriter) -> int:
         tick.cancel()
         if writer.lines and stop.is_set():
             rec.note("disconnected recorder stopped")
-        writer.close()
+        try:
+            writer.close()
+        except CaptureError:
+            pass
+    failed = writer.failed
+    if failed is not None:
+        print(f"{PROG}: cannot write the capture files in --dir {args.dir}: {failed.reason} ({failed.path}); "
+              f"recording stopped after {writer.lines} lines: {len(writer.files)} file(s) finished, each complete "
+              f"to its last gzip member; the {failed.lost} lines of the unfinished member are lost", file=sys.stderr)
+        return 1
     if writer.lines or status == 0:
         print(f"{PROG}: {writer.lines} lines in {len(writer.files)} file(s) under {args.dir} "
               f"({rec.disconnects} disconnects, {time.monotonic() - started:.1f}s)", file=sys.stderr)
