@@ -193,3 +193,55 @@ def test_a_dir_made_for_a_failed_connection_is_removed(tmp_path: Any) -> None:
     kept.mkdir()
     out = cli("record", "127.0.0.1:1", "--dir", str(kept), "--connect-timeout", "0.5")
     assert out.returncode == 1 and kept.is_dir()  # a directory the user made stays
+
+
+def test_a_recorder_hears_redis_soon_after_it_is_back(tmp_path: Any) -> None:
+    """Redis gone for 12 s, then back: the recorder hears what is published 3 s later (it waited up to 30 s
+    between attempts, so it was still deaf then, and pub/sub keeps nothing for it), with few WARNINGs."""
+    import redis
+
+    from synapse_deployment import PrivateRedis
+
+    server = PrivateRedis()
+    server.start()
+    url = f"redis://127.0.0.1:{server.port}"
+    rec_dir = tmp_path / "rec"
+    rec = start("record", "--redis", url, "--server-name", "hs", "--dir", str(rec_dir), "--flush-interval", "0.2")
+    try:
+
+        def publish_when_heard(line: str, within: float) -> bool:
+            client = redis.Redis.from_url(url, socket_connect_timeout=1)
+            try:
+                deadline = time.monotonic() + within
+                while time.monotonic() < deadline:
+                    try:
+                        if client.pubsub_numsub("hs")[0][1] >= 1:
+                            client.publish("hs", line)
+                            return True
+                    except redis.RedisError:
+                        pass
+                    time.sleep(0.05)
+                return False
+            finally:
+                client.close()
+
+        assert publish_when_heard("POSITION events master 1 1", 30)
+        server.stop()
+        time.sleep(12)
+        server.start()
+        time.sleep(3)
+        # published whether or not the recorder is subscribed: a subscriber that is not there misses it
+        client = redis.Redis.from_url(url)
+        client.publish("hs", "POSITION events master 2 2")
+        client.close()
+        time.sleep(1)
+        _, err = stop(rec, signal.SIGTERM)
+    finally:
+        stop(rec)
+        server.stop()
+    assert rec.returncode == 0, err
+    no_traceback(err)
+    heard = [line.split(" ", 2)[2] for line in capture_lines(rec_dir) if line.split(" ", 2)[1] == ">"]
+    assert heard == ["POSITION events master 1 1", "POSITION events master 2 2"], heard
+    warnings = [line for line in err.splitlines() if "WARNING" in line and "reconnecting" in line]
+    assert 1 <= len(warnings) <= 6, err  # about 7 attempts in 12 s: the 1st-4th said, then the 8th

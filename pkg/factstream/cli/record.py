@@ -32,6 +32,22 @@ from .tail import add_link_options, link_options, parse_target
 
 log = logging.getLogger("factstream.record")
 PROG = "factstream record"
+
+#: Most seconds between two reconnect attempts. A recorder waiting longer misses what the source says
+#: once it is back (Redis pub/sub keeps nothing for a subscriber that is not there): at 30 s, one that
+#: lost Redis for 12 s was deaf for seconds after Redis returned.
+RETRY_MAX = 2.0
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds to wait after the ``failures``-th failed attempt in a row: 0.5, 1, 2, then every 2."""
+    return min(RETRY_MAX, 0.25 * 2 ** min(failures, 7))
+
+
+def worth_saying(failures: int) -> bool:
+    """Whether the ``failures``-th failed attempt in a row gets its WARNING: the first four, then the 8th,
+    16th, 32nd... (a long outage at one attempt per 2 s would otherwise be a line every 2 s)."""
+    return failures <= 4 or failures & (failures - 1) == 0
 #: The smallest --rotate-size: below it a busy deployment rotates many files a second.
 MIN_ROTATE = 64 << 10
 
@@ -57,7 +73,8 @@ def register(subparsers: Any) -> None:
             "('>' received, '<' sent, '#' a recorder note) into DIR/<capture>.<start>.<seq>.log.gz. Files rotate by "
             "size and by time; the gzip member in progress is finished every --flush-interval, on rotation and on "
             "SIGTERM, so a crash loses at most that member. Disconnects are written as '# disconnected' lines and "
-            "the recorder reconnects (with a WARNING per failed attempt). A capture file that cannot be written "
+            "the recorder reconnects, trying at least every 2 s (a WARNING for each of the first four failed "
+            "attempts, then for the 8th, 16th, ...). A capture file that cannot be written "
             "(disk full, --dir removed) stops it with exit 1, its files complete to their last member. "
             "Read the files with "
             "'factstream logs parse DIR --out PARQUET'."
@@ -158,9 +175,10 @@ async def record_tcp(args: argparse.Namespace, rec: Recorder, stop: asyncio.Even
                 if err.permanent:
                     print(f"{PROG}: {err}", file=sys.stderr)
                     return 1
-                log.warning("reconnect attempt %d to %s failed: %s", failures, opts.target, err)
+                if worth_saying(failures):
+                    log.warning("reconnect attempt %d to %s failed: %s", failures, opts.target, err)
                 try:
-                    await asyncio.wait_for(stop.wait(), min(30.0, 0.25 * 2 ** min(failures, 7)))
+                    await asyncio.wait_for(stop.wait(), retry_delay(failures))
                 except TimeoutError:
                     pass
 
@@ -216,9 +234,10 @@ async def record_redis(args: argparse.Namespace, rec: Recorder, stop: asyncio.Ev
             if failures == 1:
                 rec.note(f"disconnected {why}")
                 rec.disconnects += 1
-            log.warning("%s; reconnecting (attempt %d)", why, failures)
+            if worth_saying(failures):
+                log.warning("%s; reconnecting (attempt %d)", why, failures)
             try:
-                await asyncio.wait_for(stop.wait(), min(30.0, 0.25 * 2 ** min(failures, 7)))
+                await asyncio.wait_for(stop.wait(), retry_delay(failures))
             except TimeoutError:
                 pass
         finally:
