@@ -6,6 +6,7 @@ import gzip
 import json
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 LOG = b"""SERVER hs
@@ -135,6 +136,8 @@ def test_decode_names_a_broken_gzip_and_reads_the_other_inputs(tmp_path: Path) -
     data = b"".join(b"2026-11-24T11:00:00.%03dZ > PING %d\n" % (i % 1000, i) for i in range(50_000))
     truncated = tmp_path / "cut.log.gz"
     truncated.write_bytes(gzip.compress(data)[:-4000])
+    given = zlib.decompressobj(wbits=31).decompress(truncated.read_bytes())  # everything before the cut
+    assert not given.endswith(b"\n")  # cut mid-line
     corrupt = tmp_path / "corrupt.log.gz"
     corrupt.write_bytes(b"\x1f\x8b\x08\x00" + b"garbage!" * 64)
     manifest = tmp_path / "MANIFEST.json"
@@ -149,8 +152,10 @@ def test_decode_names_a_broken_gzip_and_reads_the_other_inputs(tmp_path: Path) -
     assert "missing.log: cannot read" in err
     out = res.stdout.decode()
     cut_after = int(err.split(f"{truncated}: ")[1].split("after line ")[1].split()[0])
-    assert 40_000 < cut_after < 50_000
-    assert f"{cut_after + 2} lines, 0 bad" in out  # every line before the damage, and the good file
+    assert cut_after == given.count(b"\n") and 40_000 < cut_after < 50_000
+    # every line before the cut, the line it cut short (a bad line: it ends mid-line), and the good file
+    assert f"{cut_after + 3} lines, 1 bad" in out
+    assert f"{truncated}:{cut_after + 1}: the file ends mid-line" in out
     assert "inputs not read to the end:" in out
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import io
 import itertools
 import json
@@ -22,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import IO, Any, cast
+from typing import IO, Any
 
 from .. import wire
 from ..errors import ProtocolError
@@ -30,6 +29,7 @@ from ..spark.formats import (
     ENDS_MID_LINE, MAGIC_BYTES, NOTE, READ_ERRORS, compression_of, detect_format, payloads, read_problem,
     unsupported_compression,
 )
+from ..spark.gunzip import GunzipRaw
 from .argtypes import whole_number
 
 #: Lines read ahead of parsing to detect an input's format.
@@ -139,7 +139,7 @@ def _open(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
         head = stdin.peek(MAGIC_BYTES)[:MAGIC_BYTES] if isinstance(stdin, io.BufferedReader) else b""
         kind = compression_of(head)
         if kind == "gzip":
-            return cast("contextlib.AbstractContextManager[IO[bytes]]", gzip.GzipFile(fileobj=stdin, mode="rb"))
+            return _gunzipped(stdin, close=False)
         if kind is not None:
             raise _NotRead(unsupported_compression(kind, "-"))
         return contextlib.nullcontext(stdin)
@@ -151,12 +151,32 @@ def _open(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
         fh.close()
         raise
     if kind == "gzip":
-        fh.close()
-        return cast("contextlib.AbstractContextManager[IO[bytes]]", gzip.open(path, "rb"))
+        return _gunzipped(fh)
     if kind is not None:
         fh.close()
         raise _NotRead(unsupported_compression(kind, path))
     return fh
+
+
+@contextlib.contextmanager
+def _gunzipped(src: IO[bytes], close: bool = True) -> Iterator[IO[bytes]]:
+    """``src`` decompressed as far as it goes: a truncated or corrupt gzip input ends where it breaks.
+
+    Every byte before the break is given (the last line of a file cut short
+    too); :func:`_damage` then says what broke. ``src`` is closed afterwards if ``close``.
+    """
+    try:
+        yield io.BufferedReader(GunzipRaw(src.read), buffer_size=1 << 20)
+    finally:
+        if close:
+            src.close()
+
+
+def _damage(fh: IO[bytes]) -> BaseException | None:
+    """Why a gzip input read by :func:`_gunzipped` ended before the end of its last member, if it did."""
+    raw = getattr(fh, "raw", None)
+    return raw.gunzip.error if isinstance(raw, GunzipRaw) else None
+
 
 class _Lines:
     """The lines of an open input without their newlines, counting how many were read.
@@ -196,7 +216,9 @@ def _summarise_one(path: str, summary: Summary, max_errors: int) -> None:
             head = list(itertools.islice(it, HEAD_LINES))
             fmt = detect_format(head + [lines.cut[1]] if lines.cut else head)  # what it looks like, cut or not
             if fmt is None:
-                summary.inputs.append((path, None, "not a replication archive (no line in a known format)"))
+                damage = _damage(fh)  # a gzip input cut before its first lines is no archive yet: say why
+                summary.inputs.append((path, None, _read_problem(damage, lines.count) if damage is not None
+                                       else "not a replication archive (no line in a known format)"))
                 return
             for number, payload, _ts, direction, _channel, problem in payloads(itertools.chain(head, it), fmt):
                 summary.lines += 1
@@ -211,11 +233,17 @@ def _summarise_one(path: str, summary: Summary, max_errors: int) -> None:
                     summary.error_count += 1
                     if len(summary.errors) < max_errors:
                         summary.errors.append((path, number, str(err)))
-            if lines.cut is not None:  # never parsed: 'logs parse' makes it a malformed row, with the same reason
+            damage = _damage(fh)
+            # A gzip input damaged inside a line (not cut short) ends in no line: left out, as 'logs parse' does.
+            if lines.cut is not None and (damage is None or isinstance(damage, EOFError)):
+                # never parsed: 'logs parse' makes it a malformed row, with the same reason
                 summary.lines += 1
                 summary.error_count += 1
                 if len(summary.errors) < max_errors:
                     summary.errors.append((path, lines.cut[0], _ends_mid_line(path)))
+            if damage is not None:  # truncated or corrupt gzip: every line before the break was read
+                summary.inputs.append((path, fmt, _read_problem(damage, lines.count)))
+                return
     except _NotRead as err:
         summary.inputs.append((path, None, str(err)))
         return

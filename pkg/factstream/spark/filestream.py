@@ -15,25 +15,30 @@ known format skipped with a warning) and is published with
 instead of adding them. So every closed file's lines reach the output once;
 what the recorder missed while disconnected shows as its marker lines
 (holes in ``logs report``), never as silently invented or doubled rows.
+A gzip file that is truncated (cut short, or still being written when the
+batch read it) or corrupt gives every line before the break, a line cut
+short being a malformed row, and a warning names the file and the line
+after which it breaks (:func:`gzip_problems`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from .lines import ParseOptions
 from .pipeline import parse_archives
-from .sources import archive_formats
+from .formats import READ_ERRORS
+from .sources import archive_formats, gzip_problem, is_gzip
 from .streaming import check_output, check_writable, publish_batch, publish_or_explain, write_marker
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["DEFAULT_GLOB", "start_file_stream", "file_path"]
+__all__ = ["DEFAULT_GLOB", "start_file_stream", "file_path", "gzip_problems"]
 
 _log = logging.getLogger(__name__)
 
@@ -50,6 +55,32 @@ def file_path(uri: str) -> str:
     if parsed.scheme == "file":
         return unquote(parsed.path)
     return uri
+
+
+def gzip_problems(spark: SparkSession, files: Sequence[tuple[str, int]]) -> list[tuple[str, str]]:
+    """(path, problem) of the gzip files (by content) among ``files`` that are truncated or corrupt.
+
+    Each is read up to the length listed with it, as Spark's file source saw
+    it (a file still being written is judged as the batch found it), in
+    parallel by Spark. The problem says after which line the file breaks: the
+    lines before it are what the parse gave (:func:`.sources.gzip_problem`).
+    """
+    gz = []
+    for path, size in files:
+        try:
+            if is_gzip(path, size):
+                gz.append((path, size))
+        except READ_ERRORS:
+            pass  # gone since it was listed: the parse skipped it with a warning
+    if not gz:
+        return []
+    sc = spark.sparkContext
+    sc.setJobDescription("factstream: checking gzip inputs")
+    try:
+        found = sc.parallelize(gz, len(gz)).map(lambda f: (f[0], gzip_problem(f[0], f[1]))).collect()
+    finally:
+        sc.setJobDescription(None)  # type: ignore[arg-type]
+    return sorted((path, problem) for path, problem in found if problem is not None)
 
 
 def start_file_stream(
@@ -94,6 +125,15 @@ def start_file_stream(
         if formats:
             parsed = parse_archives(spark, sorted(formats), options)
             published = publish_or_explain(checkpoint, lambda: publish_batch(parsed, batch_id, out, staging))
+        for path, problem in gzip_problems(spark, files):
+            if path not in formats:
+                _log.warning("batch %d: %s: %s; not parsed", batch_id, path, problem)
+                continue
+            _log.warning(
+                "batch %d: %s: %s; the lines before it were parsed%s", batch_id, path, problem,
+                " (a file stream reads each file once: if it was still being written, what came later is not "
+                "read; let --glob match closed files only)" if problem.startswith("truncated") else "",
+            )
         if on_batch is not None:
             on_batch(batch_id, published)
 

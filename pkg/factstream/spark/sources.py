@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import fnmatch
 import glob as globbing
-import gzip
 import logging
 import os
 import zlib
@@ -39,6 +38,7 @@ from typing import cast
 import pyarrow.fs as pafs
 
 from .formats import MAGIC_BYTES, READ_ERRORS, compression_of, detect_format, read_problem, unsupported_compression
+from .gunzip import Gunzip
 
 __all__ = [
     "CHUNKS_PER_CORE",
@@ -67,8 +67,8 @@ CHUNKS_PER_CORE = 2
 #: or straggling task redoes at most this much.
 MAX_CHUNK_BYTES = 512 * 1024 * 1024
 _READ = 8 * 1024 * 1024
-#: Decompressed bytes per read of a gzip file: where it breaks, what was read is kept to within this.
-_PIECE = 64 * 1024
+#: Decompressed bytes per read when only checking a gzip file (gzip_problem).
+_CHECK = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -540,11 +540,15 @@ def _chunk_stream(chunk: Chunk, newlines_before: int, block_bytes: int) -> Itera
     """The first line number, then the blocks (see read_chunk_blocks); nothing if no line starts in the chunk."""
     fs, path = _fs(chunk.path)
     if chunk.gzip:
-        with fs.open_input_stream(path, compression=None) as raw, gzip.GzipFile(fileobj=raw) as fh:
+        with fs.open_input_stream(path, compression=None) as raw:
             yield 1
-            # A truncated or corrupt file ends where it breaks: the lines before it are parsed, and
-            # the driver names the file and the place (gzip_problem), so one bad file kills no job.
-            yield from _line_blocks(_stop_at_damage(fh.read), block_bytes)
+            # A truncated or corrupt file ends where it breaks, and the driver names the file and the
+            # place (gzip_problem), so one bad file kills no job. Every line decompressed before the
+            # break is parsed; a file cut mid-line ends with that line's start, which the builder makes
+            # a malformed row (the file ends mid-line). Damage in the middle of a line cuts no line
+            # short: it is no line at all, and is left out.
+            unzip = Gunzip(raw.read)
+            yield from _line_blocks(unzip.read, block_bytes, last=lambda: unzip.error is None or unzip.truncated)
         return
     with fs.open_input_file(path) as fh:
         if chunk.start == 0:
@@ -565,43 +569,26 @@ def _chunk_stream(chunk: Chunk, newlines_before: int, block_bytes: int) -> Itera
         yield from _line_blocks(_RangeReader(fh, pos, chunk.end, chunk.size).read, block_bytes)
 
 
-def _stop_at_damage(read: Callable[[int], bytes]) -> Callable[[int], bytes]:
-    """``read`` that ends the stream (returns b"") where the data is damaged, instead of raising."""
-    broken = False
+def gzip_problem(path: str, size: int | None = None) -> str | None:
+    """What is wrong with a gzip file (truncated, corrupt) and after which line, or None if it reads to its end.
 
-    def safe(n: int) -> bytes:
-        nonlocal broken
-        if broken:
-            return b""
-        pieces: list[bytes] = []
-        got = 0
-        while got < n:
-            try:
-                data = read(min(_PIECE, n - got))  # small reads: damage loses at most one piece
-            except READ_ERRORS:
-                broken = True
-                whole = b"".join(pieces)
-                return whole[: whole.rfind(b"\n") + 1]  # the line cut by the damage is not a line
-            if not data:
-                break
-            pieces.append(data)
-            got += len(data)
-        return b"".join(pieces)
-
-    return safe
-
-
-def gzip_problem(path: str) -> str | None:
-    """What is wrong with a gzip file (truncated, corrupt) and after which line, or None if it reads to its end."""
+    The line is the last whole one that the parse gives (read_chunk_blocks
+    reads it the same way): a file cut mid-line has one more, malformed row.
+    ``size``: read only the first ``size`` bytes (the length a listing saw,
+    for a file that may still grow); None or 0: to the end.
+    """
     fs, local = _fs(path)
     lines = 0
     try:
-        with fs.open_input_stream(local, compression=None) as raw, gzip.GzipFile(fileobj=raw) as fh:
-            while data := fh.read(_PIECE):
+        with fs.open_input_stream(local, compression=None) as raw:
+            unzip = Gunzip(raw.read, size or None)
+            while data := unzip.read(_CHECK):  # small pieces: counted while still in the cache
                 lines += data.count(b"\n")
-    except READ_ERRORS as err:
+    except READ_ERRORS as err:  # gone since it was listed
         return read_problem(err, lines)
-    return None
+    if unzip.error is None:
+        return None
+    return read_problem(unzip.error, lines)
 
 
 def read_chunk_lines(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> Iterator[tuple[int, list[bytes]]]:
@@ -639,8 +626,11 @@ class _RangeReader:
         return data
 
 
-def _line_blocks(read: Callable[[int], bytes], block_bytes: int) -> Iterator[bytes]:
-    """Cut a byte stream into blocks that end at a newline (the last one: at the end of the stream)."""
+def _line_blocks(read: Callable[[int], bytes], block_bytes: int, last: Callable[[], bool] | None = None) -> Iterator[bytes]:
+    """Cut a byte stream into blocks that end at a newline (the last one: at the end of the stream).
+
+    ``last``: asked at the end whether the bytes after the last newline are given (default: they are).
+    """
     rest = b""
     while True:
         data = read(block_bytes)
@@ -653,5 +643,5 @@ def _line_blocks(read: Callable[[int], bytes], block_bytes: int) -> Iterator[byt
             yield data[:cut] if rest else data
         else:
             rest = data
-    if rest:
+    if rest and (last is None or last()):
         yield rest
