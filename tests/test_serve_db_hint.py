@@ -13,13 +13,11 @@ after an unencoded '@' ("failed to resolve host 'ss@127.0.0.1'"). Run through th
 from __future__ import annotations
 
 import signal
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from cli_run import cli, free_port, start, stop
-from conftest import PG_HOST, PG_PORT, PG_START, PG_USER, pg_dsn, require_service
+from conftest import PG_HOST, PG_PORT, PG_USER
 
 #: The hint's form of a PostgreSQL URL, placeholders readable.
 FORM = "postgresql://<user>:<password>@<host>:<port>/<dbname>"
@@ -84,28 +82,13 @@ def test_a_password_with_an_unencoded_at_is_refused_saying_how_to_write_it() -> 
     no_secret("Rest9secret", proc.stdout, proc.stderr)
 
 
-@pytest.fixture
-def database() -> Iterator[str]:
-    """A throw-away PostgreSQL database's name (the server's own authentication: no password needed)."""
-    require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
-    import psycopg
-
-    name = f"factstream_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_dsn("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield name
-    finally:
-        with psycopg.connect(pg_dsn("postgres"), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.mark.postgres
 @pytest.mark.parametrize("password", ["Hunter2secretPW", "Qx?9secretPW", "Qx#9secretPW"])
-def test_a_running_serve_never_shows_its_password(database: str, password: str) -> None:
+def test_a_running_serve_never_shows_its_password(postgres_dsn: str, password: str) -> None:
     """The start-up line said 'db postgresql://postgres:Qx?9secretPW@...': the URL masking ended the
     authority at '?' or '#' and saw no password. (The test server trusts local connections: the
     password is sent, never checked.)"""
+    database = postgres_dsn.rsplit("/", 1)[1]
     url = f"postgresql://{PG_USER}:{password}@{PG_HOST}:{PG_PORT}/{database}"
     proc = start("serve", "-v", "--db", url, "--port", "0")
     assert proc.stderr is not None
