@@ -41,7 +41,7 @@ RETRY_MAX = 2.0
 
 def retry_delay(failures: int) -> float:
     """Seconds to wait after the ``failures``-th failed attempt in a row: 0.5, 1, 2, then every 2."""
-    return min(RETRY_MAX, 0.25 * 2 ** min(failures, 7))
+    return min(RETRY_MAX, 0.25 * (1 << min(failures, 7)))
 
 
 def worth_saying(failures: int) -> bool:
