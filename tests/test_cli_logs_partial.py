@@ -257,6 +257,8 @@ def test_parse_cut_files_hidden_directories_and_the_count_of_inputs(tmp_path: Pa
     broken_text = zlib.decompressobj(wbits=31).decompress(broken[: len(broken) // 2])  # what is there before the cut
     broken_lines = broken_text.count(b"\n")
     assert not broken_text.endswith(b"\n")  # cut mid-line: that line is a malformed row too
+    # cut in its first member before any whole line: read, but nothing in it is a line
+    (src / "early.log.gz").write_bytes(broken[:40])
     (src / "README").write_text("capture of hs1, see the runbook\n")
     (src / "MANIFEST.json").write_text(json.dumps({"files": ["lines.log"]}))  # no newline: json.dump writes none
     for rel in (".git/objects/pack.log", "_temporary/0/part-0.log", ".snapshots/old.log"):
@@ -299,9 +301,13 @@ def test_parse_cut_files_hidden_directories_and_the_count_of_inputs(tmp_path: Pa
     assert len(said) == 1 and " INFO " in said[0], said
     for rel in ("archives/.git", "archives/_temporary", "archives/.snapshots", "_explicit/.cache"):
         assert str(tmp_path / rel) in said[0], said
-    # the count says what it counts: 12 found, of which 2 are no archives
+    # a file cut before its first line is not said to have had "the lines before it" parsed
+    early = [line for line in err.splitlines() if "early.log.gz" in line and "gzip" in line]
+    assert early == [f"factstream logs: {src}/early.log.gz: truncated gzip (the file ends inside a "
+                     "compressed member); it holds no whole line"], early
+    # the count says what it counts: 13 found, of which 2 are no archives
     assert "whose format was not detected" in err and f"{src}/MANIFEST.json" in err and f"{src}/README" in err, err
     assert (f"{src}/broken.log.gz: truncated gzip (the file ends inside a compressed member) after line "
             f"{broken_lines}; the lines before it were parsed") in err, err
-    assert ("factstream logs: 1 of 12 inputs could not be read to their end "
-            "(12 found: 10 to parse, 2 not replication archives, skipped)") in err, err
+    assert ("factstream logs: 2 of 13 inputs could not be read to their end "
+            "(13 found: 11 to parse, 2 not replication archives, skipped)") in err, err

@@ -189,9 +189,12 @@ def test_the_reader_gives_every_byte_before_any_cut(tmp_path: Path) -> None:
         cut = Cut(f"at {at}", whole, at, full_text)
         path.write_bytes(cut.data)
         size = len(cut.data)
-        first, blocks = read_chunk_blocks(Chunk(str(path), 0, size, size))
+        damage: list[tuple[str, str]] = []
+        first, blocks = read_chunk_blocks(Chunk(str(path), 0, size, size), on_damage=lambda *d: damage.append(d))
         got = b"".join(blocks)
         assert first == 1 and got == cut.text, (at, len(got), len(cut.text))
+        # the reader names its own damage once, as the driver's check would: a whole file is read once
+        assert damage == ([] if cut.problem is None else [(str(path), cut.problem)]), (at, damage)
         assert gzip_problem(str(path)) == cut.problem, at
         assert gzip_problem(str(src), size=at) == cut.problem, at  # the whole file read as far as a listing saw it
 
@@ -216,10 +219,12 @@ def test_damage_inside_a_member_keeps_every_line_before_it(tmp_path: Path) -> No
             continue  # zlib saw no damage (or the damage reads as a cut, e.g. a stored block's length)
         checked += 1
         lines = before[: before.rfind(b"\n") + 1]  # the line the damage broke is no line
-        first, blocks = read_chunk_blocks(Chunk(str(path), 0, len(data), len(data)))
+        damage: list[tuple[str, str]] = []
+        first, blocks = read_chunk_blocks(Chunk(str(path), 0, len(data), len(data)), on_damage=lambda *d: damage.append(d))
         got = b"".join(blocks)
         assert got == lines, (at, len(got), len(lines))
         problem = gzip_problem(str(path))
+        assert damage == [(str(path), problem)], (at, damage)
         assert problem is not None and problem.startswith("corrupt gzip ("), problem
         assert problem.endswith(f"after line {lines.count(NL)}") or not lines, (at, problem)
     assert checked > 20

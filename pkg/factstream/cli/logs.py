@@ -295,28 +295,6 @@ def _unreadable(files: list[tuple[str, int]]) -> list[tuple[str, str]]:
     return [(path, f"not parsed: {problem}") for path, problem in found if problem is not None]
 
 
-def _gzip_problems(spark: Any, files: list[tuple[str, int]]) -> list[tuple[str, str]]:
-    """(path, problem) of every gzip input (by content, not name) that is truncated or corrupt, checked in parallel by Spark."""
-    from ..spark.sources import gzip_problem, is_gzip
-
-    gz = []
-    for path, size in files:
-        try:
-            if is_gzip(path, size):
-                gz.append(path)
-        except OSError:
-            pass  # unreadable: named by _unreadable
-    if not gz:
-        return []
-    sc = spark.sparkContext
-    sc.setJobDescription("factstream: checking gzip inputs")
-    try:
-        found = sc.parallelize(gz, len(gz)).map(lambda p: (p, gzip_problem(p))).collect()
-    finally:
-        sc.setJobDescription(None)
-    return [(path, problem) for path, problem in found if problem is not None]
-
-
 class _DropPy4j(logging.Filter):
     """Drops py4j's own log records, on the root logger and on its own ``py4j.*`` loggers alike.
 
@@ -367,6 +345,7 @@ def run_parse(args: argparse.Namespace) -> int:
         return 2
 
     from ..spark.lines import ParseOptions
+    from ..spark.damage import DamagedInputs, gzip_problems, what_was_parsed
     from ..spark.pipeline import parse_archives, write_parquet
     from ..spark.progress import task_progress
 
@@ -400,17 +379,24 @@ def run_parse(args: argparse.Namespace) -> int:
     try:
         try:
             bad = [(path, f"not parsed: {why}") for path, why in unlisted]
-            bad += _unreadable(files) + _gzip_problems(spark, files)
+            bad += _unreadable(files)
+            damaged = DamagedInputs(spark)  # the parse names the gzip inputs that break, as it reads them
             df = parse_archives(
                 spark,
                 args.inputs,
                 ParseOptions(format=args.format, typed=not args.header_only),
                 chunk_bytes=int(args.chunk_mb * 1024 * 1024),
                 skipped=skipped,
+                damaged=damaged,
             )
             mode = "errorifexists" if args.mode == "error" else args.mode
             with task_progress(spark.sparkContext, "parsing", enabled=_progress_enabled(args)):
                 write_parquet(df, target, mode)
+            bad += damaged.found()
+            # Skipped files no task read: a gzip file cut before its first detectable line is named too.
+            not_read = set(skipped) - {path for path, _ in bad}
+            left_out = [(path, size) for path, size in files if path in not_read]
+            bad += [(path, f"not parsed: {problem}") for path, problem in gzip_problems(spark, left_out)]
         except KeyboardInterrupt:
             raise _Interrupted from None
         except FileNotFoundError as err:
@@ -458,7 +444,7 @@ def run_parse(args: argparse.Namespace) -> int:
     print(f"wrote {lines} lines ({malformed} malformed) to {args.out}", file=sys.stderr)
     for path, problem in sorted(bad):
         if not problem.startswith("not parsed: "):
-            problem += "; the lines before it were parsed"
+            problem += f"; {what_was_parsed(problem)}"
         print(f"factstream logs: {path}: {problem}", file=sys.stderr)
     if bad:
         print(f"factstream logs: {_bad_count(len(bad), len(files) + len(unlisted), skipped, bad)}", file=sys.stderr)

@@ -18,7 +18,7 @@ what the recorder missed while disconnected shows as its marker lines
 A gzip file that is truncated (cut short, or still being written when the
 batch read it) or corrupt gives every line before the break, a line cut
 short being a malformed row, and a warning names the file and the line
-after which it breaks (:func:`gzip_problems`).
+after which it breaks (the parse reports it: :class:`.damage.DamagedInputs`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from urllib.parse import unquote, urlparse
 
 from .lines import ParseOptions
 from .pipeline import parse_archives
-from .formats import READ_ERRORS
-from .sources import archive_formats, gzip_problem, is_gzip
+from .damage import DamagedInputs, gzip_problems, what_was_parsed
+from .sources import archive_formats
 from .streaming import check_output, check_writable, publish_batch, publish_or_explain, write_marker
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["DEFAULT_GLOB", "start_file_stream", "file_path", "gzip_problems"]
+__all__ = ["DEFAULT_GLOB", "start_file_stream", "file_path"]
 
 _log = logging.getLogger(__name__)
 
@@ -55,32 +55,6 @@ def file_path(uri: str) -> str:
     if parsed.scheme == "file":
         return unquote(parsed.path)
     return uri
-
-
-def gzip_problems(spark: SparkSession, files: Sequence[tuple[str, int]]) -> list[tuple[str, str]]:
-    """(path, problem) of the gzip files (by content) among ``files`` that are truncated or corrupt.
-
-    Each is read up to the length listed with it, as Spark's file source saw
-    it (a file still being written is judged as the batch found it), in
-    parallel by Spark. The problem says after which line the file breaks: the
-    lines before it are what the parse gave (:func:`.sources.gzip_problem`).
-    """
-    gz = []
-    for path, size in files:
-        try:
-            if is_gzip(path, size):
-                gz.append((path, size))
-        except READ_ERRORS:
-            pass  # gone since it was listed: the parse skipped it with a warning
-    if not gz:
-        return []
-    sc = spark.sparkContext
-    sc.setJobDescription("factstream: checking gzip inputs")
-    try:
-        found = sc.parallelize(gz, len(gz)).map(lambda f: (f[0], gzip_problem(f[0], f[1]))).collect()
-    finally:
-        sc.setJobDescription(None)  # type: ignore[arg-type]
-    return sorted((path, problem) for path, problem in found if problem is not None)
 
 
 def start_file_stream(
@@ -122,15 +96,15 @@ def start_file_stream(
             _log.warning("batch %d: %s", batch_id, err)
             formats = {}
         published = 0
+        damaged = DamagedInputs(spark)
         if formats:
-            parsed = parse_archives(spark, sorted(formats), options)
+            parsed = parse_archives(spark, sorted(formats), options, damaged=damaged)
             published = publish_or_explain(checkpoint, lambda: publish_batch(parsed, batch_id, out, staging))
-        for path, problem in gzip_problems(spark, files):
-            if path not in formats:
-                _log.warning("batch %d: %s: %s; not parsed", batch_id, path, problem)
-                continue
+        for path, problem in gzip_problems(spark, [(path, size) for path, size in files if path not in formats]):
+            _log.warning("batch %d: %s: %s; not parsed", batch_id, path, problem)
+        for path, problem in damaged.found():
             _log.warning(
-                "batch %d: %s: %s; the lines before it were parsed%s", batch_id, path, problem,
+                "batch %d: %s: %s; %s%s", batch_id, path, problem, what_was_parsed(problem),
                 " (a file stream reads each file once: if it was still being written, what came later is not "
                 "read; let --glob match closed files only)" if problem.startswith("truncated") else "",
             )

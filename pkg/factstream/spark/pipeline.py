@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
+    from .damage import DamagedInputs
+
 __all__ = ["parse_archives", "parse_text_column", "write_parquet", "plan", "TASK_DDL"]
 
 #: One row per Spark task: a chunk, where its line numbering starts, its format.
@@ -113,7 +115,7 @@ def _groups(rows: Sequence[tuple[str, int, int, int, int, str]], cores: int | No
 
 def _parse_tasks(  # type: ignore[no-untyped-def]
     rows: Sequence[tuple[str, int, int, int, int, str]], groups: Sequence[Sequence[int]], typed: bool,
-    batch_rows: int, session_time_zone: str,
+    batch_rows: int, session_time_zone: str, damaged: DamagedInputs | None = None,
 ):
     """The ``mapInArrow`` function: its input is the ``id`` of ``spark.range``, an index into ``groups``."""
 
@@ -128,7 +130,9 @@ def _parse_tasks(  # type: ignore[no-untyped-def]
                 chunk = Chunk(path, start, end, size)
                 # One-line formats: the builder walks the bytes itself. A last line without a newline
                 # (a file cut short or still being written) comes out malformed, never parsed.
-                first_line, blocks = read_chunk_blocks(chunk, newlines_before)
+                first_line, blocks = read_chunk_blocks(
+                    chunk, newlines_before, on_damage=None if damaged is None else damaged.add
+                )
                 yield from parse_file_blocks(
                     blocks, source=chunk.path, first_line=first_line, fmt=fmt, typed=typed, batch_rows=batch_rows,
                     session_time_zone=session_time_zone,
@@ -187,6 +191,7 @@ def parse_archives(
     batch_rows: int = 16384,
     parallelism: int | None = None,
     skipped: list[str] | None = None,
+    damaged: DamagedInputs | None = None,
 ) -> DataFrame:
     """Parse archive files, directories or globs into a DataFrame (one row per line; see docs/spark.md).
 
@@ -195,7 +200,9 @@ def parse_archives(
     cut into chunks of at least ``chunk_bytes`` (0: never), only as far as
     ``parallelism`` cores need (default: the session's); one chunk is one
     Python task. ``skipped`` (if given) gets the files left out as the job is
-    planned: unreadable, or (format "auto") in no archive format.
+    planned: unreadable, or (format "auto") in no archive format. A gzip file
+    that breaks (truncated, corrupt) gives the lines before the break;
+    ``damaged`` (if given) names it once an action has run the parse.
     """
     options = options or ParseOptions()
     rows, cores = _plan(spark, inputs, options.format, chunk_bytes, parallelism, skipped)
@@ -207,7 +214,7 @@ def parse_archives(
     # a second Python worker round trip per task).
     tasks = spark.range(0, len(groups), 1, max(1, len(groups)))
     # The executors return finished columns (ts and date included): no projection on top.
-    parse = _parse_tasks(rows, groups, options.typed, batch_rows, _session_time_zone(spark))
+    parse = _parse_tasks(rows, groups, options.typed, batch_rows, _session_time_zone(spark), damaged)
     return tasks.mapInArrow(parse, SPARK_DDL)
 
 

@@ -519,16 +519,22 @@ def archive_formats(files: Sequence[tuple[str, int]], fmt: str = "auto") -> tupl
     return formats, skipped
 
 
-def read_chunk_blocks(chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ) -> tuple[int, Iterator[bytes]]:
+def read_chunk_blocks(
+    chunk: Chunk, newlines_before: int = 0, block_bytes: int = _READ,
+    on_damage: Callable[[str, str], None] | None = None,
+) -> tuple[int, Iterator[bytes]]:
     """The lines starting inside ``chunk``: (number of the first line, blocks of whole lines).
 
     Each block ends just after a newline, except the last one of a file
     without a final newline; line numbers run on from block to block.
     ``newlines_before`` is the number of newlines in the file before
     ``chunk.start``. The file is opened here and closed when the blocks are
-    exhausted (or the iterator is closed).
+    exhausted (or the iterator is closed). A gzip file is read up to its
+    listed size; if it breaks before (truncated, corrupt), the blocks end
+    there and ``on_damage(path, problem)`` is called once they are exhausted
+    (``problem`` as :func:`gzip_problem` gives it).
     """
-    stream = _chunk_stream(chunk, newlines_before, block_bytes)
+    stream = _chunk_stream(chunk, newlines_before, block_bytes, on_damage)
     first = next(stream, None)
     if first is None:
         return 1 + newlines_before, iter(())
@@ -536,19 +542,24 @@ def read_chunk_blocks(chunk: Chunk, newlines_before: int = 0, block_bytes: int =
     return first, cast("Iterator[bytes]", stream)
 
 
-def _chunk_stream(chunk: Chunk, newlines_before: int, block_bytes: int) -> Iterator[int | bytes]:
+def _chunk_stream(
+    chunk: Chunk, newlines_before: int, block_bytes: int, on_damage: Callable[[str, str], None] | None = None,
+) -> Iterator[int | bytes]:
     """The first line number, then the blocks (see read_chunk_blocks); nothing if no line starts in the chunk."""
     fs, path = _fs(chunk.path)
     if chunk.gzip:
         with fs.open_input_stream(path, compression=None) as raw:
             yield 1
-            # A truncated or corrupt file ends where it breaks, and the driver names the file and the
-            # place (gzip_problem), so one bad file kills no job. Every line decompressed before the
-            # break is parsed; a file cut mid-line ends with that line's start, which the builder makes
-            # a malformed row (the file ends mid-line). Damage in the middle of a line cuts no line
-            # short: it is no line at all, and is left out.
-            unzip = Gunzip(raw.read)
+            # A truncated or corrupt file ends where it breaks, and the reader says so (on_damage), so
+            # one bad file kills no job. Every line decompressed before the break is parsed; a file cut
+            # mid-line ends with that line's start, which the builder makes a malformed row (the file
+            # ends mid-line). Damage in the middle of a line cuts no line short: it is no line at all,
+            # and is left out.
+            unzip = Gunzip(raw.read, chunk.size or None)
             yield from _line_blocks(unzip.read, block_bytes, last=lambda: unzip.error is None or unzip.truncated)
+        if unzip.error is not None and on_damage is not None:
+            # Damage is rare: only a damaged file is read again, to count the lines before the break.
+            on_damage(chunk.path, gzip_problem(chunk.path, chunk.size) or read_problem(unzip.error, 0))
         return
     with fs.open_input_file(path) as fh:
         if chunk.start == 0:
