@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between checks that a PostgreSQL claim's connection is still up.
 RECHECK = 5.0
+#: Seconds release() waits for PostgreSQL to unlock the name before it just closes the connection.
+UNLOCK_TIMEOUT = 5.0
 
 
 class WriterTaken(DatabaseError):
@@ -154,6 +156,17 @@ class WriterClaim:
             except DatabaseUnavailable:
                 self._conn = None  # tried again at the next check
 
+    async def _unlock(self, conn: Any) -> None:
+        """Free the name before the connection closes: closing only asks the server to end the session, which
+        drops the lock some time after close() returns (a claim made just after could still be refused)."""
+        if conn.closed or getattr(conn, "broken", False):
+            return  # the session is gone or going: so is its lock
+        try:
+            await asyncio.wait_for(conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(self.instance_name),)),
+                                   UNLOCK_TIMEOUT)
+        except Exception:  # noqa: BLE001 - an unreachable server: the lock goes when it ends the session
+            pass
+
     async def release(self) -> None:
         """Give the claim up (idempotent; closing the database does it too)."""
         self.db._on_close.pop(id(self), None)  # noqa: SLF001
@@ -162,11 +175,14 @@ class WriterClaim:
             await asyncio.gather(self._watch, return_exceptions=True)
             self._watch = None
         if self._conn is not None:
+            conn, self._conn = self._conn, None
             try:
-                await self._conn.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection may fail any way
-                pass
-            self._conn = None
+                await self._unlock(conn)
+            finally:  # closed even if this release is cancelled meanwhile
+                try:
+                    await conn.close()
+                except Exception:  # noqa: BLE001 - closing a dead connection may fail any way
+                    pass
         if self._fd is not None:
             os.close(self._fd)  # the flock goes with it; the file stays (removing it would race a new claimer)
             self._fd = None
