@@ -8,8 +8,10 @@ time order and readers never see a file being written. Each line is
 ``<`` (client to server) or ``#`` (a recorder note: ``# connected ...``,
 ``# disconnected ...``).
 
-Why members: the gzip member in progress is finished every
-``flush_interval`` seconds, on rotation and on close (SIGTERM), so a crash
+Why members: the gzip member in progress is finished ``flush_interval``
+seconds after its first line (by the first write or :meth:`~CaptureWriter.tick`
+after that, or by the owner's timer at :attr:`~CaptureWriter.due` through
+:meth:`~CaptureWriter.flush`), on rotation and on close (SIGTERM), so a crash
 loses at most the open member; :func:`recover_parts` keeps the complete
 members of a file a crashed recorder left behind.
 """
@@ -134,6 +136,10 @@ class CaptureWriter:
         self._safe = 0  # bytes of the current file in finished (fsynced) members
         self.saved = 0  # lines in finished members
         self._member_lines = 0
+        #: When the open member is due to be finished (``time.time()``; None: no member open). An owner with
+        #: an event loop arms a timer for it, so a quiet capture is on disk ``flush_interval`` after its line.
+        self.due: float | None = None
+        self.members = 0  # members started: tells a timer whether the member it was armed for is still open
         self.failed: CaptureError | None = None
 
     @property
@@ -160,6 +166,8 @@ class CaptureWriter:
             assert self._raw is not None
             self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=int(now))
             self._member_started = now
+            self.due = now + self.flush_interval
+            self.members += 1
         self._gz.write(data)
         self._member_lines += lines
         if now - self._member_started >= self.flush_interval:
@@ -177,11 +185,20 @@ class CaptureWriter:
         except OSError as err:
             raise self._fail(err) from err
 
+    def flush(self) -> None:
+        """Finish the member in progress now (the owner's timer at :attr:`due`), failing as :meth:`write`."""
+        self._check()
+        try:
+            self.finish_member()
+        except OSError as err:
+            raise self._fail(err) from err
+
     def finish_member(self) -> None:
         """Close the gzip member in progress (its bytes are then safe on disk)."""
         if self._gz is not None:
             self._gz.close()  # writes the member's trailer; the file stays open
             self._gz = None
+            self.due = None
             assert self._raw is not None
             self._raw.flush()
             os.fsync(self._raw.fileno())
@@ -220,6 +237,7 @@ class CaptureWriter:
         """Keep what is safe after a failed write: cut the file back to its finished members and finish it."""
         path = self._path or self.directory
         self._member_lines = 0
+        self.due = None
         if self._gz is not None:
             self._gz.fileobj = None  # type: ignore[assignment]  # drop the member unfinished: close() writes nothing
             self._gz = None

@@ -71,10 +71,11 @@ def register(subparsers: Any) -> None:
             "--server-name NAME: its log from now on, and its control subject) and write every line with its UTC "
             "time and direction "
             "('>' received, '<' sent, '#' a recorder note) into DIR/<capture>.<start>.<seq>.log.gz. Files rotate by "
-            "size and by time; the gzip member in progress is finished every --flush-interval, on rotation and on "
-            "SIGTERM, so a crash loses at most that member. Disconnects are written as '# disconnected' lines and "
-            "the recorder reconnects, trying at least every 2 s (a WARNING for each of the first four failed "
-            "attempts, then for the 8th, 16th, ...). A capture file that cannot be written "
+            "size and by time; the gzip member in progress is finished --flush-interval after its first line, on "
+            "rotation and on SIGTERM, so a crash loses at most the last --flush-interval. Disconnects are written "
+            "as '# disconnected' lines (one per hole) and the recorder reconnects, trying at least every 2 s (a "
+            "WARNING for each of the first four failed attempts, then for the 8th, 16th, ...). A capture file that "
+            "cannot be written "
             "(disk full, --dir removed) stops it with exit 1, its files complete to their last member. "
             "Read the files with "
             "'factstream logs parse DIR --out PARQUET'."
@@ -95,7 +96,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--rotate-time", type=duration(), default=3600.0, metavar="DURATION",
                    help="start a new file after DURATION (default 1h)")
     p.add_argument("--flush-interval", type=duration(), default=1.0, metavar="DURATION",
-                   help="finish the gzip member in progress this often (default 1s): the most a crash can lose")
+                   help="finish the gzip member in progress this long after its first line (default 1s): the "
+                        "most a crash can lose")
     p.add_argument("--duration", type=duration(), default=None, metavar="DURATION", help="stop after DURATION")
     p.add_argument("--user-ip", action="store_true", help="with --redis: also record the <server-name>/USER_IP channel")
     p.add_argument("--client-name", default="factstream-record", help="name sent in NAME (TCP)")
@@ -107,12 +109,19 @@ class Recorder:
     """Lines in, prefixed lines out to the capture files; counts for the summary.
 
     A capture file that cannot be written (disk full, --dir removed) stops the recording: the error is
-    kept in ``writer.failed`` and ``stop`` is set, whichever transport callback hit it."""
+    kept in ``writer.failed`` and ``stop`` is set, whichever transport callback hit it. The gzip member in
+    progress is finished by a timer at ``writer.due`` (--flush-interval after its first line), not by the
+    next periodic tick, so a crash loses at most --flush-interval of a quiet capture."""
 
     def __init__(self, writer: CaptureWriter, stop: asyncio.Event) -> None:
         self.writer = writer
         self.stop = stop
         self.disconnects = 0
+        #: Connected now: a lost connection or the stop is a hole to mark, once (not again at the stop).
+        self.linked = False
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timed = 0  # the member (writer.members) the timer is armed for
 
     def _write(self, data: bytes, lines: int) -> None:
         if self.writer.failed is not None:
@@ -121,6 +130,35 @@ class Recorder:
             self.writer.write(data, lines)
         except CaptureError:
             self.stop.set()
+            return
+        if self._timer is None and self.writer.due is not None:
+            self._arm()
+
+    def _arm(self) -> None:
+        due = self.writer.due
+        assert due is not None
+        # at most flush_interval away, so a wall clock stepped back does not hold the member for long
+        left = min(max(due - time.time(), 0.0), self.writer.flush_interval)
+        self._timed = self.writer.members
+        self._timer = self._loop.call_later(left, self._flush)
+
+    def _flush(self) -> None:
+        """The timer: finish the member it was armed for, or wait for the newer one opened since."""
+        self._timer = None
+        if self.writer.failed is not None or self.writer.due is None:
+            return
+        if self.writer.members != self._timed:
+            self._arm()
+            return
+        try:
+            self.writer.flush()
+        except CaptureError:
+            self.stop.set()
+
+    def cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def tick(self) -> None:
         if self.writer.failed is not None:
@@ -140,6 +178,19 @@ class Recorder:
     def note(self, text: str) -> None:
         self._write(f"{utc_stamp()} # {text}\n".encode(), 1)
 
+    def connected(self, what: str) -> None:
+        self.linked = True
+        self.note(f"connected {what}")
+
+    def disconnected(self, why: str) -> bool:
+        """Write the ``# disconnected`` note unless it is written already (False): one per hole, so a stop
+        while the carrier is gone adds none."""
+        if not self.linked:
+            return False
+        self.linked = False
+        self.note(f"disconnected {why}")
+        return True
+
 
 async def record_tcp(args: argparse.Namespace, rec: Recorder, stop: asyncio.Event) -> int:
     opts = link_options(args, args.client_name)
@@ -150,7 +201,7 @@ async def record_tcp(args: argparse.Namespace, rec: Recorder, stop: asyncio.Even
         return 1
     failures = 0
     while True:
-        rec.note(f"connected tcp {opts.target} server {link.server_name}")
+        rec.connected(f"tcp {opts.target} server {link.server_name}")
         rec.sent(link.sent[:2])
         rec.received(f"SERVER {link.server_name}\n".encode())
         if len(link.sent) > 2:
@@ -160,8 +211,8 @@ async def record_tcp(args: argparse.Namespace, rec: Recorder, stop: asyncio.Even
         await link.close()
         if why is None:
             return 0
-        rec.note(f"disconnected {why}")
-        rec.disconnects += 1
+        if rec.disconnected(why):
+            rec.disconnects += 1
         log.warning("%s; reconnecting", why)
         while True:
             if stop.is_set():
@@ -218,7 +269,7 @@ async def record_redis(args: argparse.Namespace, rec: Recorder, stop: asyncio.Ev
         pubsub = client.pubsub()
         try:
             await pubsub.subscribe(*names)
-            rec.note(f"connected redis {shown} channels {' '.join(names)}")
+            rec.connected(f"redis {shown} channels {' '.join(names)}")
             failures = 0
             while not stop.is_set():
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
@@ -231,8 +282,7 @@ async def record_redis(args: argparse.Namespace, rec: Recorder, stop: asyncio.Ev
         except (RedisError, OSError) as err:
             failures += 1
             why = f"Redis {shown}: {err}"
-            if failures == 1:
-                rec.note(f"disconnected {why}")
+            if rec.disconnected(why):
                 rec.disconnects += 1
             if worth_saying(failures):
                 log.warning("%s; reconnecting (attempt %d)", why, failures)
@@ -267,12 +317,12 @@ async def record_nats(args: argparse.Namespace, rec: Recorder, stop: asyncio.Eve
     async def disconnected() -> None:
         if stop.is_set() or closing:
             return  # our own close
-        rec.note(f"disconnected NATS {shown}")
-        rec.disconnects += 1
-        log.warning("NATS %s: connection lost; reconnecting", shown)
+        if rec.disconnected(f"NATS {shown}"):
+            rec.disconnects += 1
+            log.warning("NATS %s: connection lost; reconnecting", shown)
 
     async def reconnected() -> None:
-        rec.note(f"connected nats {shown} stream {layout.stream}")
+        rec.connected(f"nats {shown} stream {layout.stream}")
 
     def page(subject: str, data: bytes, headers: bytes | None, seq: int, ts: int, pending: int) -> None:
         if data:
@@ -292,7 +342,7 @@ async def record_nats(args: argparse.Namespace, rec: Recorder, stop: asyncio.Eve
             return 1
         await nc.subscribe(layout.control_subject, cb=control)
         consumer = _LogConsumer(api, page, NatsStats(), deliver_new=True, description="factstream record")
-        rec.note(f"connected nats {shown} stream {layout.stream}")
+        rec.connected(f"nats {shown} stream {layout.stream}")
         consumer.start()
         await stop.wait()
         await consumer.close()
@@ -394,8 +444,9 @@ async def _record(args: argparse.Namespace, writer: CaptureWriter) -> int:
         loop.call_later(args.duration, stop.set)
 
     async def ticker() -> None:
+        """Rotates an idle file by --rotate-time (members are finished by the recorder's timer)."""
         while True:
-            await asyncio.sleep(min(0.5, args.flush_interval))
+            await asyncio.sleep(0.5)
             rec.tick()
 
     tick = asyncio.ensure_future(ticker())
@@ -409,8 +460,9 @@ async def _record(args: argparse.Namespace, writer: CaptureWriter) -> int:
             status = await record_tcp(args, rec, stop)
     finally:
         tick.cancel()
+        rec.cancel_timer()
         if writer.lines and stop.is_set():
-            rec.note("disconnected recorder stopped")
+            rec.disconnected("recorder stopped")  # not when the carrier was lost: that hole is marked
         try:
             writer.close()
         except CaptureError:
