@@ -32,7 +32,14 @@ from .lines import ParseOptions
 from .pipeline import parse_archives
 from .damage import DamagedInputs, gzip_problems, what_was_parsed
 from .sources import archive_formats
-from .streaming import check_output, check_writable, publish_batch, publish_or_explain, write_marker
+from .streaming import (
+    check_output,
+    check_writable,
+    old_version_rerun,
+    publish_batch,
+    publish_or_explain,
+    write_marker,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -83,6 +90,7 @@ def start_file_stream(
     check_writable(out, "output directory")
     check_output(out, checkpoint, source, ["*"])
     noted: list[bool] = []
+    rerun = old_version_rerun(checkpoint)
 
     def write(df: DataFrame, batch_id: int) -> None:
         if not noted:
@@ -99,7 +107,9 @@ def start_file_stream(
         damaged = DamagedInputs(spark)
         if formats:
             parsed = parse_archives(spark, sorted(formats), options, damaged=damaged)
-            published = publish_or_explain(checkpoint, lambda: publish_batch(parsed, batch_id, out, staging))
+            published = publish_or_explain(
+                checkpoint, lambda: publish_batch(parsed, batch_id, out, staging, old_names=batch_id == rerun)
+            )
         for path, problem in gzip_problems(spark, [(path, size) for path, size in files if path not in formats]):
             _log.warning("batch %d: %s: %s; not parsed", batch_id, path, problem)
         for path, problem in damaged.found():

@@ -20,12 +20,14 @@ files an interrupted earlier attempt of the same batch named in the
 staging directory's ``published.json``. Hence nothing lost (offsets only
 move after the batch is published), nothing duplicated (a batch's files
 are replaced, never added twice), and a query never deletes a file another
-query published into the same output. The output has the columns and layout of
-``logs parse`` (Parquet partitioned by date and stream), so ``logs report``
-reads both. Each fact becomes the RDATA line a reader would have received,
-parsed by the archive builder; ``ts`` is when the query read it,
-``line_number`` its token, ``source_file`` ``<database URL, password
-masked>#<stream>/<writer>``.
+query published into the same output. A batch an earlier version left
+interrupted (one naming files ``part-b<batch id>-...``, with no note) has
+that batch's files of that name deleted instead (:func:`old_version_rerun`).
+The output has the columns and layout of ``logs parse`` (Parquet
+partitioned by date and stream), so ``logs report`` reads both. Each fact
+becomes the RDATA line a reader would have received, parsed by the archive
+builder; ``ts`` is when the query read it, ``line_number`` its token,
+``source_file`` ``<database URL, password masked>#<stream>/<writer>``.
 
 Faults: a database that cannot be reached pauses the query, the source
 retrying for ``retrySeconds`` (60) before the query stops with one line
@@ -76,6 +78,7 @@ __all__ = [
     "stream_markers",
     "select_streams",
     "publish_batch",
+    "old_version_rerun",
     "Published",
     "running_query_id",
     "publish_or_explain",
@@ -423,6 +426,42 @@ def _published(fs: Any, path: str) -> tuple[int, list[str]] | None:
             return None  # cut short: written before any of its files was moved, so none was
 
 
+def _batch_ids(fs: Any, path: str) -> list[int]:
+    """The batch ids of a Spark metadata log directory (``offsets``, ``commits``), ascending."""
+    import pyarrow.fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(int(i.base_name) for i in infos if i.type == pafs.FileType.File and i.base_name.isdigit())
+
+
+def old_version_rerun(checkpoint: str) -> int | None:
+    """The batch this start re-runs after an earlier version left it interrupted, else None; call before the start.
+
+    Versions before the ``PUBLISHED`` note named their files
+    ``part-b<batch id>-...`` and noted none, so a re-run finds nothing
+    naming them: the caller passes ``old_names`` to :func:`publish_batch`
+    for this batch (the only one that can be such a re-run: Spark re-runs
+    the unfinished batch first).
+    A checkpoint without the note and without an unfinished batch gets an
+    empty note, so that an attempt of this version interrupted before its
+    first note is never taken for an earlier version's.
+    """
+    import pyarrow.fs as pafs
+
+    root = checkpoint.rstrip("/")
+    fs, staging = _fs(f"{root}/staging")
+    note = f"{staging}/{PUBLISHED}"
+    if fs.get_file_info(note).type == pafs.FileType.File:
+        return None
+    query = _fs(f"{root}/query")[1]
+    offsets = _batch_ids(fs, f"{query}/offsets")
+    if offsets and offsets[-1] not in _batch_ids(fs, f"{query}/commits"):
+        return offsets[-1]
+    fs.create_dir(staging, recursive=True)
+    _note_published(fs, note, -1, [])
+    return None
+
+
 def _note_published(fs: Any, path: str, batch_id: int, files: Sequence[str]) -> None:
     """Replace the ``PUBLISHED`` note at ``path``: written in full under another name, then renamed over it."""
     import json
@@ -487,7 +526,9 @@ def _staged_counts(fs: Any, paths: Sequence[str]) -> tuple[int, int, dict[str, i
     return lines, malformed, cut
 
 
-def publish_batch(df: DataFrame, batch_id: int, out: str, staging: str, query_id: str | None = None) -> Published:
+def publish_batch(
+    df: DataFrame, batch_id: int, out: str, staging: str, query_id: str | None = None, *, old_names: bool = False
+) -> Published:
     """Write one micro-batch into ``out`` (logs-parse layout) so that writing it again replaces it.
 
     ``staging`` is the query's own directory (under its checkpoint). The
@@ -499,8 +540,11 @@ def publish_batch(df: DataFrame, batch_id: int, out: str, staging: str, query_id
     files the earlier attempt named there are deleted first. So a query only
     ever deletes files it published itself, whatever else shares ``out``
     (other queries, other sources, ``logs parse`` output), and the cost of a
-    batch does not grow with ``out``. A file read while cut mid-line
-    (:data:`.formats.ENDS_MID_LINE`) is named in a warning. Returns the
+    batch does not grow with ``out``. ``old_names`` says the earlier attempt
+    was an earlier version's (:func:`old_version_rerun`), which noted nothing:
+    the batch's ``part-b<batch id>-...`` files in ``out`` are deleted instead,
+    as that version did, listing ``out`` this once. A file read while cut
+    mid-line (:data:`.formats.ENDS_MID_LINE`) is named in a warning. Returns the
     number of files published, with the batch's lines and malformed lines.
     """
     import pyarrow.fs as pafs
@@ -526,6 +570,11 @@ def publish_batch(df: DataFrame, batch_id: int, out: str, staging: str, query_id
                 fs.delete_file(f"{out_path}/{rel}")
             except FileNotFoundError:
                 pass
+    if old_names:  # an earlier version's attempt, its files named by batch id only
+        old = f"part-b{batch_id:012d}-"
+        for info in fs.get_file_info(pafs.FileSelector(out_path, recursive=True, allow_not_found=True)):
+            if info.type == pafs.FileType.File and info.base_name.startswith(old):
+                fs.delete_file(info.path)
     _note_published(fs, note, batch_id, [rel for _, rel in moves])
     made: set[str] = set()
     for src, rel in moves:
@@ -736,6 +785,7 @@ def start_stream(
     if streams:
         reader = reader.option("streams", ",".join(streams))
     staging = f"{checkpoint.rstrip('/')}/staging"
+    rerun = old_version_rerun(checkpoint)
 
     query_id: list[str | None] = []  # the query's, once it has one (its first batch)
 
@@ -743,7 +793,9 @@ def start_stream(
         if not query_id:
             write_marker(out, checkpoint, source, chosen)
             query_id.append(checkpoint_query_id(checkpoint))
-        files = publish_or_explain(checkpoint, lambda: publish_batch(df, batch_id, out, staging, query_id[0]))
+        files = publish_or_explain(
+            checkpoint, lambda: publish_batch(df, batch_id, out, staging, query_id[0], old_names=batch_id == rerun)
+        )
         if on_batch is not None:
             on_batch(batch_id, files)
 
