@@ -11,6 +11,9 @@ import signal
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,26 @@ from cli_run import cli, no_traceback, serve, start, stop
 
 NAME = re.compile(r"^(?P<capture>[^.]+)\.(?P<stamp>\d{8}T\d{12}Z)\.(?P<seq>\d{6})\.log\.gz$")
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3,6}Z [<>#] ")
+
+
+@contextmanager
+def redis_recording(tmp_path: Path) -> Iterator[tuple[Any, str, Path, Any]]:
+    """A private redis-server and ``factstream record`` of its channel ``hs``: (server, url, capture dir, recorder).
+
+    Both are stopped at the end, whatever the test did to them (a test stops the recorder itself to read its
+    exit status and summary)."""
+    from synapse_deployment import PrivateRedis
+
+    server = PrivateRedis()
+    server.start()
+    url = f"redis://127.0.0.1:{server.port}"
+    rec_dir = tmp_path / "rec"
+    rec = start("record", "--redis", url, "--server-name", "hs", "--dir", str(rec_dir), "--flush-interval", "0.2")
+    try:
+        yield server, url, rec_dir, rec
+    finally:
+        stop(rec)
+        server.stop()
 
 
 def capture_lines(directory: Any) -> list[str]:
@@ -200,14 +223,7 @@ def test_a_recorder_hears_redis_soon_after_it_is_back(tmp_path: Any) -> None:
     between attempts, so it was still deaf then, and pub/sub keeps nothing for it), with few WARNINGs."""
     import redis
 
-    from synapse_deployment import PrivateRedis
-
-    server = PrivateRedis()
-    server.start()
-    url = f"redis://127.0.0.1:{server.port}"
-    rec_dir = tmp_path / "rec"
-    rec = start("record", "--redis", url, "--server-name", "hs", "--dir", str(rec_dir), "--flush-interval", "0.2")
-    try:
+    with redis_recording(tmp_path) as (server, url, rec_dir, rec):
 
         def publish_when_heard(line: str, within: float) -> bool:
             client = redis.Redis.from_url(url, socket_connect_timeout=1)
@@ -236,9 +252,6 @@ def test_a_recorder_hears_redis_soon_after_it_is_back(tmp_path: Any) -> None:
         client.close()
         time.sleep(1)
         _, err = stop(rec, signal.SIGTERM)
-    finally:
-        stop(rec)
-        server.stop()
     assert rec.returncode == 0, err
     no_traceback(err)
     heard = [line.split(" ", 2)[2] for line in capture_lines(rec_dir) if line.split(" ", 2)[1] == ">"]

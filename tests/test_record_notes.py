@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cli_run import cli, no_traceback, serve, start, stop
-from test_cli_record import capture_lines
+from test_cli_record import capture_lines, redis_recording
 
 
 def notes(directory: Path) -> list[str]:
@@ -27,14 +27,7 @@ def notes(directory: Path) -> list[str]:
 def test_a_stop_while_redis_is_gone_writes_one_disconnected_note(tmp_path: Path) -> None:
     import redis
 
-    from synapse_deployment import PrivateRedis
-
-    server = PrivateRedis()
-    server.start()
-    url = f"redis://127.0.0.1:{server.port}"
-    rec_dir = tmp_path / "rec"
-    rec = start("record", "--redis", url, "--server-name", "hs", "--dir", str(rec_dir), "--flush-interval", "0.2")
-    try:
+    with redis_recording(tmp_path) as (server, url, rec_dir, rec):
         client = redis.Redis.from_url(url)
         deadline = time.monotonic() + 30
         while client.pubsub_numsub("hs")[0][1] < 1 and time.monotonic() < deadline:
@@ -43,9 +36,6 @@ def test_a_stop_while_redis_is_gone_writes_one_disconnected_note(tmp_path: Path)
         server.stop()
         time.sleep(1.5)  # it has noticed and is retrying
         _, err = stop(rec, signal.SIGTERM)
-    finally:
-        stop(rec)
-        server.stop()
     assert rec.returncode == 0 and no_traceback(err), err
     got = notes(rec_dir)
     assert len(got) == 2, got
