@@ -80,3 +80,103 @@ def test_masking_twice_changes_nothing_more() -> None:
     for given, shown in URLS:
         assert redact_url(shown) == shown
         assert redact_text(shown) == shown
+
+
+# --- One reading of a URL's userinfo, for the masking and for the database layer --------------------------------
+#
+# redaction.py and store/database.py each read where a password is; a password one reading found and the other
+# did not was printed. Each case below was shown before both used redaction.userinfo_ends / url_passwords.
+
+#: Strings that are URLs (redact_url, shown_url), with a password libpq reads whole: a quote, a space or an angle
+#: bracket before its '?' or '#'. (In free text those characters end a URL: redact_text cannot tell.)
+URL_ONLY = [
+    ("postgresql://u:it's?s3cret@h/db", f"postgresql://u:{MASK}@h/db"),  # was shown whole by redact_url
+    ('postgresql://u:a"b#s3cret@h:5432,h2:5433/db', f"postgresql://u:{MASK}@h:5432,h2:5433/db"),
+    ("postgresql://u:a<b?s3cret@[::1]:5432/db", f"postgresql://u:{MASK}@[::1]:5432/db"),
+    ("postgresql://u:a b?s3cret@h/db", f"postgresql://u:{MASK}@h/db"),
+]
+
+
+@pytest.mark.parametrize(("given", "shown"), URL_ONLY)
+def test_a_url_is_read_as_libpq_reads_it(given: str, shown: str) -> None:
+    from factstream.store.database import shown_url
+
+    assert redact_url(given) == shown
+    assert shown_url(given) == shown
+    assert redact_url(shown) == shown
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [  # libpq reads a '#' in a query value as part of it; urlsplit ended the query there: password=***#s3cret
+        ("postgresql://h/db?password=ab#s3cret", f"postgresql://h/db?password={MASK}"),
+        ("redis://h:6379/0?password=ab#s3cret", f"redis://h:6379/0?password={MASK}"),
+        ("postgresql://h/db?sslmode=require&sslpassword=ab#s3cret", f"postgresql://h/db?sslmode=require&sslpassword={MASK}"),
+    ],
+)
+def test_a_query_password_is_masked_to_its_end(given: str, shown: str) -> None:
+    assert redact_url(given) == shown
+    assert SECRET not in redact_text(f"cannot connect to {given}: refused")
+
+
+def _libpq_passwords(url: str) -> list[str]:
+    conninfo = pytest.importorskip("psycopg.conninfo")
+    try:
+        parsed = conninfo.conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - libpq refuses the URL: it reads no password out of it
+        return []
+    return [v for k, v in parsed.items() if k in ("password", "sslpassword") and isinstance(v, str) and len(v) >= 3]
+
+
+_ODD = ["?", "#", "%40", "'", '"', "<", ">", " ", ",", ":", "[", "]", "=", "?#", "'?", '"#', "<?", " ?", "?@/"]
+_FORMS = [
+    "postgresql://u:s3{}cret@h:5432/db",
+    "postgres://u:s3{}cret@h1:5432,h2:5433/db?sslmode=require",
+    "postgresql://u:s3{}cret@[::1]:5432/db?application_name=a@b",
+    "postgresql://u@h/db?password=s3{}cret",
+    "postgresql://u@h/db?sslmode=require&sslpassword=s3{}cret&application_name=x",
+]
+
+
+@pytest.mark.parametrize("url", [form.format(odd) for form in _FORMS for odd in _ODD])
+def test_the_password_libpq_reads_is_the_one_masked(url: str) -> None:
+    from factstream import redaction
+    from factstream.store.database import _url_passwords, shown_url
+
+    for password in _libpq_passwords(url):
+        assert password not in redact_url(url)
+        assert password not in shown_url(url)
+        assert password in _url_passwords(url)
+        assert password in redaction.url_passwords(url)  # the masking's own reading finds libpq's password
+
+
+async def test_an_sslpassword_the_driver_quotes_back_is_masked() -> None:
+    """libpq says 'invalid percent-encoded token: "Qx%zz9s3cret"'; the database layer scrubbed only password=."""
+    from factstream.store.database import DatabaseUnavailable, connect
+
+    with pytest.raises(DatabaseUnavailable) as caught:
+        await connect("postgresql://u@127.0.0.1:1/db?sslmode=require&sslpassword=Qx%zz9s3cret")
+    assert 'invalid percent-encoded token: "***"' in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize("url", ["postgres:s3cret@127.0.0.1:5432/db", "u:s3cret@127.0.0.1:5432"])
+def test_a_url_typed_without_its_scheme_is_refused_with_its_password_masked(url: str) -> None:
+    """It was named as a file path, password and all: "'u:s3cret@...' is a file path ... write sqlite:///u:s3cret@..."."""
+    from factstream.store.database import DatabaseURLError, check_url
+
+    with pytest.raises(DatabaseURLError) as caught:
+        check_url(url)
+    assert SECRET not in str(caught.value) and f":{MASK}@127.0.0.1" in str(caught.value)
+    assert "is not a database URL" in str(caught.value)
+
+
+def test_an_at_in_the_query_does_not_hide_a_bad_port() -> None:
+    """The host check read the hosts after the last '@' anywhere (here the query's), found no fault and let it pass."""
+    from factstream.store.database import DatabaseURLError, check_url
+
+    with pytest.raises(DatabaseURLError, match="must be a number 0-65535"):
+        check_url("postgresql://u:s3cret@h:99999/db?application_name=a@b")
+    with pytest.raises(DatabaseURLError, match="holds an '@': write it percent-encoded, %40"):
+        check_url("postgresql://u:s3@cret@h:5432/db?application_name=a@b")
+    assert check_url("postgresql://u:pa?s3cret@h:5432,h2:5433/db?application_name=a@b") == "postgres"

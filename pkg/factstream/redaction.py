@@ -3,24 +3,29 @@
 Every URL that can reach a log line, an error message, ``--status`` or
 ``--json`` output goes through :func:`redact_url`; free text that may embed a
 URL or a libpq ``password=`` setting (a driver's error message, say) goes
-through :func:`redact_text`.
+through :func:`redact_text`. Where a URL's userinfo and password are is read
+once, here (:func:`userinfo_ends`, :func:`url_passwords`): a second reading
+elsewhere could find a password this one does not, and print it.
 """
 
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
-__all__ = ["redact_url", "redact_text", "MASK"]
+__all__ = ["redact_url", "redact_text", "url_passwords", "userinfo_ends", "MASK"]
 
 #: What a password is replaced with.
 MASK = "***"
 
 # Where a URL starts in a text: scheme://
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
-# What ends a URL's authority-and-path run in a text: white space, a query or fragment, a quote, or the
-# next server of a comma-separated list (nats://a:pw@h1,nats://b:pw@h2).
-_RUN_END = re.compile(r"[\s?#\"'<>]|,(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
+# The next server of a comma-separated list (nats://a:pw@h1,nats://b:pw@h2): where one URL of a string ends.
+_NEXT_URL = re.compile(r",(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
+# Where a URL's query (or fragment) starts, read from libpq's end of the userinfo.
+_QUERY = re.compile(r"[?#]")
+# Where a URL embedded in a text ends: also white space, a quote or an angle bracket.
+_TEXT_URL_END = re.compile(r"[\s\"'<>]|,(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
 # user:password@host without a scheme (a URL typed without one), as its own word. The host must look like
 # one (a name, an IPv4 or a bracketed IPv6 address, an optional port, then the end of the word or a path),
 # so that text such as a Matrix id or a JSON row is left alone.
@@ -32,50 +37,118 @@ _BARE_SECRET = re.compile(
 # password that lost its colon (redis://PASSWORD@host; a bare user name is rare there). In postgresql://user@
 # it is a user name, shown as it is.
 _TOKEN_SCHEMES = frozenset({"nats", "tls", "ws", "wss", "redis", "rediss"})
-# What ends a URL's userinfo as libpq reads it: its first '@', unless a '/' (the path) or the end of the word
-# comes first. A password holding '?' or '#' is valid to libpq, where a URL parser ends the authority.
-_USERINFO_END = re.compile(r"[@/\s\"'<>]")
 # password=... (and libpq's sslpassword=, the client key's passphrase) in a libpq keyword/value string or a URL
-# query string.
+# query string. A value runs to white space or '&': libpq reads a '#' in it as part of it.
 _KV_SECRET = re.compile(r"(?P<key>\b(?:ssl)?password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
 
 
-def _mask_authority(run: str, scheme: str = "") -> str:
-    """``user:password@host/...`` (a URL after its ``scheme://``) with the password masked.
+def userinfo_ends(run: str) -> tuple[int, int, int]:
+    """Where the userinfo of a URL may end in ``run`` (what follows ``scheme://``): (first, last, query).
 
-    The password runs from the first ':' to the last '@' of the run, so one
-    holding '@' or an unencoded '/' is masked whole, not cut where a URL
-    parser would end the authority. For a scheme of :data:`_TOKEN_SCHEMES`,
-    a userinfo without ':' (a token) is masked whole.
+    ``first`` is libpq's '@': the first one, unless a '/' comes before it.
+    libpq takes the password up to there whatever it holds ('?', '#', ':',
+    a quote, a space), so it is masked whole, not cut where a URL parser
+    would end the authority. ``last`` is the last '@' before ``query``
+    (where the query or fragment starts, ``len(run)`` if none): a password
+    holding an unencoded '@' (libpq refuses it) or '/' (a URL parser's
+    reading). An '@' in the query (``application_name=a@b``) is no
+    password's. -1: no such '@'.
     """
-    at = run.rfind("@")
-    if at < 0:
+    first = -1
+    for i, ch in enumerate(run):
+        if ch in "@/":
+            first = i if ch == "@" else -1
+            break
+    found = _QUERY.search(run, max(first, 0))
+    query = found.start() if found else len(run)
+    return first, run.rfind("@", 0, query), query
+
+
+def _password_spans(run: str, scheme: str) -> list[tuple[int, int]]:
+    """Where a password may be in ``run`` (a URL after its ``scheme://``, up to its query): one per reading.
+
+    The password runs from the first ':' to the '@' of :func:`userinfo_ends`
+    (libpq's and the last). For a scheme of :data:`_TOKEN_SCHEMES`, a userinfo
+    without ':' (a token) is a secret whole.
+    """
+    first, last, _ = userinfo_ends(run)
+    spans = []
+    for at in dict.fromkeys((first, last)):
+        colon = run.find(":", 0, at) if at >= 0 else -1
+        if colon >= 0:
+            spans.append((colon + 1, at))
+        elif at > 0 and scheme.lower() in _TOKEN_SCHEMES:
+            spans.append((0, at))
+    return spans
+
+
+def _mask_authority(run: str, scheme: str = "") -> str:
+    """``user:password@host/...`` (a URL after its ``scheme://``, up to its query) with every password reading masked."""
+    spans = _password_spans(run, scheme)
+    if not spans:
         return run
-    colon = run.find(":", 0, at)
-    if colon < 0:
-        return MASK + run[at:] if scheme.lower() in _TOKEN_SCHEMES and at > 0 else run
-    return run[: colon + 1] + MASK + run[at:]
+    return run[: min(s for s, _ in spans)] + MASK + run[max(e for _, e in spans) :]
 
 
-def _mask_urls(text: str) -> str:
-    """Every ``scheme://user:password@`` in ``text`` masked (each server of a comma-separated list)."""
+def _mask_urls(text: str, url_end: re.Pattern[str]) -> str:
+    """Every ``scheme://user:password@`` in ``text`` masked (each server of a comma-separated list).
+
+    ``url_end`` says where a URL ends: in a text at white space or a quote
+    too, in a string that is a URL (where libpq reads a space or a quote as
+    part of a password) only at the next server of a list.
+    """
     out: list[str] = []
     pos = 0
     for m in _SCHEME.finditer(text):
         if m.start() < pos:
-            continue  # inside a run already masked
-        end = _RUN_END.search(text, m.end())
-        stop = end.start() if end else len(text)
-        if stop < len(text) and text[stop] in "?#":  # the query, or a password holding '?'/'#' (libpq's reading)
-            at = _USERINFO_END.search(text, m.end())
-            if at is not None and text[at.start()] == "@" and at.start() > stop:
-                end = _RUN_END.search(text, at.start())
-                stop = end.start() if end else len(text)
+            continue  # inside an authority already masked
+        end = url_end.search(text, m.end())
+        word = text[m.end() : end.start() if end else len(text)]
+        stop = m.end() + userinfo_ends(word)[2]  # the query is left to _KV_SECRET, and may hold a URL of its own
         out.append(text[pos : m.end()])
         out.append(_mask_authority(text[m.end() : stop], m.group()[:-3]))
         pos = stop
     out.append(text[pos:])
     return "".join(out)
+
+
+def _mask_settings(text: str) -> str:
+    """``text`` with every bare ``user:password@host`` and ``password=`` setting masked."""
+    text = _BARE_SECRET.sub(lambda m: m.group("head") + MASK + m.group("at"), text)
+    return _KV_SECRET.sub(lambda m: m.group("key") + MASK, text)
+
+
+def _schemeless(url: str) -> bool:
+    """Whether ``url`` is ``user:password@host...`` typed without its scheme (not libpq's key=value form)."""
+    head = url.partition("?")[0]
+    return "://" not in url and "@" in head and "=" not in head
+
+
+def url_passwords(url: str) -> list[str]:
+    """Every string ``url`` may hold as a password (longest first), as written and decoded: what masking hides.
+
+    Each reading of the userinfo (:func:`userinfo_ends`; also of a URL typed
+    without its scheme), a token of :data:`_TOKEN_SCHEMES`, and every
+    ``password=`` or ``sslpassword=`` setting (a URL's query or libpq's
+    keyword/value form), percent-decoded and unquoted as libpq would.
+    """
+    runs = []
+    for m in _SCHEME.finditer(url):
+        end = _NEXT_URL.search(url, m.end())
+        runs.append((m.group()[:-3], url[m.end() : end.start() if end else len(url)]))
+    if _schemeless(url):
+        runs.append(("", url.partition("?")[0]))
+    found: set[str] = set()
+    for scheme, run in runs:
+        run = run[: userinfo_ends(run)[2]]
+        for s, e in _password_spans(run, scheme):
+            found.update((run[s:e], unquote(run[s:e])))
+    for m in _KV_SECRET.finditer(url):
+        value = m.group("secret")
+        found.update((value, unquote(value)))
+        if len(value) > 1 and value[0] == value[-1] == "'":
+            found.update((value[1:-1], re.sub(r"\\(.)", r"\1", value[1:-1])))
+    return sorted((p for p in found if p and p != MASK), key=len, reverse=True)
 
 
 def redact_url(url: str) -> str:
@@ -86,35 +159,10 @@ def redact_url(url: str) -> str:
     """
     if "://" not in url:  # user:password@host typed without a scheme, or libpq's key=value form
         head, sep, rest = url.partition("?")
-        if "@" in head and "=" not in head:
-            head = _mask_authority(head)
-        return redact_text(head + sep + rest)
-    run = url.split("://", 1)[1]
-    at = _USERINFO_END.search(run)
-    if at is not None and run[at.start()] == "@" and ("?" in run[: at.start()] or "#" in run[: at.start()]):
-        return redact_text(url)  # a password holding '?' or '#': urlsplit would end the authority inside it
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return redact_text(url)
-    if "," in parts.netloc or "@" in parts.path or parts.password is None and "@" in parts.netloc:
-        return redact_text(url)  # a server list, a token, or a password urlsplit cut short: masked as text
-    changed = parts
-    if parts.password is not None:
-        host = parts.netloc.rsplit("@", 1)[-1]
-        user = parts.username or ""
-        changed = changed._replace(netloc=f"{user}:{MASK}@{host}")
-    if parts.query:
-        changed = changed._replace(query=_KV_SECRET.sub(lambda m: m.group("key") + MASK, parts.query))
-    if changed == parts:
-        return url  # urlunsplit would drop the '//' of 'sqlite:///x' and 'unix:///x'
-    if not changed.netloc:
-        return url.split("?", 1)[0] + "?" + changed.query
-    return urlunsplit(changed)
+        return redact_text((_mask_authority(head) if _schemeless(url) else head) + sep + rest)
+    return _mask_settings(_mask_urls(url, _NEXT_URL))
 
 
 def redact_text(text: str) -> str:
     """``text`` with the password of every embedded URL or ``password=`` setting masked."""
-    text = _mask_urls(text)
-    text = _BARE_SECRET.sub(lambda m: m.group("head") + MASK + m.group("at"), text)
-    return _KV_SECRET.sub(lambda m: m.group("key") + MASK, text)
+    return _mask_settings(_mask_urls(text, _TEXT_URL_END))

@@ -72,11 +72,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import unquote
 
 from .. import _checks
 from ..errors import FactstreamError
-from ..redaction import MASK, redact_text, redact_url
+from ..redaction import MASK, redact_text, redact_url, url_passwords, userinfo_ends
 
 __all__ = [
     "CONNECT_TIMEOUT", "Database", "DatabaseError", "DatabaseURLError", "DatabaseUnavailable", "Transaction",
@@ -392,9 +391,8 @@ _PG_URL_FORM = "postgresql://<user>:<password>@<host>:<port>/<dbname>"
 def shown_url(url: str) -> str:
     """A database ``url`` as it may appear in output: its password masked, whatever characters it holds.
 
-    :func:`~factstream.redaction.redact_url`, plus the password as libpq
-    reads it: one holding '?' or '#' is valid to libpq, but a URL parser ends
-    the authority there and ``redact_url`` showed it whole.
+    :func:`~factstream.redaction.redact_url`, plus the password wherever
+    else the URL shows it (see :func:`_scrub`).
     """
     return _scrub(redact_text(redact_url(url)), url)
 
@@ -402,50 +400,18 @@ def shown_url(url: str) -> str:
 _shown = shown_url
 
 
-def _libpq_at(run: str) -> int:
-    """Where libpq ends the userinfo of a URL's ``run`` (what follows ``scheme://``): its first '@' before any '/'.
-
-    libpq takes a password up to that '@' whatever it holds ('?', '#',
-    ':'), so a password with '?' or '#' is valid to it and must be masked
-    as a whole, not cut where a URL parser would end the authority. -1: no
-    userinfo.
-    """
-    for i, ch in enumerate(run):
-        if ch == "@":
-            return i
-        if ch == "/":
-            return -1
-    return -1
-
-
 def _url_passwords(url: str) -> list[str]:
-    """Every string ``url`` may hold as its password (longest first), as written and percent-decoded.
-
-    The userinfo read libpq's way (the first '@') and the masking's way (the
-    last '@': a password holding an unencoded '@' or '/'), ``password=``
-    settings, and what libpq parses out of the URL.
-    """
-    found: set[str] = set()
-    if "://" in url:
-        run = url.split("://", 1)[1]
-        first = _libpq_at(run)
-        query = re.search(r"[?#]", run[max(first, 0) :])  # an '@' in the query is no password's
-        last = run.rfind("@", 0, max(first, 0) + query.start() if query else len(run))
-        for at in (first, last):
-            if at > 0:
-                user, colon, password = run[:at].partition(":")
-                if colon:
-                    found.update((password, unquote(password)))
-    for m in re.finditer(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]+)", url, re.IGNORECASE):
-        value = m.group(1)
-        found.update((value, value.strip("'"), unquote(value)))
+    """Every string ``url`` may hold as a password (longest first): the masking's readings, and libpq's own."""
+    found = set(url_passwords(url))
     try:
         from psycopg.conninfo import conninfo_to_dict
 
-        parsed = conninfo_to_dict(url).get("password")
-        if isinstance(parsed, str):
-            found.add(parsed)
-    except Exception:  # noqa: BLE001 - a URL libpq cannot parse: the forms above cover it
+        parsed = conninfo_to_dict(url)
+        for key in ("password", "sslpassword"):
+            value = parsed.get(key)
+            if isinstance(value, str):
+                found.add(value)
+    except Exception:  # noqa: BLE001 - a URL libpq cannot parse: the masking's readings cover it
         pass
     return sorted((p for p in found if p and p != MASK), key=len, reverse=True)
 
@@ -453,11 +419,11 @@ def _url_passwords(url: str) -> list[str]:
 def _scrub(text: str, url: str) -> str:
     """``text`` with the password of ``url`` masked wherever it appears, whatever characters it holds.
 
-    For what the generic masking cannot see: a password holding '?' or '#'
-    (valid to libpq: the URL masking ended the authority there and showed
-    it), or one a driver quotes back ('invalid percent-encoded token:
-    "pa%zz"'). A password of one or two characters is masked only where it
-    stands quoted, so that it does not mask every such letter of the text.
+    For what the masking of URLs and settings cannot see: a password a
+    driver quotes back ('invalid percent-encoded token: "pa%zz"'), or a
+    part of one named in a message of ours. A password of one or two
+    characters is masked only where it stands quoted, so that it does not
+    mask every such letter of the text.
     """
     for password in _url_passwords(url):
         for quoted in (f'"{password}"', f"'{password}'"):
@@ -1061,6 +1027,8 @@ def _no_scheme(url: str) -> str:
         return f"{_shown(url)!r} is a key=value connection string; write it as a URL: {_PG_URL_FORM}"
     if not url:
         return f"empty database URL; use {_URL_FORMS}"
+    if _shown(url) != url:  # user:password@host typed without its scheme: not a file, and its password is masked
+        return f"{_shown(url)!r} is not a database URL: it needs its scheme; use {_URL_FORMS}"
     return f"{url!r} is a file path, not a database URL; write sqlite:///{url}"
 
 
@@ -1126,16 +1094,17 @@ def sqlite_options(url: str) -> dict[str, float]:
 def _check_postgres_host(url: str) -> None:
     """A malformed host or port of a PostgreSQL URL, named (password masked) before libpq reads it.
 
-    Where the hosts begin is read two ways: libpq's (after the first '@'
-    before any '/': its password may hold '?', '#' or ':') and after the
-    last '@' (a password holding '@' or '/'). Only a fault both readings
-    find is reported, and always from the hosts after the last '@', which
-    no password precedes: a password with '?' was cut there, named as a
+    Where the hosts begin is read both ways of
+    :func:`~factstream.redaction.userinfo_ends`: libpq's (after the first '@'
+    before any '/': its password may hold '?', '#' or ':') and after the last
+    '@' before the query (a password holding '@' or '/'). Only a fault both
+    readings find is reported, and always from the hosts after the last '@',
+    which no password precedes: a password with '?' was cut there, named as a
     bad port ("the port in 'user:pa' ...") and shown, in a URL libpq takes.
     """
     run = url.split("://", 1)[1] if "://" in url else ""
-    first, last = _libpq_at(run), run.rfind("@")
-    if 0 <= first < last and not re.search(r"[/?#]", run[first:last]):
+    first, last, _ = userinfo_ends(run)
+    if 0 <= first < last and "/" not in run[first:last]:
         # libpq ends the userinfo at the first '@': the rest of the password would be taken for the host
         raise DatabaseURLError(
             f"the user name or password in {_shown(url)} holds an '@': write it percent-encoded, %40 "
