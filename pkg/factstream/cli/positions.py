@@ -335,8 +335,15 @@ async def positions(args: argparse.Namespace) -> int:
     in_memory = {d.name for d in SYNAPSE_STREAMS if d.in_memory}
     for what, h in header.items():
         print(f"# {what}: {h.get('url') or h.get('from')} ({h.get('kind', 'writers')}), read at {h['read_at']}")
-    if not any(table.values()):
-        print(f"# no positions: {'the database has no facts yet' if args.db else 'no writer answered'}")
+    answered = any("replication" in v for v in table.values())
+    if (args.connect or args.redis) and not answered:
+        # with --db the table is full of database rows, and an empty replication column read as "no
+        # positions announced" rather than as a wrong --server-name (a Redis channel nobody writes on)
+        where = f"on channel {args.server_name!r}" if args.redis else f"at {args.connect}"
+        print(f"# no writer answered REPLICATE {where} within {args.wait:g}s"
+              + (" (check --server-name)" if args.redis else ""))
+    if args.db and not any(table.values()):
+        print("# no positions: the database has no facts yet")
     cols = ["recorded", "max_stream_id", "replication"]
     print(f"{'stream':<26} {'writer':<14} " + " ".join(f"{c:>13}" for c in cols))
     for (s, w), v in sorted(table.items()):

@@ -18,13 +18,14 @@ import asyncio
 import json
 import re
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 from .. import transport
-from ..redaction import redact_url
+from ..redaction import redact_url, userinfo_ends
 from .argtypes import duration
 from .link import LinkError, check_nats, check_redis, cli_exit, parse_target, refuse_tls_options, utc_stamp
 from .link import connect_within
@@ -65,6 +66,16 @@ class Tally:
     def __init__(self) -> None:
         self.token: dict[tuple[str, str], int] = {}
         self.rows: dict[tuple[str, str], int] = {}
+        # The listening window (monotonic): rows/s and the reported interval are over it, not over the
+        # connect (retried for up to --connect-timeout) or the JetStream inspection that surround it.
+        self.started: float | None = None
+        self.stopped: float | None = None
+
+    def seconds(self, default: float) -> float:
+        """How long the lines were listened to (``default`` when no window was recorded)."""
+        if self.started is None or self.stopped is None:
+            return default
+        return max(self.stopped - self.started, 1e-9)
 
     def lines(self, lines: list[bytes]) -> None:
         for line in lines:
@@ -90,7 +101,8 @@ async def watch_tcp(args: argparse.Namespace, tally: Tally) -> str:
     except LinkError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         raise SystemExit(1) from None
-    deadline = time.monotonic() + args.interval
+    tally.started = time.monotonic()
+    deadline = tally.started + args.interval
     try:
         while (left := deadline - time.monotonic()) > 0:
             try:
@@ -101,6 +113,7 @@ async def watch_tcp(args: argparse.Namespace, tally: Tally) -> str:
         print(f"{PROG}: {err}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:
+        tally.stopped = time.monotonic()
         await link.close()
     return str(link.server_name)
 
@@ -108,18 +121,26 @@ async def watch_tcp(args: argparse.Namespace, tally: Tally) -> str:
 async def watch_redis(args: argparse.Namespace, tally: Tally) -> str:
     import redis.asyncio as aioredis
 
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
     await check_redis(args.redis, args.server_name, PROG, args.connect_timeout)
     client = aioredis.from_url(args.redis)
     try:
         pubsub = client.pubsub()
         await pubsub.subscribe(args.server_name)
         await client.publish(args.server_name, b"REPLICATE ")
-        deadline = time.monotonic() + args.interval
+        tally.started = time.monotonic()
+        deadline = tally.started + args.interval
         while (left := deadline - time.monotonic()) > 0:
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
             if msg and isinstance(msg.get("data"), bytes):
                 tally.lines([msg["data"]])
+        tally.stopped = time.monotonic()
         await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: PubSub.aclose is unannotated
+    except (RedisConnectionError, RedisTimeoutError, OSError) as err:
+        # redis-py says "Error 111 connecting to HOST:PORT" for a Redis that went away mid-measurement
+        cli_exit(PROG, f"lost Redis at {redact_url(args.redis)} while measuring: {redact_url(str(err))}", 1)
     finally:
         await client.aclose()
     return str(args.server_name)
@@ -127,6 +148,8 @@ async def watch_redis(args: argparse.Namespace, tally: Tally) -> str:
 
 async def watch_nats(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
     """Listen on the log subjects for --interval (rows/s), then read writers and readers from JetStream."""
+    from nats.errors import Error as NatsError
+
     from ..transport.nats import JetStreamLayout, connect_nats
     from ..transport.nats.inspect import inspect_deployment
     await check_nats(args.nats, args.server_name, PROG, args.connect_timeout)
@@ -135,17 +158,28 @@ async def watch_nats(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
     async def heard(msg: Any) -> None:
         tally.lines(msg.data.split(b"\n"))
 
-    nc = await connect_nats(args.nats, name="factstream-status", timeout=args.connect_timeout,
-                            allow_reconnect=False, max_reconnect_attempts=1)
+    shown = redact_url(args.nats)
     try:
-        await nc.subscribe(layout.log_subjects, cb=heard)
-        await asyncio.sleep(args.interval)
-    finally:
-        await nc.close()
-    try:
+        nc = await connect_nats(args.nats, name="factstream-status", timeout=args.connect_timeout,
+                                allow_reconnect=False, max_reconnect_attempts=1)
+        try:
+            await nc.subscribe(layout.log_subjects, cb=heard)
+            tally.started = time.monotonic()
+            await asyncio.sleep(args.interval)
+            tally.stopped = time.monotonic()
+            lost = nc.is_closed  # the server went away during the measurement (no reconnect: counts would be short)
+        finally:
+            await nc.close()
+        if lost:
+            cli_exit(PROG, f"lost NATS at {shown} while measuring (the server closed the connection)", 1)
         return await inspect_deployment(args.nats, args.server_name, timeout=args.connect_timeout)
     except LookupError as err:
         cli_exit(PROG, str(err), 1)
+    except (NatsError, OSError) as err:
+        # a NATS server that went away between the check and the end: nats-py's NoServersError was
+        # reported as "internal error ... this is a bug"
+        what = str(err) or type(err).__name__
+        cli_exit(PROG, f"lost NATS at {shown} while reading the deployment: {redact_url(what)}", 1)
 
 
 def metrics_url(where: str) -> str:
@@ -155,48 +189,120 @@ def metrics_url(where: str) -> str:
     return f"http://{where}" if "/" in where else f"http://{where}/metrics"
 
 
+class MetricsProblem(Exception):
+    """Why ``--metrics`` could not be read (one line, passwords masked)."""
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its ``user:password@`` and the (user, password) it held, for HTTP basic authentication.
+
+    urllib does not take credentials from a URL: it looked ``user:pw@host``
+    up as a host name ("Name or service not known"), and a password holding
+    '/' was cut at it and its first part shown as a "nonnumeric port".
+    """
+    from urllib.parse import unquote
+
+    scheme, sep, run = url.partition("://")
+    if not sep:
+        return url, None
+    _, last, _ = userinfo_ends(run)
+    if last < 0:
+        return url, None
+    user, _, password = run[:last].partition(":")
+    return f"{scheme}://{run[last + 1:]}", (unquote(user), unquote(password))
+
+
 def fetch_metrics(where: str, timeout: float) -> str:
-    """The text of a factstream writer's Prometheus endpoint; exit 1 saying why when ``where`` is not one.
+    """The text of a factstream writer's Prometheus endpoint; MetricsProblem saying why when ``where`` is not one.
 
     Any other port could answer: the replication listener (its SERVER line
     is no HTTP: "BadStatusLine", reported as a bug), or another HTTP server
     whose page, holding no factstream gauge, read as "0 connected readers".
     """
+    import base64
     import http.client
 
     url = metrics_url(where)
     shown = redact_url(url)
+    bare, credentials = split_credentials(url)
+    request = urllib.request.Request(bare)
+    if credentials is not None:
+        token = base64.b64encode(":".join(credentials).encode()).decode("ascii")
+        request.add_unredirected_header("Authorization", f"Basic {token}")
     text = ""
     hint = "give the writer's 'serve --metrics-port' as --metrics HOST:PORT"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - a user-given local endpoint
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - a user-given local endpoint
             text = str(resp.read().decode("utf-8", "replace"))
     except http.client.RemoteDisconnected:
-        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer: it closed the "
-                       f"connection without an HTTP answer; {hint}", 1)
+        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer: it closed the "
+                             f"connection without an HTTP answer; {hint}") from None
     except http.client.BadStatusLine as err:
         first = str(err.line if hasattr(err, "line") else err).strip()[:40]
         what = " (a replication listener: its greeting is SERVER)" if first.startswith("SERVER ") else ""
-        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer: it answered "
-                       f"{first!r}, not HTTP{what}; {hint}", 1)
+        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer: it answered "
+                             f"{first!r}, not HTTP{what}; {hint}") from None
     except urllib.error.HTTPError as err:
-        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer (HTTP {err.code} "
-                       f"{err.reason}); {hint}", 1)
+        auth = (" (the user and password in the URL were refused)" if credentials else
+                " (it wants a user and password: http://USER:PASSWORD@HOST:PORT/metrics)") if err.code == 401 else ""
+        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer (HTTP "
+                             f"{err.code} {err.reason}){auth}; {hint}") from None
     except (http.client.HTTPException, ValueError) as err:
-        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer "
-                       f"({type(err).__name__}: {redact_url(str(err))}); {hint}", 1)
+        detail = redact_url(str(err))
+        if credentials is not None and credentials[1]:
+            detail = detail.replace(credentials[1], "***")
+        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer "
+                             f"({type(err).__name__}: {detail}); {hint}") from None
     except OSError as err:
-        cli_exit(PROG, f"cannot read metrics from {shown}: {getattr(err, 'reason', err)}", 1)
+        raise MetricsProblem(f"cannot read metrics from {shown}: {getattr(err, 'reason', err)}") from None
     if not any(line.startswith(("factstream_", "# HELP factstream_", "# TYPE factstream_"))
                for line in text.splitlines()):
-        cli_exit(PROG, f"{shown} is not a Prometheus metrics endpoint of a factstream writer (it answered HTTP "
-                       f"but exports no factstream_* metric); {hint}", 1)
+        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer (it answered "
+                             f"HTTP but exports no factstream_* metric); {hint}")
     return text
 
 
-def readers_from_metrics(where: str, timeout: float) -> list[dict[str, Any]]:
+async def fetch_metrics_async(where: str, timeout: float) -> str:
+    """fetch_metrics off the event loop, in a daemon thread, so that Ctrl-C ends the command at once.
+
+    Run on the loop, the blocking read kept the loop's SIGINT handler from
+    running: a silent --metrics port held Ctrl-C for the whole timeout and
+    then exited 1 ("timed out"), not 130. A daemon thread (not the default
+    executor, which the loop waits for on exit) is left to its timeout.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[str] = loop.create_future()
+
+    def settle(text: str | None, err: BaseException | None) -> None:
+        if done.done():
+            return
+        if err is not None:
+            done.set_exception(err)
+        else:
+            done.set_result(str(text))
+
+    def work() -> None:
+        text: str | None = None
+        error: BaseException | None = None
+        try:
+            text = fetch_metrics(where, timeout)
+        except Exception as err:  # noqa: BLE001 - handed to the awaiting coroutine as it is
+            error = err
+        try:
+            loop.call_soon_threadsafe(settle, text, error)
+        except RuntimeError:  # the loop is closed: the command already ended (Ctrl-C)
+            pass
+
+    threading.Thread(target=work, name="factstream-status-metrics", daemon=True).start()
+    try:
+        return await done
+    except MetricsProblem as err:
+        cli_exit(PROG, str(err), 1)
+
+
+async def readers_from_metrics(where: str, timeout: float) -> list[dict[str, Any]]:
     """Connected readers from a server's /metrics (the factstream_reader_* gauges)."""
-    text = fetch_metrics(where, timeout)
+    text = await fetch_metrics_async(where, timeout)
     readers: dict[tuple[str, str, str], dict[str, Any]] = {}
     field = {"factstream_reader_connected_since_seconds": "connected_since",
              "factstream_reader_buffered_commands": "buffered", "factstream_reader_last_ping_seconds": "last_ping"}
@@ -246,11 +352,12 @@ async def status(args: argparse.Namespace) -> int:
         server = str(args.server_name)
     else:
         server = await (watch_redis(args, tally) if args.redis else watch_tcp(args, tally))
-    seconds = max(time.monotonic() - started, 1e-9)
-    readers = readers_from_metrics(args.metrics, args.connect_timeout) if args.metrics else None
+    # rows/s over the window the lines were listened to; "interval" in --json is that same window
+    seconds = tally.seconds(max(time.monotonic() - started, 1e-9))
+    readers = await readers_from_metrics(args.metrics, args.connect_timeout) if args.metrics else None
     streams = [
         {"stream": s, "writer": w, "token": tally.token.get((s, w)), "rows": tally.rows.get((s, w), 0),
-         "rows_per_s": round(tally.rows.get((s, w), 0) / args.interval, 1)}
+         "rows_per_s": round(tally.rows.get((s, w), 0) / seconds, 1)}
         for s, w in sorted(set(tally.token) | set(tally.rows))
     ]
     doc: dict[str, Any] = {"server": server, "at": utc_stamp(), "interval": round(seconds, 2), "streams": streams}
@@ -271,6 +378,9 @@ async def status(args: argparse.Namespace) -> int:
     for r in streams:
         print(f"{r['stream']:<24} {r['writer']:<14} {str(r['token'] if r['token'] is not None else '-'):>12} "
               f"{r['rows_per_s']:>10}")
+    if args.redis and not streams:
+        # a channel nobody writes on (a mistyped --server-name) printed a bare header, as if all were quiet
+        print(f"(no writer answered REPLICATE on channel {server!r} within {args.interval:g}s: check --server-name)")
     if readers is not None:
         print(f"\n{len(readers)} connected reader(s)")
         print(f"{'NAME':<22} {'ADDRESS':<22} {'CONNECTED SINCE':<28} {'BUFFERED':>8} {'LAST PING':<28}")
