@@ -12,6 +12,7 @@ record it, and an output holding that batch's rows as that version named them.
 from __future__ import annotations
 
 import collections
+import gzip
 import datetime as dt
 import json
 import sqlite3
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from cli_run import require_spark_cli
+from conftest import require
 from spark_stream_run import db_rows, parquet_rows, produce, run_stream
 
 _OLD0 = "part-b000000000000-"
@@ -121,8 +123,8 @@ def test_only_a_batch_an_earlier_version_left_unfinished_is_taken_for_one(tmp_pa
     """old_version_rerun: a checkpoint without published.json whose last started batch is not committed names it;
     any other start (a new checkpoint, one whose batches all finished) gets an empty note instead, so an
     interrupted attempt of this version is never taken for an earlier version's."""
-    pytest.importorskip("pyspark")
-    pytest.importorskip("pyarrow")
+    require(module="pyspark", how="it is in the spark extra: pip install 'factstream[spark]' (make install)")
+    require(module="pyarrow", how="it is in the spark extra: pip install 'factstream[spark]' (make install)")
     from factstream.spark.streaming import PUBLISHED, old_version_rerun
 
     new = tmp_path / "new"
@@ -144,3 +146,42 @@ def test_only_a_batch_an_earlier_version_left_unfinished_is_taken_for_one(tmp_pa
     (old / "query" / "commits" / "2").write_text("v1\n{}")
     assert old_version_rerun(str(old)) is None  # every batch finished: nothing to re-run
     assert (old / "staging" / PUBLISHED).exists()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_a_files_batch_interrupted_by_an_earlier_version_is_not_written_twice(tmp_path: Path) -> None:
+    """``--files``: batch 0 published and not committed, its files under the earlier version's names and no
+    note (made from a run of this version: files renamed, note and commit removed); the re-run leaves each line once."""
+    require_spark_cli()
+    import pyarrow.dataset as ds
+
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = 0
+    for f in range(3):
+        text = "".join(f"POSITION events master {t - 1} {t}\n" for t in range(1 + f * 100, 101 + f * 100))
+        (src / f"hs1.{f}.log.gz").write_bytes(gzip.compress(text.encode()))
+        lines += 100
+    out, ck = tmp_path / "pq", tmp_path / "ck"
+    args = ("--files", str(src), "--out", str(out), "--checkpoint", str(ck), "--trigger", "0.5", "--stop-when-idle", "3")
+
+    def rows() -> int:
+        return ds.dataset(str(out), format="parquet").count_rows()
+
+    done = run_stream(*args)
+    assert done.returncode == 0 and rows() == lines, done.stderr
+    published = list(out.rglob("part-*-b000000000000-*.parquet"))
+    assert published, sorted(p.name for p in out.rglob("*.parquet"))
+    for path in published:  # as the earlier version named them
+        path.rename(path.with_name(_OLD0 + path.name.split("-b000000000000-", 1)[1]))
+    (ck / "staging" / "published.json").unlink()
+    for name in ("0", ".0.crc"):
+        (ck / "query" / "commits" / name).unlink(missing_ok=True)
+    assert rows() == lines
+
+    done = run_stream(*args)
+    assert done.returncode == 0 and "batch 0" in done.stderr, done.stderr
+    assert rows() == lines, f"{rows()} rows for {lines} lines"
+    assert not [p.name for p in out.rglob(f"{_OLD0}*")]
