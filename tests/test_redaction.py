@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import require
+
 from factstream.redaction import MASK, redact_text, redact_url
 
 SECRET = "s3cret"
@@ -120,7 +122,7 @@ def test_a_query_password_is_masked_to_its_end(given: str, shown: str) -> None:
 
 
 def _libpq_passwords(url: str) -> list[str]:
-    conninfo = pytest.importorskip("psycopg.conninfo")
+    conninfo = require(module="psycopg.conninfo", how="pip install 'psycopg[binary]' (make install)")
     try:
         parsed = conninfo.conninfo_to_dict(url)
     except Exception:  # noqa: BLE001 - libpq refuses the URL: it reads no password out of it
