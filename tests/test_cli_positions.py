@@ -154,3 +154,30 @@ def test_options_positions_would_ignore_are_refused(tmp_path: Any) -> None:
         out = cli("positions", "--db", db, *extra)
         assert out.returncode == 2 and named in out.stderr and "--connect" in out.stderr, (extra, out.stderr)
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_database_that_does_not_answer_is_named_after_db_timeout(postgres_dsn: str) -> None:
+    """A table locked by a migration (Synapse's schema updates take ACCESS EXCLUSIVE locks): the query waited as
+    long as the lock was held, and positions with it, for ever. Now it is named after --db-timeout, exit 1."""
+    import psycopg
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE stream_positions (stream_name TEXT, instance_name TEXT, stream_id BIGINT)")
+        conn.execute("INSERT INTO stream_positions VALUES ('events', 'master', 7)")
+    migration = psycopg.connect(postgres_dsn)
+    try:
+        migration.execute("LOCK TABLE stream_positions IN ACCESS EXCLUSIVE MODE")
+        began = time.monotonic()
+        out = subprocess.run([FACTSTREAM, "positions", "--db", postgres_dsn, "--db-timeout", "2"],
+                             capture_output=True, text=True, timeout=60, env=ENV)
+        took = time.monotonic() - began
+    finally:
+        migration.rollback()
+        migration.close()
+    assert out.returncode == 1 and no_traceback(out.stderr), out.stderr
+    assert "did not answer within 2 s" in out.stderr and "--db-timeout SECONDS" in out.stderr, out.stderr
+    assert took < 15, took
+    again = cli("positions", "--db", postgres_dsn)  # the lock gone: the query the timeout cancelled left nothing
+    assert again.returncode == 0 and "events" in again.stdout and "7" in again.stdout, again.stdout + again.stderr
+    refused = cli("positions", "--connect", "127.0.0.1:1", "--db-timeout", "2")
+    assert refused.returncode == 2 and "--db-timeout applies to --db" in refused.stderr, refused.stderr
