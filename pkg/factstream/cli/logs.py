@@ -537,6 +537,21 @@ def _unmatched_pattern(df: Any, pattern: str, where: str) -> str | None:
             "fix it (it is searched in each base name; its capture group must not be empty) or leave it out")
 
 
+def _not_ours(df: Any, where: str) -> str | None:
+    """Why the Parquet in ``where`` is not what 'logs parse' / 'logs stream' write (columns missing), or None.
+
+    Someone else's Parquet otherwise fails deep in the report as an "internal error".
+    """
+    from ..spark.report import REQUIRED_COLUMNS
+
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if not missing:
+        return None
+    has = ", ".join(df.columns[:8]) + (f" ... ({len(df.columns)} columns)" if len(df.columns) > 8 else "")
+    return (f"{where} is not the output of 'factstream logs parse' or 'logs stream': its Parquet lacks the "
+            f"column(s) {', '.join(missing)} (it has {has or 'none'})")
+
+
 def run_report(args: argparse.Namespace) -> int:
     try:
         _check_report(args)
@@ -545,7 +560,7 @@ def run_report(args: argparse.Namespace) -> int:
         return 2
 
     from ..spark.progress import task_progress
-    from ..spark.report import build_report, render_json, render_text
+    from ..spark.report import MAX_BUCKETS, build_report, render_json, render_text
 
     try:
         spark = _session(args)
@@ -557,6 +572,10 @@ def run_report(args: argparse.Namespace) -> int:
     except Exception as err:
         print(f"factstream logs: cannot read Parquet from {args.dir}: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    problem = _not_ours(df, args.dir)
+    if problem:
+        print(f"factstream logs: {problem}", file=sys.stderr)
+        return 2
     if args.capture_pattern is not None:
         problem = _unmatched_pattern(df, args.capture_pattern, args.dir)
         if problem:
@@ -564,6 +583,10 @@ def run_report(args: argparse.Namespace) -> int:
             return 2
     with task_progress(spark.sparkContext, "reporting", enabled=_progress_enabled(args)):
         report = build_report(df, bucket_seconds=args.bucket, capture_pattern=args.capture_pattern)
+    if report["bucket_seconds"] != args.bucket:
+        print(f"factstream logs: --bucket {args.bucket} widened to {report['bucket_seconds']} s: the archive spans "
+              f"{report['first_ts']} .. {report['last_ts']}, more than {MAX_BUCKETS} buckets of {args.bucket} s",
+              file=sys.stderr)
     status = 0
     if args.chart:
         from ..spark.chart import NoTimestamps, render_chart

@@ -40,7 +40,17 @@ The figures:
     where sequences broke, for the chart: up to 1000 gaps and backwards
     tokens with their time, and the disconnect holes of every capture.
 ``captures``
-    per capture: its files (in sequence order), lines and disconnect holes.
+    per capture: its files (in sequence order), lines and disconnect holes
+    (``disconnects``: a ``recorder stopped`` note on its last line is where
+    the recording ended, not a hole).
+``bucket_seconds``
+    the bucket used: the one asked for, unless the archive spans more than
+    ``MAX_BUCKETS`` of it (a stray timestamp years off, say), when it is
+    widened to a multiple of it that fits (``bucket_seconds_requested``
+    says what was asked), so that the series stays a size one can draw.
+
+Token arithmetic is done in decimals: tokens are 64-bit, and a difference
+or sum of them (a gap from 1 to 2**63-1) must not overflow.
 """
 
 from __future__ import annotations
@@ -52,11 +62,30 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["build_report", "render_text", "render_json", "MAX_MARKS"]
+__all__ = ["build_report", "render_text", "render_json", "MAX_MARKS", "MAX_BUCKETS", "REQUIRED_COLUMNS"]
 
 #: Gaps and backwards tokens listed with their time in ``marks`` (the figures count them all).
 MAX_MARKS = 1000
+#: Buckets a report's time span may hold (69 days of 60 s buckets); beyond it the bucket is widened.
+MAX_BUCKETS = 100_000
 CONNECTED = "#connected"
+#: The reason of the note a recorder writes when it is stopped while connected (cli/record.py).
+RECORDER_STOPPED = "recorder stopped"
+#: The columns of 'logs parse' / 'logs stream' output a report reads.
+REQUIRED_COLUMNS = ("source_file", "line_number", "ts", "command", "stream", "instance", "token", "prev_token", "error")
+
+
+def fitting_bucket(requested: int, first: float, last: float, limit: int = MAX_BUCKETS) -> int:
+    """The smallest multiple of ``requested`` seconds whose buckets from ``first`` to ``last`` number at most ``limit``."""
+    def count(b: int) -> int:
+        return int(last // b - first // b) + 1
+
+    if count(requested) <= limit:
+        return requested
+    factor = max(1, int((last - first) // (requested * (limit - 1))))
+    while count(requested * factor) > limit:
+        factor += 1
+    return requested * factor
 
 
 def _iso(value: Any) -> str | None:
@@ -65,6 +94,16 @@ def _iso(value: Any) -> str | None:
     if isinstance(value, dt.datetime):
         return value.replace(tzinfo=dt.timezone.utc).isoformat().replace("+00:00", "Z")
     return str(value)
+
+
+def _rate(value: float) -> float:
+    """Rows/s to 3 decimals, but never a zero for rows that were there (1 row in an hour is not an outage)."""
+    rounded = round(value, 3)
+    return rounded if rounded or not value else float(f"{value:.3g}")
+
+
+def _unix(t: Any) -> float:
+    return float(t.replace(tzinfo=dt.timezone.utc).timestamp())
 
 
 def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str | None = None) -> dict[str, Any]:
@@ -80,10 +119,13 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
 
     if bucket_seconds <= 0:
         raise ValueError("bucket_seconds must be positive")
-    df = capture_columns(
-        df.select("source_file", "line_number", "ts", "command", "stream", "instance", "token", "prev_token", "error"),
-        capture_pattern,
-    ).cache()
+    requested_bucket = bucket_seconds
+    note = F.col("data") if "data" in df.columns else F.lit(None).cast("string")
+    df = capture_columns(df.select(*REQUIRED_COLUMNS, note.alias("data")), capture_pattern).cache()
+    # Differences and sums of 64-bit tokens overflow a long (Spark's ANSI mode fails the job): decimals do not.
+    def dec(column: Any) -> Any:
+        return (F.col(column) if isinstance(column, str) else column).cast("decimal(20,0)")
+
     try:
         totals = df.agg(
             F.count(F.lit(1)).alias("lines"),
@@ -106,8 +148,8 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             df.groupBy("capture")
             .agg(
                 F.count(F.lit(1)).alias("lines"),
-                F.count(F.when(F.col("command") == DISCONNECTED, 1)).alias("disconnects"),
                 F.array_sort(F.collect_set(F.struct("file_order", "source_file"))).alias("files"),
+                F.max(F.struct("file_order", "line_number")).alias("last_line"),
             )
             .orderBy("capture")
             .collect()
@@ -131,7 +173,8 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
                 "position_jumps"
             ),
             F.coalesce(
-                F.sum(F.when((F.col("command") == "POSITION") & (F.col("token") > F.col("prev_token")), F.col("token") - F.col("prev_token"))),
+                F.sum(F.when((F.col("command") == "POSITION") & (F.col("token") > F.col("prev_token")),
+                             dec("token") - dec("prev_token"))),
                 F.lit(0),
             ).alias("position_jump_tokens"),
             F.min(F.when(F.col("command") == "RDATA", F.col("ts"))).alias("first_ts"),
@@ -141,11 +184,9 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
         w_tok = Window.partitionBy("capture", "segment", *key).orderBy(*order)
         tok = seq.where("token IS NOT NULL").withColumn("last", F.lag("token").over(w_tok))
         skipped = (
-            F.when(
-                (F.col("command") == "RDATA") & (F.col("token") > F.col("last") + 1), F.col("token") - F.col("last") - 1
-            )
-            .when((F.col("command") == "POSITION") & (F.col("prev_token") > F.col("last")), F.col("prev_token") - F.col("last"))
-            .otherwise(0)
+            F.when((F.col("command") == "RDATA") & (dec("token") > dec("last") + 1), dec("token") - dec("last") - 1)
+            .when((F.col("command") == "POSITION") & (F.col("prev_token") > F.col("last")), dec("prev_token") - dec("last"))
+            .otherwise(dec(F.lit(0)))
         )
         ordering = tok.withColumn("skipped", skipped).groupBy(*key).agg(
             F.count(F.when(F.col("token") < F.col("last"), 1)).alias("backwards"),
@@ -161,7 +202,11 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             F.count(F.when(is_batch & (F.col("next_cmd").isNull() | ~closes), 1)).alias("unterminated_batches")
         )
 
-        bucket = F.floor(F.unix_micros("ts") / F.lit(1_000_000 * bucket_seconds)) * F.lit(bucket_seconds)
+        if totals["first_ts"] is not None:
+            bucket_seconds = fitting_bucket(
+                requested_bucket, _unix(totals["first_ts"]), _unix(totals["last_ts"])
+            )
+        bucket = F.floor(F.unix_micros("ts") / F.lit(1_000_000) / F.lit(bucket_seconds)) * F.lit(bucket_seconds)
         series_rows = (
             seq.where("command = 'RDATA' AND ts IS NOT NULL")
             .groupBy(*key, bucket.alias("bucket"))
@@ -172,20 +217,20 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             tok.withColumn("skipped", skipped)
             .where("ts IS NOT NULL AND (skipped > 0 OR token < last)")
             .select(*key, "ts", F.when(F.col("token") < F.col("last"), "backwards").otherwise("gap").alias("kind"),
-                    F.when(F.col("token") < F.col("last"), F.col("last") - F.col("token")).otherwise(F.col("skipped"))
+                    F.when(F.col("token") < F.col("last"), dec("last") - dec("token")).otherwise(F.col("skipped"))
                     .alias("tokens"))
             .orderBy("ts").limit(MAX_MARKS).collect()
         )
         hole_rows = (
-            df.where(f"ts IS NOT NULL AND command IN ('{DISCONNECTED}', '{CONNECTED}')")
-            .select("capture", "ts", "command").orderBy("capture", "file_order", "line_number").collect()
+            df.where(f"command IN ('{DISCONNECTED}', '{CONNECTED}')")
+            .select("capture", "ts", "command", "data", "file_order", "line_number")
+            .orderBy("capture", "file_order", "line_number").collect()
         )
         stats = basic.join(ordering, key, "left").join(batches, key, "left").orderBy(*key).collect()
     finally:
         df.unpersist()
 
-    def unix(t: Any) -> float:
-        return float(t.replace(tzinfo=dt.timezone.utc).timestamp())
+    unix = _unix
 
     # The time the archive covers: rates are over it, not over whole buckets (a 3 s capture in a
     # 60 s bucket read as a twentieth of its rate). A bucket's own covered part is at least a second,
@@ -213,10 +258,10 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             assert covered_from is not None and covered_to is not None  # points come from timestamped rows
             span = max(1.0, covered_to - covered_from)
             rate = {
-                "mean": round(total / span, 3),
-                "peak": round(max(n / covered(b) for b, n in points), 3),
+                "mean": _rate(total / span),
+                "peak": _rate(max(n / covered(b) for b, n in points)),
                 "series": [
-                    [_iso(dt.datetime.fromtimestamp(b, dt.timezone.utc).replace(tzinfo=None)), round(n / bucket_seconds, 3)]
+                    [_iso(dt.datetime.fromtimestamp(b, dt.timezone.utc).replace(tzinfo=None)), _rate(n / bucket_seconds)]
                     for b, n in points
                 ],
             }
@@ -240,18 +285,29 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
                 "rows_per_second": rate,
             }
         )
+    # A capture's recording ends with "# disconnected recorder stopped" when it was stopped while
+    # connected: that is its end, not a hole (every cleanly stopped capture would show one).
+    last_lines = {r["capture"]: (r["last_line"]["file_order"], r["last_line"]["line_number"]) for r in capture_rows}
     holes = []
+    hole_count: dict[str, int] = {}
     open_at: dict[str, Any] = {}
     for r in hole_rows:
         if r["command"] == DISCONNECTED:
-            open_at.setdefault(r["capture"], r["ts"])
-        elif r["capture"] in open_at:
+            ended = (r["data"] or "").strip() == RECORDER_STOPPED and (
+                (r["file_order"], r["line_number"]) == last_lines.get(r["capture"])
+            )
+            if not ended:
+                hole_count[r["capture"]] = hole_count.get(r["capture"], 0) + 1
+                if r["ts"] is not None:
+                    open_at.setdefault(r["capture"], r["ts"])
+        elif r["capture"] in open_at and r["ts"] is not None:
             holes.append({"capture": r["capture"], "from": _iso(open_at.pop(r["capture"])), "to": _iso(r["ts"])})
     holes.extend({"capture": c, "from": _iso(t), "to": None} for c, t in open_at.items())
     last_bucket_seconds = None
-    if totals["last_ts"] is not None:
-        last = totals["last_ts"].replace(tzinfo=dt.timezone.utc).timestamp()
-        last_bucket_seconds = round(min(bucket_seconds, last - (last // bucket_seconds) * bucket_seconds), 3)
+    if covered_from is not None and covered_to is not None:
+        # from the later of the last bucket's start and the archive's first timestamp
+        start = max(covered_from, (covered_to // bucket_seconds) * bucket_seconds)
+        last_bucket_seconds = round(min(float(bucket_seconds), covered_to - start), 3)
     return {
         "lines": totals["lines"],
         "malformed": totals["malformed"],
@@ -260,6 +316,7 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
         "first_ts": _iso(totals["first_ts"]),
         "last_ts": _iso(totals["last_ts"]),
         "bucket_seconds": bucket_seconds,
+        "bucket_seconds_requested": requested_bucket,
         "last_bucket_seconds": last_bucket_seconds,
         "commands": dict(sorted(commands.items())),
         "streams": streams,
@@ -268,7 +325,7 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
                 "capture": r["capture"],
                 "files": [f["source_file"] for f in r["files"]],
                 "lines": r["lines"],
-                "disconnects": r["disconnects"],
+                "disconnects": hole_count.get(r["capture"], 0),
             }
             for r in capture_rows
         ],
@@ -287,6 +344,12 @@ def render_json(report: dict[str, Any], out: IO[str]) -> None:
     """Write the report as one JSON document."""
     json.dump(report, out, indent=2)
     out.write("\n")
+
+
+def _cells(values: list[tuple[Any, int]]) -> str:
+    """Right-aligned columns; a value wider than its column still gets a space before it (a 20-digit skip
+    ran into the gaps figure, Synapse's un_partial_stated_event into its writer)."""
+    return "".join(f"{' ' + str(v):>{w}}" for v, w in values)
 
 
 def render_text(report: dict[str, Any], out: IO[str]) -> None:
@@ -310,15 +373,33 @@ def render_text(report: dict[str, Any], out: IO[str]) -> None:
             mean = "-" if rate["mean"] is None else f"{rate['mean']:.1f}"
             peak = "-" if rate["peak"] is None else f"{rate['peak']:.1f}"
             out.write(
-                f"  {s['stream']:<20}{s['writer']:<18}{s['rows']:>10}{s['batch_rows']:>8}{s['positions']:>9}  {tokens:<23}"
-                f"{s['backwards']:>6}{s['gaps']:>6}{s['skipped_tokens']:>9}{s['position_jumps']:>7}"
-                f"{s['unterminated_batches']:>6}{mean:>13}{peak:>9}\n"
+                f"  {s['stream']:<19} {s['writer']:<17}"
+                + _cells([(s["rows"], 10), (s["batch_rows"], 8), (s["positions"], 9)])
+                + f"  {tokens:<22}"
+                + _cells([(s["backwards"], 7), (s["gaps"], 6), (s["skipped_tokens"], 9), (s["position_jumps"], 7),
+                         (s["unterminated_batches"], 6), (mean, 13), (peak, 9)])
+                + "\n"
             )
         out.write(
             "\n  back: tokens lower than the one before; gaps/skipped: lines after which tokens passed with no row, "
             "and how many;\n  jumps: POSITION prev<new; open: unterminated batch runs; rows/s per "
             f"{report['bucket_seconds']} s bucket.\n"
         )
+        requested = report.get("bucket_seconds_requested", report["bucket_seconds"])
+        if requested != report["bucket_seconds"]:
+            out.write(
+                f"  the bucket was widened from {requested} s: the archive spans {report['first_ts']} .. "
+                f"{report['last_ts']}, more than {MAX_BUCKETS} buckets of {requested} s\n"
+            )
+        writers: dict[str, int] = {}
+        for s in report["streams"]:
+            writers[s["stream"]] = writers.get(s["stream"], 0) + 1
+        shared = sorted(name for name, n in writers.items() if n > 1)
+        if shared:
+            out.write(
+                f"  {', '.join(shared)}: several writers; tokens are judged per writer, so where the writers share "
+                "one sequence of tokens (Synapse's multi-writer streams) each writer's gaps include the others' tokens.\n"
+            )
     captures = report.get("captures", [])
     rotated = [c for c in captures if len(c["files"]) > 1 or c["disconnects"]]
     if captures:
@@ -327,7 +408,8 @@ def render_text(report: dict[str, Any], out: IO[str]) -> None:
         out.write(f"\n{len(captures)} captures in {files} files, {holes} disconnect holes"
                   " (sequences are judged per capture, across its files; a disconnect is a hole, not a gap)\n")
         for c in rotated:
-            out.write(f"  {c['capture']:<40}{len(c['files']):>6} files{c['lines']:>12} lines{c['disconnects']:>6} holes\n")
+            out.write(f"  {c['capture']:<40}{len(c['files']):>6} files{c['lines']:>12} lines"
+                      f"{c['disconnects']:>6} holes\n")
     if report["malformed"]:
         out.write("\nmalformed lines per file:\n")
         for path, n in report["malformed_by_file"].items():
