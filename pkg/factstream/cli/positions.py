@@ -328,6 +328,8 @@ async def positions(args: argparse.Namespace) -> int:
     if args.db and (bad := db_url_problem(args.db)):
         print(f"{PROG}: {bad[1]}", file=sys.stderr)
         return bad[0]
+    if args.db:
+        check_sqlite_exists(args.db)  # here, not in the read's task: a SystemExit there is logged as never retrieved
     table: dict[tuple[str, str], dict[str, Any]] = {}
     header: dict[str, Any] = {}
     listed: list[str] = []
