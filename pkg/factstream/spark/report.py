@@ -202,10 +202,13 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             F.count(F.when(is_batch & (F.col("next_cmd").isNull() | ~closes), 1)).alias("unterminated_batches")
         )
 
-        if totals["first_ts"] is not None:
-            bucket_seconds = fitting_bucket(
-                requested_bucket, _unix(totals["first_ts"]), _unix(totals["last_ts"])
-            )
+        # The time the archive covers: rates are over it, not over whole buckets (a 3 s capture in a
+        # 60 s bucket read as a twentieth of its rate). A bucket's own covered part is at least a second,
+        # so a bucket the archive only grazes does not make a peak of one row.
+        covered_from = _unix(totals["first_ts"]) if totals["first_ts"] is not None else None
+        covered_to = _unix(totals["last_ts"]) if totals["last_ts"] is not None else None
+        if covered_from is not None and covered_to is not None:
+            bucket_seconds = fitting_bucket(requested_bucket, covered_from, covered_to)
         bucket = F.floor(F.unix_micros("ts") / F.lit(1_000_000) / F.lit(bucket_seconds)) * F.lit(bucket_seconds)
         series_rows = (
             seq.where("command = 'RDATA' AND ts IS NOT NULL")
@@ -230,13 +233,6 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
     finally:
         df.unpersist()
 
-    unix = _unix
-
-    # The time the archive covers: rates are over it, not over whole buckets (a 3 s capture in a
-    # 60 s bucket read as a twentieth of its rate). A bucket's own covered part is at least a second,
-    # so a bucket the archive only grazes does not make a peak of one row.
-    covered_from = unix(totals["first_ts"]) if totals["first_ts"] is not None else None
-    covered_to = unix(totals["last_ts"]) if totals["last_ts"] is not None else None
 
     def covered(b: int) -> float:
         if covered_from is None or covered_to is None:
