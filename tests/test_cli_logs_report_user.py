@@ -50,6 +50,8 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"RDATA typing master 0 {ROW}\n"
         f"RDATA typing master {BIG} {ROW}\n"
         f"POSITION typing master 0 {BIG}\n"
+        f"RDATA presence master 1 {ROW}\n"
+        f"RDATA presence master {BIG} {ROW}\n"
     )
     # 2026-06-01 .. 2026-11-24 is 250,000 minutes: more buckets of 60 s than a report draws
     (src / "old.20261124T110000000000Z.000000.log").write_text(
@@ -79,8 +81,10 @@ def test_json_and_chart_on_huge_tokens_a_stray_timestamp_and_a_clean_stop(parsed
     report = json.loads(done.stdout)
     streams = {s["stream"]: s for s in report["streams"]}
     typing = streams["typing"]
-    # 1 -> 2**63-2 skips 2**63-4; 2**63-2 -> 0 goes back; 0 -> 2**63-1 skips 2**63-2; POSITION 0 -> 2**63-1 jumps
-    assert (typing["gaps"], typing["skipped_tokens"], typing["backwards"]) == (2, 2**64 - 6, 1)
+    # 2**63-2 -> 0 goes back; the POSITION 0 -> 2**63-1 passes over every token between: none is missing
+    assert (typing["gaps"], typing["skipped_tokens"], typing["backwards"]) == (0, 0, 1)
+    # 1 -> 2**63-1 with no row between: 2**63-3 tokens (computed past a long's range)
+    assert (streams["presence"]["gaps"], streams["presence"]["skipped_tokens"]) == (1, BIG - 2)
     assert (typing["position_jumps"], typing["position_jump_tokens"], typing["max_token"]) == (1, BIG, BIG)
     # 250,000 one-minute buckets would be drawn: widened (to a multiple of 60 s) and said so
     assert report["bucket_seconds_requested"] == 60
@@ -98,10 +102,12 @@ def test_json_and_chart_on_huge_tokens_a_stray_timestamp_and_a_clean_stop(parsed
 def test_text_keeps_wide_figures_apart(parsed: Path) -> None:
     done = logs("report", str(parsed), *SPARK)
     assert done.returncode == 0, done.stderr
-    row = next(line for line in done.stdout.splitlines() if line.strip().startswith("typing"))
-    fields = row.split()
+    lines = done.stdout.splitlines()
     # stream writer rows batch POSITION tokens back gaps skipped jumps open mean peak
-    assert fields[:10] == ["typing", "master", "4", "0", "1", f"0..{BIG}", "1", "2", str(2**64 - 6), "1"], row
+    row = next(line for line in lines if line.strip().startswith("typing"))
+    assert row.split()[:10] == ["typing", "master", "4", "0", "1", f"0..{BIG}", "1", "0", "0", "1"], row
+    row = next(line for line in lines if line.strip().startswith("presence"))
+    assert row.split()[:10] == ["presence", "master", "2", "0", "0", f"1..{BIG}", "0", "1", str(BIG - 2), "0"], row
     assert "1 disconnect holes" in done.stdout
 
 
@@ -195,20 +201,3 @@ def test_a_slow_stream_is_not_drawn_as_an_outage(spark: Any) -> None:
     rate = build_report(spark.createDataFrame(rows, SCHEMA), bucket_seconds=3600)["streams"][0]["rows_per_second"]
     assert [v for _, v in rate["series"]] == [0.000278, 0.0, 0.000278]
     assert rate["mean"] == 0.000222 and rate["peak"] == 0.001  # 1 row in the 1800 s covered of the last hour
-
-
-def test_text_says_gaps_of_a_stream_with_several_writers_include_the_others_tokens() -> None:
-    """Synapse's event persisters share one token sequence: per-writer gaps there are not lost rows."""
-    import io
-
-    from factstream.spark.report import render_text
-
-    def stream(writer: str) -> dict[str, Any]:
-        return {"stream": "events", "writer": writer, "rows": 3, "batch_rows": 0, "positions": 0, "min_token": 1,
-                "max_token": 9, "backwards": 0, "gaps": 2, "skipped_tokens": 4, "position_jumps": 0,
-                "unterminated_batches": 0, "rows_per_second": {"mean": None, "peak": None, "series": []}}
-
-    out = io.StringIO()
-    render_text({"lines": 6, "malformed": 0, "first_ts": None, "last_ts": None, "commands": {"RDATA": 6},
-                 "streams": [stream("ep1"), stream("ep2")], "bucket_seconds": 60, "captures": []}, out)
-    assert "events: several writers; tokens are judged per writer" in out.getvalue()

@@ -257,10 +257,11 @@ def test_report_figures_match_hand_computed(spark: Any, report_dir: str) -> None
     assert report["commands"] == {"PING": 1, "POSITION": 3, "RDATA": 8}
     streams = {(s["stream"], s["writer"]): s for s in report["streams"]}
     ev = streams[("events", "master")]
-    # tokens 10(P) 11 12 15 14 18->20(P): 15 skips 13,14; 14 goes back; POSITION prev 18 after 14 skips 15..18
+    # tokens 10(P) 11 12 15 14 18->20(P): 14 goes back (line order); in token order 13 and 16..18 have no row
+    # (14 and 15 both arrived: the late 14 fills its place) and 19..20 are the POSITION's jump
     assert {k: ev[k] for k in ("rows", "batch_rows", "positions", "min_token", "max_token")} == {
         "rows": 4, "batch_rows": 0, "positions": 2, "min_token": 10, "max_token": 20}
-    assert (ev["backwards"], ev["gaps"], ev["skipped_tokens"]) == (1, 2, 6)
+    assert (ev["backwards"], ev["gaps"], ev["skipped_tokens"]) == (1, 2, 4)
     assert (ev["position_jumps"], ev["position_jump_tokens"], ev["unterminated_batches"]) == (1, 2, 0)
     # RDATA at :01 | :02 :03 | :04 in 2 s buckets starting at :00; the mean is over the 9 s the archive
     # covers (:00 to :09), not over whole buckets
@@ -457,6 +458,41 @@ def test_a_disconnect_marker_is_a_hole_not_a_gap(spark: Any) -> None:
     assert _figures(gaps)[("caches", "w1")][3:] == (1, 6, 1)
     assert _figures(holes)[("caches", "w1")][3:] == (0, 0, 1)  # the cut batch stays unterminated
     assert holes["captures"][0]["disconnects"] == 1 and holes["captures"][0]["capture"] == "hs1-9092"
+
+
+def test_writers_sharing_one_sequence_are_judged_together(spark: Any) -> None:
+    """Synapse's event persisters take tokens from one sequence: only a token no writer sent is missing.
+
+    Judged per writer, every writer's tokens skip the others' (A: 1, 4, 7, ... two tokens skipped each time)."""
+    from factstream.spark.report import build_report, render_text
+
+    schema = ("source_file string, line_number bigint, ts timestamp, command string, stream string, "
+              "instance string, token bigint, prev_token bigint, error string")
+    t0 = dt.datetime(2026, 11, 24, 11, 0, 0)
+    owner = {t: "ABC"[(t - 1) % 3] for t in range(1, 28)}
+    sent = [t for t in range(1, 28) if t not in (17, 24)]  # 17: B's row lost; 24: C's id rolled back
+    sent[4], sent[5] = sent[5], sent[4]  # B's 5 arrives after C's 6
+    lines = [("RDATA", owner[t], t, None) for t in sent if t <= 23]
+    # every writer says it has nothing up to 24 (each from its own last position): 24 is nobody's row
+    lines += [("POSITION", "A", 24, 22), ("POSITION", "B", 24, 23), ("POSITION", "C", 24, 21)]
+    lines += [("RDATA", owner[t], t, None) for t in sent if t > 24]
+    f = "/cap/hs1-9092.20261124T110000000000Z.000000.log"
+    rows = [(f, n, t0 + dt.timedelta(seconds=n), cmd, "events", w, tok, prev, None)
+            for n, (cmd, w, tok, prev) in enumerate(lines, 1)]
+    report = build_report(spark.createDataFrame(rows, schema))
+    per_writer = {s["writer"]: (s["gaps"], s["skipped_tokens"], s["backwards"]) for s in report["streams"]}
+    # the one hole (17) is counted at the row that ends it: C's 18
+    assert per_writer == {"A": (0, 0, 0), "B": (0, 0, 0), "C": (1, 1, 0)}
+    assert report["sequences"] == [{"stream": "events", "writers": 3, "shared": True, "gaps": 1, "skipped_tokens": 1}]
+    assert [(m["writer"], m["kind"], m["tokens"]) for m in report["marks"]["sequence"]] == [("C", "gap", 1)]
+    # a jump of only some writers does not excuse a token: 24 without C's POSITION is missing
+    report = build_report(spark.createDataFrame([r for r in rows if r[5] != "C" or r[3] != "POSITION"], schema))
+    assert report["sequences"][0]["gaps"] == 2 and report["sequences"][0]["skipped_tokens"] == 2
+    import io
+
+    out = io.StringIO()
+    render_text(report, out)
+    assert "events: 3 writers share one sequence: 2 gaps, 2 tokens no writer sent a row for" in out.getvalue()
 
 
 def test_cli_rejects_a_bad_capture_pattern(tmp_path: Path) -> None:

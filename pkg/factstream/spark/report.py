@@ -1,7 +1,7 @@
 """Figures per (stream, writer) over parsed replication lines.
 
-Sequences (tokens going backwards, gaps, unterminated batches) are judged in
-line order *within each capture*: one capture is one recording of one
+Sequences (tokens going backwards, gaps, unterminated batches) are judged
+*within each capture*: one capture is one recording of one
 connection or channel, possibly rotated into several files, which are one
 ordered sequence (see :mod:`.captures`). Captures never interleave, so each
 is judged on its own, all of them in parallel. A recorder's
@@ -15,11 +15,19 @@ The figures:
     over RDATA tokens and POSITION new tokens.
 ``backwards``
     lines whose token is lower than the previous token of the same stream
-    and writer (RDATA token or POSITION new token).
+    and writer (RDATA token or POSITION new token), in line order.
 ``skipped_tokens``, ``gaps``
-    tokens that passed with no row: an RDATA at token t after position p
-    skips t-p-1 tokens; a POSITION p' -> n after position p skips p'-p
-    tokens. ``gaps`` counts the lines where this happened.
+    tokens no row accounts for, and the runs of them. A stream is judged
+    across all its writers (Synapse's multi-writer streams take tokens from
+    one sequence), in token order, between the lowest and highest token of
+    each capture segment: a token is accounted for by an RDATA of any writer,
+    or by lying inside a POSITION jump (prev, new] of *every* writer of the
+    stream there (none of them claims it: an id used for nothing); with one
+    writer its POSITION new tokens count too. Each run is counted at the
+    writer whose row (or jump) ends it.
+``sequences``
+    per stream: its writers, whether any capture segment had several
+    (``shared``), and its gaps and skipped tokens in all.
 ``position_jumps``, ``position_jump_tokens``
     POSITION lines whose new token is above their prev token, and by how much
     in total (the writer advanced without sending rows).
@@ -37,8 +45,9 @@ The figures:
     outage must show). ``last_bucket_seconds`` says how much of the report's
     last bucket the archive covers (a partial bucket is no dip).
 ``marks``
-    where sequences broke, for the chart: up to 1000 gaps and backwards
-    tokens with their time, and the disconnect holes of every capture.
+    where sequences broke, for the chart: up to 1000 gaps (at the line that
+    ends them) and backwards tokens with their time, and the disconnect holes
+    of every capture.
 ``captures``
     per capture: its files (in sequence order), lines and disconnect holes
     (``disconnects``: a ``recorder stopped`` note on its last line is where
@@ -106,6 +115,67 @@ def _unix(t: Any) -> float:
     return float(t.replace(tzinfo=dt.timezone.utc).timestamp())
 
 
+def _holes(seq: DataFrame, dec: Any) -> DataFrame:
+    """The runs of tokens no row accounts for, one row per run: the (stream, instance, ts) of the line that ends it,
+    and ``hole``, how many tokens it holds.
+
+    A stream is judged per capture segment across all its writers (Synapse's multi-writer streams share one
+    sequence, so a writer's own tokens are not consecutive). Accounted for: every RDATA token of any writer, and
+    tokens inside a POSITION jump (prev, new] of *every* writer of the stream in that segment (a writer's jump
+    says none of those tokens is its own; all of them saying so makes it an id used for nothing, such as a
+    rolled-back one). With one writer a POSITION's new token also counts, as that writer's position. The runs
+    are judged between the lowest and the highest token so accounted for, in token order, not line order (a
+    row that arrives late fills its place).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    seg = ["capture", "segment", "stream"]
+    lines = seq.join(seq.groupBy(*seg).agg(F.countDistinct("instance").alias("k")), seg)
+    where = F.struct("file_order", "line_number", "ts", "instance")
+    item_cols = [*seg, "start", "end", "at"]
+    points = lines.where(
+        "token IS NOT NULL AND (command = 'RDATA' OR (command = 'POSITION' AND k = 1))"
+    ).select(*seg, dec("token").alias("start"), (dec("token") + 1).alias("end"), where.alias("at"))
+    bounds = points.groupBy(*seg).agg(F.min("start").alias("lo"), F.max("end").alias("hi"))
+
+    # Each writer's jumps, merged where they touch or overlap, then swept: where all k writers' jumps cover a
+    # token, it is nobody's.
+    jumps = lines.where("command = 'POSITION' AND token > prev_token").select(
+        *seg, "instance", "k", (dec("prev_token") + 1).alias("start"), (dec("token") + 1).alias("end"),
+        where.alias("at"))
+    w_writer = Window.partitionBy(*seg, "instance").orderBy("start", "end")
+    merged = (
+        jumps.withColumn("reach", F.max("end").over(w_writer.rowsBetween(Window.unboundedPreceding, -1)))
+        .withColumn("run", F.sum(F.when(F.col("reach").isNull() | (F.col("start") > F.col("reach")), 1).otherwise(0))
+                    .over(w_writer.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+        .groupBy(*seg, "instance", "k", "run")
+        .agg(F.min("start").alias("start"), F.max("end").alias("end"), F.min(F.struct("start", "at"))["at"].alias("at"))
+    )
+    edges = merged.select(*seg, "k", F.col("start").alias("pos"), F.lit(1).alias("d"), "at").unionByName(
+        merged.select(*seg, "k", F.col("end").alias("pos"), F.lit(-1).alias("d"), F.lit(None).alias("at")),
+        allowMissingColumns=True,
+    )
+    w_pos = Window.partitionBy(*seg).orderBy("pos")
+    stretches = (
+        edges.groupBy(*seg, "k", "pos").agg(F.sum("d").alias("d"), F.min("at").alias("at"))
+        .withColumn("covering", F.sum("d").over(w_pos.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+        .withColumn("next", F.lead("pos").over(w_pos))
+        .where("covering = k AND next IS NOT NULL")
+        .join(bounds, seg)
+        .select(*seg, F.greatest("pos", "lo").alias("start"), F.least("next", "hi").alias("end"), "at")
+        .where("start < end")
+    )
+    items = points.select(*item_cols).unionByName(stretches.select(*item_cols))
+    w_items = Window.partitionBy(*seg).orderBy("start", F.col("at.file_order"), F.col("at.line_number"))
+    return (
+        items.withColumn("reach", F.max("end").over(w_items.rowsBetween(Window.unboundedPreceding, -1)))
+        .where("start > reach")
+        .select("stream", F.col("at.instance").alias("instance"), F.col("at.ts").alias("ts"),
+                (F.col("start") - F.col("reach")).cast("decimal(20,0)").alias("hole"))
+    )
+
+
 def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str | None = None) -> dict[str, Any]:
     """Compute the report (a JSON-ready dict) from a parsed DataFrame or its Parquet copy.
 
@@ -122,6 +192,7 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
     requested_bucket = bucket_seconds
     note = F.col("data") if "data" in df.columns else F.lit(None).cast("string")
     df = capture_columns(df.select(*REQUIRED_COLUMNS, note.alias("data")), capture_pattern).cache()
+    holes_found = None
     # Differences and sums of 64-bit tokens overflow a long (Spark's ANSI mode fails the job): decimals do not.
     def dec(column: Any) -> Any:
         return (F.col(column) if isinstance(column, str) else column).cast("decimal(20,0)")
@@ -183,16 +254,22 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
 
         w_tok = Window.partitionBy("capture", "segment", *key).orderBy(*order)
         tok = seq.where("token IS NOT NULL").withColumn("last", F.lag("token").over(w_tok))
-        skipped = (
-            F.when((F.col("command") == "RDATA") & (dec("token") > dec("last") + 1), dec("token") - dec("last") - 1)
-            .when((F.col("command") == "POSITION") & (F.col("prev_token") > F.col("last")), dec("prev_token") - dec("last"))
-            .otherwise(dec(F.lit(0)))
+        backwards = tok.groupBy(*key).agg(F.count(F.when(F.col("token") < F.col("last"), 1)).alias("backwards"))
+        holes_found = _holes(seq, dec).cache()
+        ordering = backwards.join(
+            holes_found.groupBy(*key).agg(F.count(F.lit(1)).alias("gaps"), F.sum("hole").alias("skipped_tokens")),
+            key, "full",
         )
-        ordering = tok.withColumn("skipped", skipped).groupBy(*key).agg(
-            F.count(F.when(F.col("token") < F.col("last"), 1)).alias("backwards"),
-            F.count(F.when(F.col("skipped") > 0, 1)).alias("gaps"),
-            F.coalesce(F.sum("skipped"), F.lit(0)).alias("skipped_tokens"),
+        shared_rows = (
+            seq.groupBy("capture", "segment", "stream").agg(F.countDistinct("instance").alias("k"))
+            .groupBy("stream").agg(F.max("k").alias("k"))
         )
+        per_stream = shared_rows.join(
+            seq.groupBy("stream").agg(F.countDistinct("instance").alias("writers")), "stream"
+        ).join(
+            holes_found.groupBy("stream").agg(F.count(F.lit(1)).alias("gaps"), F.sum("hole").alias("skipped_tokens")),
+            "stream", "left",
+        ).orderBy("stream").collect()
 
         w_all = Window.partitionBy("capture", "segment", *key).orderBy(*order)
         nxt = seq.withColumn("next_cmd", F.lead("command").over(w_all)).withColumn("next_tok", F.lead("token").over(w_all))
@@ -216,14 +293,11 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             .agg(F.count(F.lit(1)).alias("n"))
             .collect()
         )
-        marks_rows = (
-            tok.withColumn("skipped", skipped)
-            .where("ts IS NOT NULL AND (skipped > 0 OR token < last)")
-            .select(*key, "ts", F.when(F.col("token") < F.col("last"), "backwards").otherwise("gap").alias("kind"),
-                    F.when(F.col("token") < F.col("last"), dec("last") - dec("token")).otherwise(F.col("skipped"))
-                    .alias("tokens"))
-            .orderBy("ts").limit(MAX_MARKS).collect()
-        )
+        back_marks = tok.where("ts IS NOT NULL AND token < last").select(
+            *key, "ts", F.lit("backwards").alias("kind"), (dec("last") - dec("token")).alias("tokens"))
+        gap_marks = holes_found.where("ts IS NOT NULL").select(*key, "ts", F.lit("gap").alias("kind"),
+                                                                 F.col("hole").alias("tokens"))
+        marks_rows = back_marks.unionByName(gap_marks).orderBy("ts").limit(MAX_MARKS).collect()
         hole_rows = (
             df.where(f"command IN ('{DISCONNECTED}', '{CONNECTED}')")
             .select("capture", "ts", "command", "data", "file_order", "line_number")
@@ -231,6 +305,8 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
         )
         stats = basic.join(ordering, key, "left").join(batches, key, "left").orderBy(*key).collect()
     finally:
+        if holes_found is not None:
+            holes_found.unpersist()
         df.unpersist()
 
 
@@ -316,6 +392,11 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
         "last_bucket_seconds": last_bucket_seconds,
         "commands": dict(sorted(commands.items())),
         "streams": streams,
+        "sequences": [
+            {"stream": r["stream"], "writers": r["writers"], "shared": r["k"] > 1, "gaps": r["gaps"] or 0,
+             "skipped_tokens": int(r["skipped_tokens"] or 0)}
+            for r in per_stream
+        ],
         "captures": [
             {
                 "capture": r["capture"],
@@ -377,8 +458,9 @@ def render_text(report: dict[str, Any], out: IO[str]) -> None:
                 + "\n"
             )
         out.write(
-            "\n  back: tokens lower than the one before; gaps/skipped: lines after which tokens passed with no row, "
-            "and how many;\n  jumps: POSITION prev<new; open: unterminated batch runs; rows/s per "
+            "\n  back: tokens lower than the writer's one before; gaps/skipped: runs of tokens no row of the stream "
+            "carries (any writer, in token order),\n  counted at the writer whose row ends them, and how many tokens; "
+            "jumps: POSITION prev<new; open: unterminated batch runs; rows/s per "
             f"{report['bucket_seconds']} s bucket.\n"
         )
         requested = report.get("bucket_seconds_requested", report["bucket_seconds"])
@@ -387,15 +469,13 @@ def render_text(report: dict[str, Any], out: IO[str]) -> None:
                 f"  the bucket was widened from {requested} s: the archive spans {report['first_ts']} .. "
                 f"{report['last_ts']}, more than {MAX_BUCKETS} buckets of {requested} s\n"
             )
-        writers: dict[str, int] = {}
-        for s in report["streams"]:
-            writers[s["stream"]] = writers.get(s["stream"], 0) + 1
-        shared = sorted(name for name, n in writers.items() if n > 1)
-        if shared:
-            out.write(
-                f"  {', '.join(shared)}: several writers; tokens are judged per writer, so where the writers share "
-                "one sequence of tokens (Synapse's multi-writer streams) each writer's gaps include the others' tokens.\n"
-            )
+        for q in report.get("sequences", []):
+            if q["shared"]:
+                out.write(
+                    f"  {q['stream']}: {q['writers']} writers share one sequence: {q['gaps']} gaps, "
+                    f"{q['skipped_tokens']} tokens no writer sent a row for (lost rows, or ids used for nothing "
+                    "that not every writer's POSITION passed over)\n"
+                )
     captures = report.get("captures", [])
     rotated = [c for c in captures if len(c["files"]) > 1 or c["disconnects"]]
     if captures:
