@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-__all__ = ["redact_url", "redact_text", "url_passwords", "userinfo_ends", "MASK"]
+__all__ = ["redact_url", "redact_text", "redact_about", "split_userinfo", "url_passwords", "userinfo_ends", "MASK"]
 
 #: What a password is replaced with.
 MASK = "***"
@@ -37,6 +37,9 @@ _BARE_SECRET = re.compile(
 # password that lost its colon (redis://PASSWORD@host; a bare user name is rare there). In postgresql://user@
 # it is a user name, shown as it is.
 _TOKEN_SCHEMES = frozenset({"nats", "tls", "ws", "wss", "redis", "rediss"})
+# A host and its optional port where a URL's authority ends (at a '/', '?', '#' or the end): what follows the '@'
+# that ends a userinfo.
+_HOST_PORT = re.compile(r"(?:[A-Za-z0-9._~%\-]+|\[[0-9A-Fa-f:.]+\])(?::\d*)?(?=[/?#]|$)")
 # password=... (and libpq's sslpassword=, the client key's passphrase) in a libpq keyword/value string or a URL
 # query string. A value runs to white space or '&': libpq reads a '#' in it as part of it.
 _KV_SECRET = re.compile(r"(?P<key>\b(?:ssl)?password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
@@ -166,3 +169,79 @@ def redact_url(url: str) -> str:
 def redact_text(text: str) -> str:
     """``text`` with the password of every embedded URL or ``password=`` setting masked."""
     return _mask_settings(_mask_urls(text, _TEXT_URL_END))
+
+
+# --- A message about one URL --------------------------------------------------------------------------------
+#
+# What a URL parser (urllib's, an HTTP client's) makes of a password holding '/' before a '?' or '#': the
+# authority ends at the '/', and the password's first part is a "nonnumeric port"; neither libpq's '@' nor the
+# last one before the query is there. The last '@' a host follows is one more reading, for these functions only.
+
+
+def _late_at(run: str) -> int:
+    """The last '@' in ``run`` (what follows ``scheme://``) that a host[:port] and the authority's end follow (-1)."""
+    at = run.rfind("@")
+    while at >= 0 and not _HOST_PORT.match(run, at + 1):
+        at = run.rfind("@", 0, at)
+    return at
+
+
+def _url_runs(url: str) -> list[tuple[str, str]]:
+    """(scheme, what follows its ``://``) for each server URL in ``url`` (a comma-separated list too)."""
+    runs = []
+    for m in _SCHEME.finditer(url):
+        end = _NEXT_URL.search(url, m.end())
+        runs.append((m.group()[:-3], url[m.end() : end.start() if end else len(url)]))
+    return runs
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``user:password@`` and that userinfo as written (None: it has none), to send it apart.
+
+    The userinfo ends at the last '@' before the query (:func:`userinfo_ends`)
+    when a host follows it; else (``http://u:p/x?y@h``: a password holding '/'
+    and then '?' or '#', where a URL parser ends the host) at the last '@' a
+    host follows. When both leave a host, ``url`` means two things
+    (``http://u:p@h/x?y@h2``, or a query holding '@'): ValueError, saying
+    what to percent-encode, ``url`` masked.
+    """
+    scheme, sep, run = url.partition("://")
+    if not sep:
+        return url, None
+    ends = {userinfo_ends(run)[1], _late_at(run)}
+    readable = [at for at in sorted(ends) if _HOST_PORT.match(run, at + 1)]
+    if len(readable) > 1:
+        raise ValueError(
+            f"{redact_about(url, url)} can be read two ways (two '@'s could each end a password): "
+            "percent-encode '@', '/', '?' and '#' in a user name, password or query (%40, %2F, %3F, %23)"
+        )
+    at = readable[0] if readable else max(ends)
+    if at < 0:
+        return url, None
+    return f"{scheme}://{run[at + 1:]}", run[:at]
+
+
+def redact_about(text: str, url: str) -> str:
+    """``text``, a message about ``url`` (or ``url`` itself), with every password ``url`` may hold masked in it.
+
+    :func:`redact_text` finds a password only where it stands in a URL or a
+    setting; a message may also quote one bare, or show ``url`` read the way
+    a URL parser reads it (:func:`split_userinfo`). Every reading of
+    :func:`url_passwords`, and the last '@' a host follows, is masked wherever
+    it appears, before the URLs are (which would cut a longer reading in two).
+    A password of one or two characters is masked only where it stands
+    quoted, so that every such letter of the text is not.
+    """
+    found = set(url_passwords(url))
+    for scheme, run in _url_runs(url):
+        at = _late_at(run)
+        colon = run.find(":", 0, at) if at >= 0 else -1
+        start = colon + 1 if colon >= 0 else 0 if at > 0 and scheme.lower() in _TOKEN_SCHEMES else -1
+        if start >= 0:
+            found.update((run[start:at], unquote(run[start:at])))
+    for password in sorted((p for p in found if p and p != MASK), key=len, reverse=True):
+        for quoted in (f'"{password}"', f"'{password}'"):
+            text = text.replace(quoted, quoted[0] + MASK + quoted[0])
+        if len(password) >= 3:
+            text = text.replace(password, MASK)
+    return redact_text(text)

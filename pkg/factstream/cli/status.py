@@ -22,10 +22,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Coroutine
 from typing import Any
 
 from .. import transport
-from ..redaction import redact_url, userinfo_ends
+from ..redaction import redact_about, redact_url, split_userinfo
 from .argtypes import duration
 from .link import LinkError, check_nats, check_redis, cli_exit, parse_target, refuse_tls_options, utc_stamp
 from .link import connect_within
@@ -192,6 +193,10 @@ def metrics_url(where: str) -> str:
 class MetricsProblem(Exception):
     """Why ``--metrics`` could not be read (one line, passwords masked)."""
 
+    def __init__(self, url: str, said: str, hint: str = "") -> None:
+        # one masking for the whole message: the URL, and whatever urllib quoted of it (redaction.redact_about)
+        super().__init__(redact_about(said, url) + hint)
+
 
 def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     """``url`` without its ``user:password@`` and the (user, password) it held, for HTTP basic authentication.
@@ -199,17 +204,16 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     urllib does not take credentials from a URL: it looked ``user:pw@host``
     up as a host name ("Name or service not known"), and a password holding
     '/' was cut at it and its first part shown as a "nonnumeric port".
+    ValueError (``url`` masked) for a URL that reads two ways
+    (:func:`~factstream.redaction.split_userinfo`).
     """
     from urllib.parse import unquote
 
-    scheme, sep, run = url.partition("://")
-    if not sep:
+    bare, userinfo = split_userinfo(url)
+    if userinfo is None:
         return url, None
-    _, last, _ = userinfo_ends(run)
-    if last < 0:
-        return url, None
-    user, _, password = run[:last].partition(":")
-    return f"{scheme}://{run[last + 1:]}", (unquote(user), unquote(password))
+    user, _, password = userinfo.partition(":")
+    return bare, (unquote(user), unquote(password))
 
 
 def fetch_metrics(where: str, timeout: float) -> str:
@@ -223,42 +227,38 @@ def fetch_metrics(where: str, timeout: float) -> str:
     import http.client
 
     url = metrics_url(where)
-    shown = redact_url(url)
-    bare, credentials = split_credentials(url)
+    try:
+        bare, credentials = split_credentials(url)
+    except ValueError as err:
+        raise MetricsProblem(url, str(err)) from None
     request = urllib.request.Request(bare)
     if credentials is not None:
         token = base64.b64encode(":".join(credentials).encode()).decode("ascii")
         request.add_unredirected_header("Authorization", f"Basic {token}")
     text = ""
-    hint = "give the writer's 'serve --metrics-port' as --metrics HOST:PORT"
+    hint = "; give the writer's 'serve --metrics-port' as --metrics HOST:PORT"
+    not_one = f"{url} is not a Prometheus metrics endpoint of a factstream writer"
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - a user-given local endpoint
             text = str(resp.read().decode("utf-8", "replace"))
     except http.client.RemoteDisconnected:
-        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer: it closed the "
-                             f"connection without an HTTP answer; {hint}") from None
+        raise MetricsProblem(url, f"{not_one}: it closed the connection without an HTTP answer", hint) from None
     except http.client.BadStatusLine as err:
         first = str(err.line if hasattr(err, "line") else err).strip()[:40]
         what = " (a replication listener: its greeting is SERVER)" if first.startswith("SERVER ") else ""
-        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer: it answered "
-                             f"{first!r}, not HTTP{what}; {hint}") from None
+        raise MetricsProblem(url, f"{not_one}: it answered {first!r}, not HTTP{what}", hint) from None
     except urllib.error.HTTPError as err:
+        # the form to write is outside the masking, which would show it as USER:***@
         auth = (" (the user and password in the URL were refused)" if credentials else
                 " (it wants a user and password: http://USER:PASSWORD@HOST:PORT/metrics)") if err.code == 401 else ""
-        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer (HTTP "
-                             f"{err.code} {err.reason}){auth}; {hint}") from None
+        raise MetricsProblem(url, f"{not_one} (HTTP {err.code} {err.reason})", f"{auth}{hint}") from None
     except (http.client.HTTPException, ValueError) as err:
-        detail = redact_url(str(err))
-        if credentials is not None and credentials[1]:
-            detail = detail.replace(credentials[1], "***")
-        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer "
-                             f"({type(err).__name__}: {detail}); {hint}") from None
+        raise MetricsProblem(url, f"{not_one} ({type(err).__name__}: {err})", hint) from None
     except OSError as err:
-        raise MetricsProblem(f"cannot read metrics from {shown}: {getattr(err, 'reason', err)}") from None
+        raise MetricsProblem(url, f"cannot read metrics from {url}: {getattr(err, 'reason', err)}") from None
     if not any(line.startswith(("factstream_", "# HELP factstream_", "# TYPE factstream_"))
                for line in text.splitlines()):
-        raise MetricsProblem(f"{shown} is not a Prometheus metrics endpoint of a factstream writer (it answered "
-                             f"HTTP but exports no factstream_* metric); {hint}")
+        raise MetricsProblem(url, f"{not_one} (it answered HTTP but exports no factstream_* metric)", hint)
     return text
 
 
@@ -294,15 +294,70 @@ async def fetch_metrics_async(where: str, timeout: float) -> str:
             pass
 
     threading.Thread(target=work, name="factstream-status-metrics", daemon=True).start()
+    return await done
+
+
+async def checking_metrics(watch: Coroutine[Any, Any, str], where: str, timeout: float) -> str:
+    """``watch`` (the connect and the --interval of listening) while ``--metrics`` is read once, from the start.
+
+    The endpoint was first read after the interval: a refused port, an
+    unknown host or a page that is no factstream writer's was reported only
+    once the whole interval had passed. Its failure now ends the watch at
+    once (the current task is cancelled: the watch closes its link); a read
+    still running when the watch ends is waited for. The readers listed are
+    read again afterwards, as they are at the end of the interval.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    probe = asyncio.ensure_future(fetch_metrics_async(where, timeout))
+    watching = True
+
+    def stop_watching() -> None:
+        # Again until the watch ends: Python 3.11's wait_for returns the result of an operation that completed
+        # as the cancellation arrived, and the watch went on for the whole interval. (With --metrics at the
+        # writer's replication port, the probe and the watch read the writer's greeting at the same moment.)
+        if watching:
+            task.cancel()
+            loop.call_later(0.1, stop_watching)
+
+    def failed(probe: asyncio.Future[str]) -> None:
+        if not probe.cancelled() and probe.exception() is not None:
+            stop_watching()
+
+    def report(probe: asyncio.Future[str]) -> None:
+        """Exit saying why the probe failed, if it did (once the watch is over: no await after a cancel)."""
+        if probe.done() and not probe.cancelled() and (err := probe.exception()) is not None:
+            if isinstance(err, MetricsProblem):
+                cli_exit(PROG, str(err), 1)
+            raise err
+
+    probe.add_done_callback(failed)
     try:
-        return await done
+        server = await watch
+    except asyncio.CancelledError:
+        watching = False
+        report(probe)
+        raise  # Ctrl-C
+    finally:
+        watching = False
+        probe.remove_done_callback(failed)
+        if not probe.done() and sys.exc_info()[0] is not None:
+            probe.cancel()  # the watch failed, or Ctrl-C: the read is no longer wanted
+    report(probe)  # failed as the watch ended (its cancellation swallowed)
+    try:
+        await probe  # not failed, so not cancelled by us: still reading a slow endpoint
     except MetricsProblem as err:
         cli_exit(PROG, str(err), 1)
+    return server
 
 
 async def readers_from_metrics(where: str, timeout: float) -> list[dict[str, Any]]:
     """Connected readers from a server's /metrics (the factstream_reader_* gauges)."""
-    text = await fetch_metrics_async(where, timeout)
+    try:
+        text = await fetch_metrics_async(where, timeout)
+    except MetricsProblem as err:
+        cli_exit(PROG, str(err), 1)
     readers: dict[tuple[str, str, str], dict[str, Any]] = {}
     field = {"factstream_reader_connected_since_seconds": "connected_since",
              "factstream_reader_buffered_commands": "buffered", "factstream_reader_last_ping_seconds": "last_ping"}
@@ -344,6 +399,12 @@ async def status(args: argparse.Namespace) -> int:
         print(f"{PROG}: --metrics lists a TCP server's readers; over NATS the readers are read from JetStream",
               file=sys.stderr)
         return 2
+    if args.metrics:
+        try:
+            split_credentials(metrics_url(args.metrics))
+        except ValueError as err:
+            print(f"{PROG}: --metrics {err}", file=sys.stderr)
+            return 2
     tally = Tally()
     started = time.monotonic()
     log: dict[str, Any] | None = None
@@ -351,7 +412,8 @@ async def status(args: argparse.Namespace) -> int:
         log = await watch_nats(args, tally)
         server = str(args.server_name)
     else:
-        server = await (watch_redis(args, tally) if args.redis else watch_tcp(args, tally))
+        watch = watch_redis(args, tally) if args.redis else watch_tcp(args, tally)
+        server = await (checking_metrics(watch, args.metrics, args.connect_timeout) if args.metrics else watch)
     # rows/s over the window the lines were listened to; "interval" in --json is that same window
     seconds = tally.seconds(max(time.monotonic() - started, 1e-9))
     readers = await readers_from_metrics(args.metrics, args.connect_timeout) if args.metrics else None
