@@ -31,6 +31,8 @@ import sys
 import time
 
 SEED = 20261122
+#: Bumped when what a seed generates changes, so that an archive generated before is generated again.
+VERSION = 2
 
 _TYPES = ["m.room.message"] * 6 + ["m.room.member", "m.reaction", "m.room.encrypted", "m.room.name", "m.room.redaction"]
 _CACHES = ["get_user_by_id", "cs_cache_fake", "get_rooms_for_user", "get_room_summary", "_get_joined_users_from_context"]
@@ -53,6 +55,7 @@ def generate(n: int, seed: int = SEED):  # type: ignore[no-untyped-def]
     tokens = {"events": 1_000_000, "caches": 5_000_000, "typing": 10, "receipts": 2_000, "presence": 700, "to_device": 50_000}
     writers = ["event_persister1", "event_persister2", "master"]
     ts = 1_795_300_000_000
+    open_runs: set[tuple[str, str]] = set()  # (stream, writer) with batch rows not yet closed
     for i in range(n):
         r = rand()
         ts += 3
@@ -60,7 +63,6 @@ def generate(n: int, seed: int = SEED):  # type: ignore[no-untyped-def]
             yield _BAD[i % len(_BAD)]
         elif r < 0.50:
             w = writers[i % 3]
-            tokens["events"] += 1
             room = f"!r{rng.randrange(5000):05d}abcdefgh:example.com"
             k = rand()
             if k < 0.8:
@@ -73,13 +75,24 @@ def generate(n: int, seed: int = SEED):  # type: ignore[no-untyped-def]
                 row = ["state", [room, "m.room.member", f"@user{rng.randrange(100000)}:example.com", f"${rng.getrandbits(96):024x}"]]
             else:
                 row = ["state-all", [room]]
-            tok = "batch" if rand() < 0.05 else str(tokens["events"])
+            if rand() < 0.05:
+                tok = "batch"  # a batch row carries the token of the row that closes its run: it uses none
+                open_runs.add(("events", w))
+            else:
+                tokens["events"] += 1
+                tok = str(tokens["events"])
+                open_runs.discard(("events", w))
             yield f"RDATA events {w} {tok} {_dumps(row)}"
         elif r < 0.70:
-            tokens["caches"] += 1
             keys = None if rand() < 0.1 else [f"@user{rng.randrange(100000)}:example.com"]
             row = [_CACHES[rng.randrange(len(_CACHES))], keys, ts]
-            tok = "batch" if rand() < 0.1 else str(tokens["caches"])
+            if rand() < 0.1:
+                tok = "batch"
+                open_runs.add(("caches", "master"))
+            else:
+                tokens["caches"] += 1
+                tok = str(tokens["caches"])
+                open_runs.discard(("caches", "master"))
             yield f"RDATA caches master {tok} {_dumps(row)}"
         elif r < 0.85:
             s = ("typing", "receipts", "presence", "to_device")[rng.randrange(4)]
@@ -96,7 +109,16 @@ def generate(n: int, seed: int = SEED):  # type: ignore[no-untyped-def]
             yield f"RDATA {s} master {tokens[s]} {_dumps(row)}"
         elif r < 0.92:
             s = ("events", "caches", "typing", "receipts")[rng.randrange(4)]
-            yield f"POSITION {s} master {tokens[s]} {tokens[s] + (3 if rand() < 0.2 else 0)}"
+            w = writers[i % 3] if s == "events" else "master"
+            if (s, w) in open_runs:  # a writer sends no POSITION inside a batch run: its closing row comes first
+                yield f"PING {ts}"
+                continue
+            prev = tokens[s]
+            # a single writer advancing over ids it used for nothing (they are gone); the events writers share
+            # one sequence, where such ids would show in every writer's POSITION: theirs say where they are
+            if s != "events" and rand() < 0.2:
+                tokens[s] += 3
+            yield f"POSITION {s} {w} {prev} {tokens[s]}"
         elif r < 0.97:
             yield f"PING {ts}"
         else:
@@ -120,7 +142,7 @@ def write(out: str, lines: int, files: int, seed: int = SEED, level: int = 6) ->
         with gzip.open(os.path.join(gz_dir, f"part-{f:02d}.log.gz"), "wb", compresslevel=level) as fh:
             fh.write(data)
     with open(os.path.join(out, "MANIFEST.json"), "w") as fh:
-        json.dump({"lines": lines, "files": files, "seed": seed}, fh)
+        json.dump({"lines": lines, "files": files, "seed": seed, "version": VERSION}, fh)
     return plain_dir, gz_dir
 
 
@@ -162,7 +184,7 @@ def recorded_lines(kind: str, lines: list[str], start_ms: int, seed: int) -> lis
         else:
             direction = "<" if line.startswith(_CLIENT) or (line.startswith("PING") and i % 2) else ">"
             out.append(f"{_iso(ms)} {direction} {line}")
-            if i % 100_000 == 99_999:  # a reconnect now and then: the recorder's notes around the hole
+            if i == len(lines) // 2:  # a reconnect in each file: the recorder's notes around the hole
                 ms += 2_000
                 out.append(f"{_iso(ms)} # disconnected connection reset by peer")
                 ms += 1_500
@@ -185,7 +207,9 @@ def write_recorded(out: str, lines: int, seed: int = SEED, level: int = 6) -> tu
         count = left if f == len(RECORDED_FILES) - 1 else round(lines * share)
         left -= count
         chunk = [next(it) for _ in range(count)]
-        name = {"prefixed": f"hs1-9092.{f:06d}.log", "bare": "raw-tcp.log", "monitor": "redis-monitor.txt",
+        # the recorder's names: the six prefixed files are one capture rotated hourly (<capture>.<start>.<seq>)
+        start = time.strftime("%Y%m%dT%H%M%S", time.gmtime((_START_MS + f * 3_600_000) // 1000))
+        name = {"prefixed": f"hs1-9092.{start}000000Z.{f:06d}.log", "bare": "raw-tcp.log", "monitor": "redis-monitor.txt",
                 "csv": "redis-subscribe.csv"}[kind]
         data = ("\n".join(recorded_lines(kind, chunk, _START_MS + f * 3_600_000, seed + f)) + "\n").encode()
         with open(os.path.join(plain_dir, name), "wb") as fh:
@@ -193,7 +217,7 @@ def write_recorded(out: str, lines: int, seed: int = SEED, level: int = 6) -> tu
         with gzip.open(os.path.join(gz_dir, name + ".gz"), "wb", compresslevel=level) as fh:
             fh.write(data)
     with open(os.path.join(out, "MANIFEST.json"), "w") as fh:
-        json.dump({"lines": lines, "seed": seed, "files": RECORDED_FILES}, fh)
+        json.dump({"lines": lines, "seed": seed, "files": RECORDED_FILES, "version": VERSION}, fh)
     return plain_dir, gz_dir
 
 
@@ -202,7 +226,8 @@ def ensure_recorded(out: str, lines: int, seed: int = SEED) -> tuple[str, str]:
     root = os.path.join(out, "recorded")
     try:
         with open(os.path.join(root, "MANIFEST.json")) as fh:
-            if json.load(fh) == json.loads(json.dumps({"lines": lines, "seed": seed, "files": RECORDED_FILES})):
+            if json.load(fh) == json.loads(json.dumps({"lines": lines, "seed": seed, "files": RECORDED_FILES,
+                                                             "version": VERSION})):
                 return os.path.join(root, "plain"), os.path.join(root, "gzip")
     except (OSError, ValueError):
         pass
@@ -214,7 +239,7 @@ def ensure(out: str, lines: int, files: int, seed: int = SEED) -> tuple[str, str
     manifest = os.path.join(out, "MANIFEST.json")
     try:
         with open(manifest) as fh:
-            if json.load(fh) == {"lines": lines, "files": files, "seed": seed}:
+            if json.load(fh) == {"lines": lines, "files": files, "seed": seed, "version": VERSION}:
                 return os.path.join(out, "plain"), os.path.join(out, "gzip")
     except (OSError, ValueError):
         pass
