@@ -16,12 +16,11 @@ import json
 import os
 import sys
 import time
-from collections.abc import Awaitable
 from typing import Any
 
 from .. import transport
 from ..redaction import redact_url
-from . import missing_sqlite
+from . import dbtimeout, missing_sqlite
 from .argtypes import duration
 
 PROG = "factstream positions"
@@ -94,9 +93,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--connect-timeout", type=duration(), metavar="SECONDS",
                    help="with --connect/--redis: give up connecting after this long (default 10; a refused "
                    "connection is retried until then)")
-    p.add_argument("--db-timeout", type=duration(), default=None, metavar="SECONDS",
-                   help="with --db: give up when the database has not answered after this long (default 60: a "
-                   "table locked by a migration, a server that stopped answering)")
+    dbtimeout.add_option(p, "with --db: ")
     p.add_argument("--tls", action="store_true", help="with --connect: connect with TLS (verifying the server)")
     p.add_argument("--cafile", help="with --connect: CA certificate to verify the server with (implies --tls)")
     p.add_argument("--insecure", action="store_true", help="with --tls: do not verify the certificate (not recommended)")
@@ -180,6 +177,7 @@ async def db_positions(url: str) -> tuple[str, dict[tuple[str, str], dict[str, i
     check_sqlite_exists(url)
     out: dict[tuple[str, str], dict[str, int]] = {}
     db = await connect(url)
+    dbtimeout.watch(db)  # under a --db-timeout: its queries are cancelled at the deadline
     try:
         tables = await _tables(db)
         if not tables:
@@ -216,28 +214,6 @@ async def db_positions(url: str) -> tuple[str, dict[tuple[str, str], dict[str, i
 
     listed = [d.name for d in SYNAPSE_STREAMS] if synapse else []
     return ("synapse" if synapse else "factstream"), out, listed
-
-
-async def within(read: Awaitable[None], seconds: float, url: str) -> None:
-    """``read`` of the database at ``url``, or Foreign saying it did not answer within ``seconds``.
-
-    A query waits as long as the server lets it: behind a lock a migration
-    holds (Synapse's schema updates take ACCESS EXCLUSIVE ones), or on a server
-    that stopped answering, positions waited for ever. The read is cancelled
-    (PostgreSQL is asked to cancel the query) and given a few seconds to close.
-    """
-    task = asyncio.ensure_future(read)
-    done, _ = await asyncio.wait({task}, timeout=seconds)
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.wait({task}, timeout=CANCEL_GRACE)
-    raise Foreign(f"{redact_url(url)} did not answer within {seconds:g} s (a table locked by a migration? a server "
-                  "that stopped answering?); --db-timeout SECONDS to wait longer")
-
-
-#: Seconds a cancelled database read gets to close its connection before positions gives up on it.
-CANCEL_GRACE = 3.0
 
 
 async def live_positions(args: argparse.Namespace) -> dict[tuple[str, str], int]:
@@ -317,7 +293,7 @@ async def positions(args: argparse.Namespace) -> int:
         return 2
     # not given: the defaults (None told check_options whether they were typed)
     args.wait = 1.0 if args.wait is None else args.wait
-    args.db_timeout = 60.0 if args.db_timeout is None else args.db_timeout
+    args.db_timeout = dbtimeout.seconds(args.db_timeout)
     args.connect_timeout = 10.0 if args.connect_timeout is None else args.connect_timeout
     if not args.db and not args.connect and not args.redis:
         if not os.path.isfile("factstream.db"):
@@ -348,11 +324,11 @@ async def positions(args: argparse.Namespace) -> int:
         for k, pos in live.items():
             table.setdefault(k, {})["replication"] = pos
 
-    jobs = ([within(from_db(), args.db_timeout, args.db)] if args.db else []) + (
+    jobs = ([dbtimeout.within(from_db(), args.db_timeout, args.db)] if args.db else []) + (
         [from_live()] if args.connect or args.redis else [])
     try:
         await asyncio.gather(*jobs)  # database and live writers read at the same moment
-    except Foreign as err:
+    except (Foreign, dbtimeout.NoAnswer) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
     for stream in listed:

@@ -16,6 +16,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ..redaction import redact_text, redact_url
+from . import dbtimeout
 from .argtypes import duration, port
 
 EXIT_HEALTHY, EXIT_INCONSISTENT, EXIT_CANNOT_CHECK = 0, 1, 2
@@ -46,6 +47,7 @@ def register(subparsers: Any) -> None:
     c.add_argument("--fix", action="store_true", help="apply the repairs in one transaction (Synapse must be stopped)")
     c.add_argument("--force", action="store_true", help="with --fix: repair even while other sessions are connected")
     c.add_argument("--json", action="store_true", help="print one JSON document")
+    dbtimeout.add_option(c, note="; it bounds the connect and the check, then each step of --fix (exit 2)")
     c.set_defaults(func=run_check)
     w = sub.add_parser(
         "watch",
@@ -145,25 +147,31 @@ def run_check(args: argparse.Namespace) -> int:
     if args.force and not args.fix:
         return _fail(args, "--force only makes sense with --fix")
 
-    def look() -> tuple[Any, list[Any]]:
+    timeout = dbtimeout.seconds(args.db_timeout)
+
+    def read() -> Any:
         conn = connect(url, origin=origin)
+        dbtimeout.watch(conn)  # cancelled (or cut) when the database has not answered within --db-timeout
         try:
-            snap = take_snapshot(conn, url, origin)
+            return take_snapshot(conn, url, origin)
         finally:
             conn.close()
+
+    def look() -> tuple[Any, list[Any]]:
+        snap = dbtimeout.within_thread(read, timeout, url)
         # Streams with writers from the config (or fixed by Synapse) use them; the rest fall back to --instances.
         return snap, diagnose(snap, stream_writers=stream_writers, instances=instances)
 
     try:
         snapshot, findings = look()
-    except CheckError as err:
+    except (CheckError, dbtimeout.NoAnswer) as err:
         return _fail(args, str(err))
     except Exception as err:  # a driver error mid-check: say what, never how deep
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return _fail(args, f"checking {redact_url(url)} failed: {first}")
     if not args.fix:
         return _show(args, snapshot, findings)
-    return _fix(args, url, origin, snapshot, findings, look)
+    return _fix(args, url, origin, snapshot, findings, look, timeout)
 
 
 def _show(args: argparse.Namespace, snapshot: Any, findings: list[Any], extra: dict[str, Any] | None = None) -> int:
@@ -179,7 +187,7 @@ def _show(args: argparse.Namespace, snapshot: Any, findings: list[Any], extra: d
 
 
 def _fix(args: argparse.Namespace, url: str, origin: str | None, snapshot: Any, findings: list[Any],
-         look: Any) -> int:
+         look: Any, timeout: float) -> int:
     from ..synapse.report import check_json, render_text
     from ..synapse.repair import apply_repairs, connected_sessions, repair_statements
     from ..synapse.snapshot import CheckError, connect
@@ -192,12 +200,16 @@ def _fix(args: argparse.Namespace, url: str, origin: str | None, snapshot: Any, 
         else:
             return _show(args, snapshot, findings, {"fixed": []})
         return EXIT_HEALTHY if all(f.severity == "info" for f in findings) else EXIT_INCONSISTENT
+    within = dbtimeout.within_thread
     try:
-        conn = connect(url, read_only=False, origin=origin)
-    except CheckError as err:
+        conn = within(lambda: connect(url, read_only=False, origin=origin), timeout, url)
+    except (CheckError, dbtimeout.NoAnswer) as err:
         return _fail(args, str(err))
     try:
-        sessions = connected_sessions(conn, snapshot.engine)
+        try:
+            sessions = within(lambda: connected_sessions(conn, snapshot.engine), timeout, url, watching=[conn])
+        except dbtimeout.NoAnswer as err:
+            return _fail(args, f"{err}; nothing was repaired")
         if sessions and not args.force:
             print("factstream synapse check: refusing to repair: "
                   f"{len(sessions)} other session(s) connected to the database (is Synapse still running?): "
@@ -208,7 +220,10 @@ def _fix(args: argparse.Namespace, url: str, origin: str | None, snapshot: Any, 
             print(render_text(snapshot, findings))
             return EXIT_INCONSISTENT
         try:
-            done = apply_repairs(conn, statements)
+            done = within(lambda: apply_repairs(conn, statements), timeout, url, watching=[conn])
+        except dbtimeout.NoAnswer as err:
+            return _fail(args, f"{err}; the repair transaction was abandoned (PostgreSQL rolls back a transaction "
+                               "cut off before its COMMIT): run check again to see what the database holds")
         except Exception as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             return _fail(args, f"repair failed and was rolled back (nothing changed): {first}")
@@ -216,7 +231,7 @@ def _fix(args: argparse.Namespace, url: str, origin: str | None, snapshot: Any, 
         conn.close()
     try:
         after, after_findings = look()
-    except Exception as err:
+    except Exception as err:  # NoAnswer too: the repair itself was committed
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return _fail(args, f"repaired, but the check afterwards failed: {first}")
     if args.json:

@@ -35,7 +35,7 @@ from typing import IO, Any, TypeVar
 
 from .. import _json, transport
 from ..streams.rows import Row
-from . import missing_sqlite
+from . import dbtimeout, missing_sqlite
 from .argtypes import duration, whole_number
 from .link import LinkError, LinkOptions, connect_within, open_link, parse_target, utc_stamp
 from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat, template
@@ -107,6 +107,8 @@ def register(subparsers: Any) -> None:
                         f"(default {DEFAULT_FORMAT.replace('%', '%%')!r})")
     p.add_argument("--timestamps", action="store_true", help="prefix each row with its arrival time (ISO-8601 UTC)")
     p.add_argument("--db", help="database URL: follow as a full reader, catching up from the stream tables")
+    dbtimeout.add_option(p, "with --db: ", "; it bounds connecting and each query, not the tail: at the start tail "
+                         "then exits 1, later the query is retried with a warning")
     p.add_argument("--from-start", action="store_true", help="with --db: replay every stored fact first")
     p.add_argument("--from", dest="from_token", type=whole_number(0), metavar="TOKEN",
                    help="with --db: replay the stored facts after TOKEN first, then follow")
@@ -133,6 +135,8 @@ def check_target(args: argparse.Namespace) -> None:
     """Exactly one of HOST:PORT, --redis and --nats, and what each needs (usage errors exit 2)."""
     if args.json and args.format:
         usage("give --json or --format, not both")
+    if args.db_timeout is not None and not args.db:
+        usage("--db-timeout applies to --db URL (reading the writer's database)")
     if args.nats:
         if args.target or args.redis:
             usage("give one of HOST:PORT (TCP), --redis URL or --nats URL")
@@ -527,13 +531,18 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
         print(f"{PROG}: no stream {', '.join(unknown)} in the writer's tables (its streams: {', '.join(known)})",
               file=sys.stderr)
         return 2
-    held = await _unless_stopped(_db_positions(args.db), output)
-    if held is None:
-        return 0  # stopped (Ctrl-C, SIGTERM) while the database was asked: tail() gives the status
-    if held:
-        _check_writers(args, held)
-        _check_from(args, held)
-    db = await _unless_stopped(connect(args.db), output)
+    timeout = dbtimeout.seconds(args.db_timeout)
+    try:
+        held = await _unless_stopped(dbtimeout.within(_db_positions(args.db), timeout, args.db), output)
+        if held is None:
+            return 0  # stopped (Ctrl-C, SIGTERM) while the database was asked: tail() gives the status
+        if held:
+            _check_writers(args, held)
+            _check_from(args, held)
+        db = await _unless_stopped(dbtimeout.within(connect(args.db), timeout, args.db), output)
+    except dbtimeout.NoAnswer as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
     if db is None:
         return 0
     if not args.redis and not args.nats:
@@ -545,7 +554,10 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
             print(f"{PROG}: {err}", file=sys.stderr)
             return 1
         await probe.close()
-    sources = {t.stream: t.source(db) for t in DEMO_TABLES}
+    # Each query the follower makes has --db-timeout: one that does not answer fails, and the follower warns
+    # and asks again (as for a database that went away), rather than the stream stopping without a word.
+    reads = dbtimeout.QueriesWithin(db, timeout, args.db)
+    sources = {t.stream: t.source(reads) for t in DEMO_TABLES}
     start = 0 if args.from_start else args.from_token
     fol = Follower(sources=sources, start_position=start, streams=set(args.streams) if args.streams else None,
                    typed=output.fmt.typed)

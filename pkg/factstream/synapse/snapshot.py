@@ -209,7 +209,8 @@ def connect(url: str, *, read_only: bool = True, origin: str | None = None) -> A
             fix = "; pass --db sqlite:///ABSOLUTE/PATH" if origin else ""
             raise CheckError(f"SQLite database {path!r}{via} {what}{relative}{fix}")
         mode = "ro" if read_only else "rw"
-        return sqlite3.connect(f"file:{quote(path)}?mode={mode}", uri=True)
+        # opened and used in --db-timeout's worker threads (one at a time, never two at once)
+        return sqlite3.connect(f"file:{quote(path)}?mode={mode}", uri=True, check_same_thread=False)
     except CheckError:
         raise
     except Exception as err:  # the driver's own error, which may quote the URL

@@ -1,0 +1,212 @@
+"""``--db-timeout``: positions, synapse check and tail --db give up on a database that does not answer.
+
+Two ways a PostgreSQL database stops answering, both real: a table locked by
+another session (Synapse's schema migrations take ACCESS EXCLUSIVE locks) and
+a server that goes silent after the connect (a frozen host: here a proxy that
+forwards the connect, then forwards nothing more and answers no new
+connection, cancel requests included). Each command names the database after
+--db-timeout with one line on stderr and ends about a second later; a query
+behind a lock is cancelled and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cli_run import ENV, FACTSTREAM, cli, no_traceback
+from synapse_fixtures import SynapseDb, synapse_db, synapse_template  # noqa: F401
+
+pytestmark = pytest.mark.postgres
+
+MESSAGE = "did not answer within {after:g} s (a table locked by a migration? a server that stopped answering?); " \
+          "--db-timeout SECONDS to wait longer"
+
+
+class FreezingProxy:
+    """A TCP proxy to PostgreSQL that forwards the connect, then goes silent at the first query.
+
+    From the client's first Query or Parse message on, nothing is forwarded
+    either way and new connections (a cancel request) are accepted and never
+    answered: what a client sees of a server that froze under its query. It
+    parses the protocol, so the client must not use TLS (``sslmode=disable``).
+    """
+
+    def __init__(self, upstream: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.frozen = threading.Event()
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, dsn: str) -> str:
+        """``dsn`` (a pg_dsn of conftest's) through this proxy, without TLS."""
+        host_port = dsn.split("@", 1)[1].split("/", 1)[0]
+        return dsn.replace(host_port, f"127.0.0.1:{self.port}", 1) + "?sslmode=disable"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.held.append(client)
+            if self.frozen.is_set():
+                continue
+            server = socket.create_connection(self.upstream)
+            self.held.append(server)
+            threading.Thread(target=self._to_server, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(server, client), daemon=True).start()
+
+    def _to_server(self, client: socket.socket, server: socket.socket) -> None:
+        buf, started = b"", False
+        with contextlib.suppress(OSError):
+            while (data := client.recv(65536)) and not self.frozen.is_set():
+                buf += data
+                while True:
+                    if not started:  # the startup message: a length, no type byte
+                        if len(buf) < 4 or len(buf) < (n := struct.unpack("!I", buf[:4])[0]):
+                            break
+                        started = True
+                    else:
+                        if len(buf) < 5:
+                            break
+                        if buf[:1] in (b"Q", b"P"):  # a query: the server "freezes" now
+                            self.frozen.set()
+                            return
+                        if len(buf) < (n := struct.unpack("!I", buf[1:5])[0] + 1):
+                            break
+                    server.sendall(buf[:n])
+                    buf = buf[n:]
+
+    def _to_client(self, server: socket.socket, client: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while (data := server.recv(65536)) and not self.frozen.is_set():
+                client.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.held:
+            s.close()
+
+
+@pytest.fixture
+def silent_proxy() -> Iterator[FreezingProxy]:
+    proxy = FreezingProxy()
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+@contextlib.contextmanager
+def locked(dsn: str, table: str) -> Iterator[None]:
+    """``table`` held in ACCESS EXCLUSIVE mode by another session, as a migration holds it."""
+    import psycopg
+
+    migration = psycopg.connect(dsn)
+    try:
+        migration.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        yield
+    finally:
+        migration.rollback()
+        migration.close()
+
+
+def timed(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run ``factstream ARGS``: (the process, seconds it took, interpreter start included)."""
+    began = time.monotonic()
+    out = subprocess.run([FACTSTREAM, *args], capture_output=True, text=True, timeout=90, env=ENV)
+    return out, time.monotonic() - began
+
+
+def gave_up(out: subprocess.CompletedProcess[str], prog: str, url: str, after: float, status: int) -> None:
+    """One line on stderr, naming the database (as positions names it) and the option; the exit status."""
+    from factstream.redaction import redact_url
+
+    line = f"{prog}: {redact_url(url)} {MESSAGE.format(after=after)}\n"
+    assert out.returncode == status and out.stderr == line and no_traceback(out.stderr), (out.returncode, out.stderr)
+
+
+@pytest.mark.slow
+def test_synapse_check_gives_up_behind_a_locked_table(synapse_db: SynapseDb) -> None:
+    """Before: with stream_positions locked by a migration, check waited as long as the lock was held (for ever
+    here). Now it names the database after --db-timeout, exit 2 (could not check: 1 would say inconsistencies),
+    and the query it cancelled leaves nothing behind."""
+    with locked(synapse_db.dsn, "stream_positions"):
+        out, took = timed("synapse", "check", "--db", synapse_db.dsn, "--db-timeout", "2")
+        as_json, _ = timed("synapse", "check", "--db", synapse_db.dsn, "--db-timeout", "1", "--json")
+    gave_up(out, "factstream synapse check", synapse_db.dsn, 2, 2)
+    assert out.stdout == "" and took < 6, took
+    assert as_json.returncode == 2 and '"healthy": null' in as_json.stdout and "did not answer within 1 s" in \
+        as_json.stdout, as_json.stdout + as_json.stderr
+    again = cli("synapse", "check", "--db", synapse_db.dsn, "--db-timeout", "30")
+    assert again.returncode == 0 and "healthy" in again.stdout, again.stdout + again.stderr
+
+
+def test_tail_db_gives_up_behind_a_locked_table(postgres_dsn: str) -> None:
+    """Before: tail --db read the writer's positions at start and, behind a lock, never started, silently."""
+    import psycopg
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE stream_positions (stream_name TEXT, instance_name TEXT, stream_id BIGINT)")
+    with locked(postgres_dsn, "stream_positions"):
+        out, took = timed("tail", "127.0.0.1:1", "--db", postgres_dsn, "--db-timeout", "2")
+    gave_up(out, "factstream tail", postgres_dsn, 2, 1)
+    assert out.stdout == "" and took < 6, took
+    refused = cli("tail", "127.0.0.1:1", "--db-timeout", "2")
+    assert refused.returncode == 2 and "--db-timeout applies to --db" in refused.stderr, refused.stderr
+
+
+async def test_each_query_of_a_following_tail_gives_up_and_the_database_stays_usable(postgres_dsn: str) -> None:
+    """tail --db runs until stopped, so the deadline is per query: its follower reads the stream tables through
+    QueriesWithin. A read behind a lock is cancelled after --db-timeout (the follower then warns and asks again)."""
+    from factstream.cli.dbtimeout import NoAnswer, QueriesWithin
+    from factstream.demo.tables import DEMO_TABLES
+    from factstream.replication.tables import create_tables
+    from factstream.store.database import connect
+
+    db = await connect(postgres_dsn)
+    try:
+        await create_tables(db, DEMO_TABLES)
+        caches = next(t for t in DEMO_TABLES if t.stream == "caches")
+        source = caches.source(QueriesWithin(db, 1.0, postgres_dsn))
+        with locked(postgres_dsn, caches.table):
+            began = time.monotonic()
+            with pytest.raises(NoAnswer, match="did not answer within 1 s"):
+                await source.get_updates("master", 0, 10, 100)
+            assert time.monotonic() - began < 4
+        assert await source.get_updates("master", 0, 10, 100) == ([], 10, False)
+    finally:
+        await db.close()
+
+
+COMMANDS: dict[str, tuple[list[str], str, int]] = {
+    "positions": (["positions", "--db"], "factstream positions", 1),
+    "synapse check": (["synapse", "check", "--db"], "factstream synapse check", 2),
+    "tail": (["tail", "127.0.0.1:1", "--db"], "factstream tail", 1),
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_server_gone_silent_is_given_up_on_soon_and_quietly(command: str, postgres_dsn: str,
+                                                              silent_proxy: FreezingProxy) -> None:
+    """The server accepted the connect, then answers nothing, a cancel request neither. Before (positions):
+    cancelling the read left the cleaning up to psycopg, which gives a cancel request 5 s and the query 5 s
+    more, warning each time: the give-up came 3 s late (CANCEL_GRACE) with psycopg's warning on stderr. Now:
+    a second to answer the cancel, then the connection is cut; one line, ours."""
+    args, prog, status = COMMANDS[command]
+    url = silent_proxy.url(postgres_dsn)
+    out, took = timed(*args, url, "--db-timeout", "3")
+    assert silent_proxy.frozen.is_set()  # it connected, and its first query went unanswered
+    gave_up(out, prog, url, 3, status)
+    assert took < 3 + 3, f"gave up {took - 3:.1f} s after --db-timeout"
