@@ -210,3 +210,25 @@ def test_a_server_gone_silent_is_given_up_on_soon_and_quietly(command: str, post
     assert silent_proxy.frozen.is_set()  # it connected, and its first query went unanswered
     gave_up(out, prog, url, 3, status)
     assert took < 3 + 3, f"gave up {took - 3:.1f} s after --db-timeout"
+
+
+def test_a_locked_sqlite_file_ends_the_command_by_the_deadline(tmp_path: Any) -> None:
+    """SQLite's busy wait cannot be interrupted: it is bounded by --db-timeout (it held the exit for its 30 s)."""
+    import sqlite3
+
+    path = tmp_path / "locked.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE stream_positions (stream_name TEXT, instance_name TEXT, stream_id BIGINT)")
+    holder.execute("INSERT INTO stream_positions VALUES ('events', 'master', 5)")
+    holder.execute("BEGIN EXCLUSIVE")  # another process's write transaction, kept open
+    try:
+        url = f"sqlite:///{path}"
+        for args in (("positions", "--db", url), ("tail", "127.0.0.1:1", "--db", url)):
+            started = time.monotonic()
+            done = cli(*args, "--db-timeout", "2", timeout=60)
+            took = time.monotonic() - started
+            assert done.returncode == 1 and no_traceback(done.stderr), done.stderr
+            assert done.stderr.strip().endswith(MESSAGE.format(after=2)), done.stderr
+            assert took < 8, f"{args[0]} ended {took:.1f} s after its start, --db-timeout 2"
+    finally:
+        holder.close()

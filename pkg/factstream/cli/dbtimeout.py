@@ -40,8 +40,8 @@ from ..errors import FactstreamError
 from ..redaction import redact_url
 from .argtypes import duration
 
-__all__ = ["CANCEL_WAIT", "DEFAULT", "NoAnswer", "QueriesWithin", "add_option", "seconds", "watch", "within",
-           "within_thread"]
+__all__ = ["CANCEL_WAIT", "DEFAULT", "NoAnswer", "QueriesWithin", "add_option", "bounded_url", "seconds", "watch",
+           "within", "within_thread"]
 
 T = TypeVar("T")
 
@@ -69,6 +69,23 @@ def add_option(parser: argparse.ArgumentParser, applies: str = "", note: str = "
 def seconds(given: float | None) -> float:
     """The --db-timeout to apply: the value given, else the default."""
     return DEFAULT if given is None else given
+
+
+def bounded_url(url: str, after: float) -> str:
+    """``url`` to connect with: a SQLite one waits for a lock at most ``after`` seconds (its ``busy_timeout``).
+
+    SQLite's busy wait runs in the driver's thread and nothing interrupts it
+    (``sqlite3.Connection.interrupt`` does not), so a command that gave up at
+    the deadline still ended only when the busy timeout (30 s) ran out. A
+    shorter ``?busy_timeout=`` in the URL stays.
+    """
+    from ..store.database import check_url, sqlite_options
+
+    if check_url(url) != "sqlite":
+        return url
+    given = sqlite_options(url).get("busy_timeout")
+    busy = after if given is None else min(given, after)
+    return f"{url.partition('?')[0]}?busy_timeout={busy:g}"
 
 
 def no_answer(url: str, after: float) -> NoAnswer:

@@ -170,13 +170,17 @@ async def _tables(db: Any) -> dict[str, set[str]]:
     return out
 
 
-async def db_positions(url: str) -> tuple[str, dict[tuple[str, str], dict[str, int]], list[str]]:
-    """(kind, (stream, writer) -> {"recorded", "max_stream_id"}, streams to list even without rows)."""
+async def db_positions(url: str, timeout: float = dbtimeout.DEFAULT) -> tuple[
+        str, dict[tuple[str, str], dict[str, int]], list[str]]:
+    """(kind, (stream, writer) -> {"recorded", "max_stream_id"}, streams to list even without rows).
+
+    ``timeout``: the --db-timeout it runs under (SQLite waits for a lock no longer).
+    """
     from ..store.database import connect
 
     check_sqlite_exists(url)
     out: dict[tuple[str, str], dict[str, int]] = {}
-    db = await connect(url)
+    db = await connect(dbtimeout.bounded_url(url, timeout))
     dbtimeout.watch(db)  # under a --db-timeout: its queries are cancelled at the deadline
     try:
         tables = await _tables(db)
@@ -313,7 +317,7 @@ async def positions(args: argparse.Namespace) -> int:
 
     async def from_db() -> None:
         nonlocal listed
-        kind, rows, listed = await db_positions(args.db)
+        kind, rows, listed = await db_positions(args.db, args.db_timeout)
         header["database"] = {"url": redact_url(args.db), "kind": kind, "read_at": _now()}
         for k, v in rows.items():
             table.setdefault(k, {}).update(v)

@@ -533,13 +533,14 @@ async def tail_follow(args: argparse.Namespace, output: Output) -> int:
         return 2
     timeout = dbtimeout.seconds(args.db_timeout)
     try:
-        held = await _unless_stopped(dbtimeout.within(_db_positions(args.db), timeout, args.db), output)
+        held = await _unless_stopped(dbtimeout.within(_db_positions(args.db, timeout), timeout, args.db), output)
         if held is None:
             return 0  # stopped (Ctrl-C, SIGTERM) while the database was asked: tail() gives the status
         if held:
             _check_writers(args, held)
             _check_from(args, held)
-        db = await _unless_stopped(dbtimeout.within(connect(args.db), timeout, args.db), output)
+        bounded = connect(dbtimeout.bounded_url(args.db, timeout))  # SQLite: its lock wait ends by the deadline too
+        db = await _unless_stopped(dbtimeout.within(bounded, timeout, args.db), output)
     except dbtimeout.NoAnswer as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
@@ -624,7 +625,7 @@ async def _unless_stopped(aw: Awaitable[T], output: Output) -> T | None:
     return None
 
 
-async def _db_positions(url: str) -> dict[tuple[str, str], int]:
+async def _db_positions(url: str, timeout: float) -> dict[tuple[str, str], int]:
     """(stream, writer) -> the position the writer's database holds; empty when it cannot tell.
 
     A database that cannot be reached is reported here, once (connecting again would wait as long again).
@@ -633,7 +634,7 @@ async def _db_positions(url: str) -> dict[tuple[str, str], int]:
     from .positions import db_positions
 
     try:
-        _, cells, _ = await db_positions(url)
+        _, cells, _ = await db_positions(url, timeout)
     except DatabaseError:
         raise
     except Exception as err:  # noqa: BLE001 - the checks this feeds are a courtesy (a foreign database...)
