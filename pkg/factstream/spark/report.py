@@ -115,7 +115,7 @@ def _unix(t: Any) -> float:
     return float(t.replace(tzinfo=dt.timezone.utc).timestamp())
 
 
-def _holes(seq: DataFrame, dec: Any) -> DataFrame:
+def _holes(seq: DataFrame, writers_per_segment: DataFrame, dec: Any) -> DataFrame:
     """The runs of tokens no row accounts for, one row per run: the (stream, instance, ts) of the line that ends it,
     and ``hole``, how many tokens it holds.
 
@@ -131,7 +131,7 @@ def _holes(seq: DataFrame, dec: Any) -> DataFrame:
     from pyspark.sql import functions as F
 
     seg = ["capture", "segment", "stream"]
-    lines = seq.join(seq.groupBy(*seg).agg(F.countDistinct("instance").alias("k")), seg)
+    lines = seq.join(writers_per_segment, seg)  # k: the writers of the stream in that capture segment
     where = F.struct("file_order", "line_number", "ts", "instance")
     item_cols = [*seg, "start", "end", "at"]
     points = lines.where(
@@ -190,9 +190,16 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
     if bucket_seconds <= 0:
         raise ValueError("bucket_seconds must be positive")
     requested_bucket = bucket_seconds
+    # The judged lines are cached after a shuffle; unless adaptive execution may coalesce a cached plan's
+    # partitions, every job reading them ran 200 tasks (spark.sql.shuffle.partitions) however few the lines:
+    # a 200k-line report took 32 s instead of 11.5 s.
+    conf = df.sparkSession.conf
+    coalesce_key = "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"
+    coalesce_was = conf.get(coalesce_key, None)
+    conf.set(coalesce_key, "true")
     note = F.col("data") if "data" in df.columns else F.lit(None).cast("string")
     df = capture_columns(df.select(*REQUIRED_COLUMNS, note.alias("data")), capture_pattern).cache()
-    holes_found = None
+    cached_parts: list[DataFrame] = []
     # Differences and sums of 64-bit tokens overflow a long (Spark's ANSI mode fails the job): decimals do not.
     def dec(column: Any) -> Any:
         return (F.col(column) if isinstance(column, str) else column).cast("decimal(20,0)")
@@ -233,51 +240,41 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             .withColumn("segment", F.sum(F.when(F.col("command") == DISCONNECTED, 1).otherwise(0)).over(w_cap))
             .where("command IN ('RDATA', 'POSITION')")
         )
+        # One pass in line order per (capture, segment, stream, writer): the token before (backwards) and the
+        # command after (an unterminated batch); everything else is read from it, cached.
         key = ["stream", "instance"]
-        basic = seq.groupBy(*key).agg(
-            F.count(F.when(F.col("command") == "RDATA", 1)).alias("rows"),
-            F.count(F.when((F.col("command") == "RDATA") & F.col("token").isNull(), 1)).alias("batch_rows"),
+        w_all = Window.partitionBy("capture", "segment", *key).orderBy(*order)
+        judged = (
+            seq.withColumn("last", F.last("token", ignorenulls=True).over(w_all.rowsBetween(Window.unboundedPreceding, -1)))
+            .withColumn("next_cmd", F.lead("command").over(w_all))
+            .cache()
+        )
+        cached_parts.append(judged)
+        is_rdata = F.col("command") == "RDATA"
+        jumped = (F.col("command") == "POSITION") & (F.col("token") > F.col("prev_token"))
+        is_batch = is_rdata & F.col("token").isNull()
+        went_back = F.col("token").isNotNull() & (F.col("token") < F.col("last"))
+        basic = judged.groupBy(*key).agg(
+            F.count(F.when(is_rdata, 1)).alias("rows"),
+            F.count(F.when(is_batch, 1)).alias("batch_rows"),
             F.count(F.when(F.col("command") == "POSITION", 1)).alias("positions"),
             F.min("token").alias("min_token"),
             F.max("token").alias("max_token"),
-            F.count(F.when((F.col("command") == "POSITION") & (F.col("token") > F.col("prev_token")), 1)).alias(
-                "position_jumps"
-            ),
-            F.coalesce(
-                F.sum(F.when((F.col("command") == "POSITION") & (F.col("token") > F.col("prev_token")),
-                             dec("token") - dec("prev_token"))),
-                F.lit(0),
-            ).alias("position_jump_tokens"),
-            F.min(F.when(F.col("command") == "RDATA", F.col("ts"))).alias("first_ts"),
-            F.max(F.when(F.col("command") == "RDATA", F.col("ts"))).alias("last_ts"),
+            F.count(F.when(jumped, 1)).alias("position_jumps"),
+            F.coalesce(F.sum(F.when(jumped, dec("token") - dec("prev_token"))), F.lit(0)).alias("position_jump_tokens"),
+            F.min(F.when(is_rdata, F.col("ts"))).alias("first_ts"),
+            F.max(F.when(is_rdata, F.col("ts"))).alias("last_ts"),
+            F.count(F.when(went_back, 1)).alias("backwards"),
+            # a batch run is closed by the writer's next RDATA (a batch row or the closing row)
+            F.count(F.when(is_batch & (F.col("next_cmd").isNull() | (F.col("next_cmd") != "RDATA")), 1))
+            .alias("unterminated_batches"),
         )
-
-        w_tok = Window.partitionBy("capture", "segment", *key).orderBy(*order)
-        tok = seq.where("token IS NOT NULL").withColumn("last", F.lag("token").over(w_tok))
-        backwards = tok.groupBy(*key).agg(F.count(F.when(F.col("token") < F.col("last"), 1)).alias("backwards"))
-        holes_found = _holes(seq, dec).cache()
-        ordering = backwards.join(
-            holes_found.groupBy(*key).agg(F.count(F.lit(1)).alias("gaps"), F.sum("hole").alias("skipped_tokens")),
-            key, "full",
-        )
-        shared_rows = (
-            seq.groupBy("capture", "segment", "stream").agg(F.countDistinct("instance").alias("k"))
-            .groupBy("stream").agg(F.max("k").alias("k"))
-        )
-        per_stream = shared_rows.join(
-            seq.groupBy("stream").agg(F.countDistinct("instance").alias("writers")), "stream"
-        ).join(
-            holes_found.groupBy("stream").agg(F.count(F.lit(1)).alias("gaps"), F.sum("hole").alias("skipped_tokens")),
-            "stream", "left",
-        ).orderBy("stream").collect()
-
-        w_all = Window.partitionBy("capture", "segment", *key).orderBy(*order)
-        nxt = seq.withColumn("next_cmd", F.lead("command").over(w_all)).withColumn("next_tok", F.lead("token").over(w_all))
-        is_batch = (F.col("command") == "RDATA") & F.col("token").isNull()
-        closes = (F.col("next_cmd") == "RDATA")  # a batch row or the closing row follows
-        batches = nxt.groupBy(*key).agg(
-            F.count(F.when(is_batch & (F.col("next_cmd").isNull() | ~closes), 1)).alias("unterminated_batches")
-        )
+        writers_per_segment = judged.groupBy("capture", "segment", "stream").agg(
+            F.countDistinct("instance").alias("k")).cache()
+        holes_found = _holes(judged, writers_per_segment, dec).cache()
+        cached_parts += [writers_per_segment, holes_found]
+        gaps = holes_found.groupBy(*key).agg(F.count(F.lit(1)).alias("gaps"), F.sum("hole").alias("skipped_tokens"))
+        shared = {r["stream"] for r in writers_per_segment.where("k > 1").select("stream").distinct().collect()}
 
         # The time the archive covers: rates are over it, not over whole buckets (a 3 s capture in a
         # 60 s bucket read as a twentieth of its rate). A bucket's own covered part is at least a second,
@@ -288,12 +285,12 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             bucket_seconds = fitting_bucket(requested_bucket, covered_from, covered_to)
         bucket = F.floor(F.unix_micros("ts") / F.lit(1_000_000) / F.lit(bucket_seconds)) * F.lit(bucket_seconds)
         series_rows = (
-            seq.where("command = 'RDATA' AND ts IS NOT NULL")
+            judged.where("command = 'RDATA' AND ts IS NOT NULL")
             .groupBy(*key, bucket.alias("bucket"))
             .agg(F.count(F.lit(1)).alias("n"))
             .collect()
         )
-        back_marks = tok.where("ts IS NOT NULL AND token < last").select(
+        back_marks = judged.where(went_back & F.col("ts").isNotNull()).select(
             *key, "ts", F.lit("backwards").alias("kind"), (dec("last") - dec("token")).alias("tokens"))
         gap_marks = holes_found.where("ts IS NOT NULL").select(*key, "ts", F.lit("gap").alias("kind"),
                                                                  F.col("hole").alias("tokens"))
@@ -303,11 +300,15 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             .select("capture", "ts", "command", "data", "file_order", "line_number")
             .orderBy("capture", "file_order", "line_number").collect()
         )
-        stats = basic.join(ordering, key, "left").join(batches, key, "left").orderBy(*key).collect()
+        stats = basic.join(gaps, key, "left").orderBy(*key).collect()
     finally:
-        if holes_found is not None:
-            holes_found.unpersist()
+        for cached in cached_parts:
+            cached.unpersist()
         df.unpersist()
+        if coalesce_was is None:
+            conf.unset(coalesce_key)
+        else:
+            conf.set(coalesce_key, coalesce_was)
 
 
     def covered(b: int) -> float:
@@ -357,6 +358,13 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
                 "rows_per_second": rate,
             }
         )
+    sequences: dict[str, dict[str, Any]] = {}
+    for w in streams:
+        q = sequences.setdefault(w["stream"], {"stream": w["stream"], "writers": 0, "shared": w["stream"] in shared,
+                                               "gaps": 0, "skipped_tokens": 0})
+        q["writers"] += 1
+        q["gaps"] += w["gaps"]
+        q["skipped_tokens"] += w["skipped_tokens"]
     # A capture's recording ends with "# disconnected recorder stopped" when it was stopped while
     # connected: that is its end, not a hole (every cleanly stopped capture would show one).
     last_lines = {r["capture"]: (r["last_line"]["file_order"], r["last_line"]["line_number"]) for r in capture_rows}
@@ -392,11 +400,7 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
         "last_bucket_seconds": last_bucket_seconds,
         "commands": dict(sorted(commands.items())),
         "streams": streams,
-        "sequences": [
-            {"stream": r["stream"], "writers": r["writers"], "shared": r["k"] > 1, "gaps": r["gaps"] or 0,
-             "skipped_tokens": int(r["skipped_tokens"] or 0)}
-            for r in per_stream
-        ],
+        "sequences": list(sequences.values()),
         "captures": [
             {
                 "capture": r["capture"],
