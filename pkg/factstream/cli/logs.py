@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..spark.formats import FORMATS, FORMATS_HELP
@@ -158,6 +160,8 @@ def register(subparsers: Any) -> None:
         help="exit 0 once no new facts arrived for this long (default: run until interrupted)",
     )
     stream.set_defaults(func=run_stream)
+    for command in (parse, report, stream):
+        command.set_defaults(func=_spark_errors(command.get_default("func")))
 
 
 class UsageError(Exception):
@@ -189,52 +193,92 @@ def _local(path: str) -> str:
     return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
 
 
-def _session(args: argparse.Namespace) -> Any:
-    """Start Spark; without -v the JVM's own notices (log4j WARNs, native-library hints) go nowhere visible.
+class _SparkLog:
+    """Where Spark writes its own output without --debug: a temporary file, removed at exit unless an error names it.
 
-    The JVM inherits our stdout and stderr and log4j writes to them for the
-    whole run; it starts with both pointing at a log file of its own (removed
-    at once, kept open), unless -v: then stdout points at stderr, so that
-    stdout carries only the report. If the start fails, its last lines are
+    The driver JVM (log4j, its notices, the stack of every failed task), the
+    local Python workers and pyspark's JSON records of failed queries write
+    there for the whole run instead of on our stdout and stderr: a failed
+    job is said in one line, and when that line is not enough (an error that
+    is not the user's input) it names this file, kept with the traceback
+    appended.
+    """
+
+    path: str | None = None
+    kept = False
+
+    @classmethod
+    def create(cls) -> str:
+        import atexit
+        import tempfile
+
+        fd, cls.path = tempfile.mkstemp(prefix="factstream-spark-", suffix=".log")
+        os.close(fd)
+        atexit.register(cls._drop)
+        return cls.path
+
+    @classmethod
+    def keep(cls, err: BaseException) -> str | None:
+        """The log's path, kept after exit with ``err``'s traceback (passwords masked) at its end; None with --debug."""
+        import traceback
+
+        from ..redaction import redact_text
+
+        if cls.path is None:
+            return None
+        cls.kept = True
+        try:
+            with open(cls.path, "a") as log:
+                log.write("\nfactstream logs: the error reported:\n" + redact_text("".join(traceback.format_exception(err))))
+        except OSError:
+            pass
+        return cls.path
+
+    @classmethod
+    def _drop(cls) -> None:
+        if cls.path is not None and not cls.kept:
+            try:
+                os.unlink(cls.path)
+            except OSError:
+                pass
+
+
+def _session(args: argparse.Namespace) -> Any:
+    """Start Spark; without -vv/--debug its own output goes to a log file (:class:`_SparkLog`), not the console.
+
+    The JVM inherits our stdout and stderr and writes to them for the whole
+    run: Java's notices and stack traces are tracebacks too, shown with
+    -vv/--debug only; then the JVM's stdout points at stderr, so that stdout
+    carries only the report. If the start fails, the log's last lines are
     the error's detail.
     """
-    import tempfile
-
     from ..spark.session import make_session
 
     conf = _conf(args)
     conf.setdefault("spark.ui.showConsoleProgress", "false")
-    # Java's notices and stack traces are tracebacks too: shown with -vv/--debug, not with -v.
-    verbose = bool(getattr(args, "debug", False))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved_out, saved_err = os.dup(1), os.dup(2)
-    jvm_log = None if verbose else tempfile.TemporaryFile(prefix="factstream-jvm-")
+    debug = bool(getattr(args, "debug", False))
+    log = None if debug else _SparkLog.create()
+    saved_out = None
+    if debug:
+        sys.stdout.flush()
+        saved_out = os.dup(1)
+        os.dup2(2, 1)
     try:
-        if jvm_log is None:
-            os.dup2(2, 1)
-        else:
-            os.dup2(jvm_log.fileno(), 1)
-            os.dup2(jvm_log.fileno(), 2)
-        try:
-            return make_session(
-                args.master, conf=conf, ship_env=args.ship_env, executor_python=args.executor_python,
-                log_level="WARN" if verbose else "FATAL",
-            )
-        except Exception as err:
-            detail = ""
-            if jvm_log is not None:
-                jvm_log.seek(0)
-                tail = [ln for ln in jvm_log.read().decode("utf-8", "replace").splitlines() if ln.strip()][-5:]
-                detail = "".join(f"\n  {ln}" for ln in tail)
-            raise RuntimeError(f"Spark did not start: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}{detail}") from err
+        return make_session(
+            args.master, conf=conf, ship_env=args.ship_env, executor_python=args.executor_python,
+            log_level="WARN", log_file=log,
+        )
+    except Exception as err:
+        detail = ""
+        if log is not None:
+            with open(log, "rb") as fh:
+                tail = [ln for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()][-5:]
+            detail = "".join(f"\n  {ln}" for ln in tail)
+        raise RuntimeError(f"Spark did not start: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}{detail}") from err
     finally:
-        os.dup2(saved_out, 1)
-        os.dup2(saved_err, 2)
-        os.close(saved_out)
-        os.close(saved_err)
-        if jvm_log is not None:
-            jvm_log.close()  # the JVM keeps its own descriptor of the (unlinked) file
+        if saved_out is not None:
+            os.dup2(saved_out, 1)
+            os.close(saved_out)
 
 
 # The last line of a Python traceback ("ModuleNotFoundError: No module named ..."), not Java's dotted names.
@@ -243,17 +287,141 @@ _PY_ERROR = re.compile(r"^\s*(?:factstream(?:\.\w+)*\.)?([A-Z]\w*(?:Error|Except
 
 
 def job_error(err: BaseException) -> str:
-    """The one line of a failed Spark job a user needs: the executors' Python error, with a hint."""
+    """The one line of a failed Spark job a user needs: the executors' Python error, with a hint, or Spark's own."""
+    return _explain(err)[0]
+
+
+#: Java exceptions (anywhere in a failure's chain of causes) that say the user's paths are wrong, not our code.
+_USERS_PATHS = ("ParentNotDirectoryException", "FileAlreadyExistsException", "AccessDeniedException",
+                "AccessControlException", "FileNotFoundException", "NoSuchFileException")
+
+
+def _java_chain(err: BaseException) -> list[tuple[str, str]]:
+    """(class, message) of the Java exception behind ``err`` and its causes, outermost first; [] if none.
+
+    Asked of the JVM (py4j's exception, or the origin of pyspark's converted
+    one), else read from the text: "class: message" blocks after py4j's
+    "An error occurred while calling ...:" and after each "Caused by:".
+    """
+    java = getattr(err, "java_exception", None) or getattr(err, "_origin", None)
+    chain: list[tuple[str, str]] = []
+    try:
+        while java is not None and len(chain) < 20:
+            chain.append((str(java.getClass().getName()), str(java.getMessage() or "")))
+            java = java.getCause()
+    except Exception:  # noqa: BLE001 - the JVM may be gone; the text still says it
+        chain = []
+    if chain:
+        return chain
+    head = re.compile(r"^(?:: |Caused by: )?([a-z][\w$]*(?:\.[\w$]+)+)(?:: (.*))?$")
+    open_block = False
+    for line in str(err).splitlines():
+        found = head.match(line)
+        if found and (chain or line.startswith(": ") or not line.startswith(("Caused", " ", "\t"))):
+            chain.append((found.group(1), found.group(2) or ""))
+            open_block = True
+        elif open_block and line.strip() and not re.match(r"^\s+(?:at |\.\.\. \d+ more)", line):
+            cls, msg = chain[-1]
+            chain[-1] = (cls, f"{msg}\n{line}")
+        else:
+            open_block = False
+    return chain
+
+
+def _clean(message: str) -> str:
+    """A Spark message without its query context ("== DataFrame ==" ...), SQLSTATE and line breaks."""
+    message = re.split(r"\n== ", message)[0]
+    message = re.sub(r"\s*SQLSTATE: \w+\.?", "", message)
+    return " ".join(message.split())
+
+
+def _explain(err: BaseException, capture_pattern: str | None = None) -> tuple[str, bool]:
+    """(one line, whether it is the user's to fix) for an exception out of Spark, passwords masked.
+
+    The user's: a Python error of the executors naming a module they lack,
+    a file Spark could not read (FAILED_READ_FILE: corrupt, someone else's,
+    a column of another type), a path Spark cannot write, a
+    ``capture_pattern`` Java's regular expressions refuse. Anything else
+    is said as Spark's error-class message with its deepest cause.
+    """
     from ..redaction import redact_text
 
     text = str(err)
     found = _PY_ERROR.findall(text)
-    line = found[-1].strip() if found else (text.strip().splitlines() or [type(err).__name__])[0]
-    line = line.split("Traceback (most recent call last)")[0].rstrip(" :") or type(err).__name__
-    if "No module named" in line and any(m in line for m in ("'factstream", "'pyarrow")):
-        line += (" (the executors' Python lacks it: install factstream[spark] on every worker, "
-                 "or ship it with --ship-env; see docs/spark.md)")
-    return redact_text(line[:2000])
+    if found:
+        line = found[-1].strip().split("Traceback (most recent call last)")[0].rstrip(" :") or type(err).__name__
+        users = "No module named" in line and any(m in line for m in ("'factstream", "'pyarrow"))
+        if users:
+            line += (" (the executors' Python lacks it: install factstream[spark] on every worker, "
+                     "or ship it with --ship-env; see docs/spark.md)")
+        return redact_text(line[:2000]), users
+    chain = _java_chain(err)
+    if not chain:
+        return redact_text((text.strip().splitlines() or [type(err).__name__])[0][:2000]), False
+    names = [cls.rsplit(".", 1)[-1] for cls, _ in chain]
+    if capture_pattern is not None and "PatternSyntaxException" in names:
+        lines = chain[names.index("PatternSyntaxException")][1].splitlines() or [""]
+        java = f" in '{lines[1]}'" if len(lines) > 1 and lines[1] != capture_pattern else ""
+        return redact_text(f"--capture-pattern '{capture_pattern}' is valid in Python but not in Java, whose regular "
+                           f"expressions Spark matches it with: {lines[0]}{java}; write it in the syntax both share"), True
+    # The failure is named by the first message with an error class ("[FAILED_READ_FILE.NO_HINT] ..."), else
+    # by the deepest cause (a job aborted "due to stage failure" says what failed in its causes).
+    last = len(chain) - 1
+    at = next((i for i, (_, msg) in enumerate(chain) if msg.startswith("[")), last)
+    main = chain[at][1] or names[at]
+    root = chain[last][1] or names[last]
+    failed_read = re.match(r"\[FAILED_READ_FILE\.\w+\] Encountered error while reading file (\S+?)\.?(?:\s|$)(.*)",
+                           main, re.S)
+    if failed_read:
+        path = re.sub(r"^file:(?://)?", "", failed_read.group(1))
+        detail = _clean(failed_read.group(2))
+        if at != last and not chain[last][0].startswith("org.apache.spark."):
+            # The reader's own words: "file:/x/part-0.parquet is not a Parquet file. ..." (the path said once)
+            first, _, rest = root.partition(" ")
+            detail = _clean(re.sub(r"^is ", "", rest) if first.endswith(os.path.basename(path)) else root)
+        return redact_text(f"cannot read {path}: {detail or 'corrupt, or not Parquet'}"[:2000]), True
+    line = _clean(main)
+    if at != last and _clean(root) not in line:
+        line += f": {_clean(root)}"
+    line = re.sub(r"\bfile:(?://)?(?=/)", "", line)  # Hadoop's file:/x is the user's /x
+    return redact_text(line[:2000]), any(name in _USERS_PATHS for name in names)
+
+
+def _from_spark(err: BaseException) -> bool:
+    """Whether ``err`` came out of Spark: py4j's errors (the JVM's, or the JVM gone) and pyspark's own."""
+    try:
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+    except ImportError:
+        return False
+    return isinstance(err, (Py4JError, PySparkException))
+
+
+def _said(err: BaseException, args: argparse.Namespace) -> tuple[str, bool]:
+    """(``err`` in one line, whether it is the user's): a line for what is not names Spark's log, kept."""
+    line, users = _explain(err, getattr(args, "capture_pattern", None))
+    log = None if users else _SparkLog.keep(err)
+    return (f"{line} (details in Spark's log: {log})" if log else line), users
+
+
+def _spark_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``run`` with a Spark failure it does not catch itself said in one line (exit 2 if the user's to fix, else 1).
+
+    main() would call it an internal error, Java's stack on the same line.
+    With --debug it is left to main(): the traceback, Spark's log on stderr.
+    """
+    @functools.wraps(run)
+    def guarded(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except Exception as err:
+            if getattr(args, "debug", False) or not _from_spark(err):
+                raise
+            line, users = _said(err, args)
+            print(f"factstream logs: {line if users else 'the Spark job failed: ' + line}", file=sys.stderr)
+            return 2 if users else 1
+
+    return guarded
 
 
 def _progress_enabled(args: argparse.Namespace) -> bool:
@@ -410,7 +578,7 @@ def run_parse(args: argparse.Namespace) -> int:
             if "already exists" in str(err):
                 print(f"factstream logs: {args.out} already exists; use --mode overwrite or --mode append", file=sys.stderr)
                 return 2
-            print(f"factstream logs: the Spark job failed: {job_error(err)}", file=sys.stderr)
+            print(f"factstream logs: the Spark job failed: {_said(err, args)[0]}", file=sys.stderr)
             return 1
         if fresh:
             try:
@@ -736,7 +904,7 @@ def run_stream(args: argparse.Namespace) -> int:
             shutil.rmtree(_local(args.checkpoint), ignore_errors=True)
         return 2
     except Exception as err:
-        print(f"factstream logs: the streaming query failed: {job_error(err)}", file=sys.stderr)
+        print(f"factstream logs: the streaming query failed: {_said(err, args)[0]}", file=sys.stderr)
         if fresh_checkpoint and _checkpoint_unused(args.checkpoint):
             shutil.rmtree(_local(args.checkpoint), ignore_errors=True)
         return 1

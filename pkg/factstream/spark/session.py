@@ -8,6 +8,7 @@ codec. We pin them to ``sys.executable`` and hand them our ``sys.path``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -22,10 +23,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXECUTOR_TIMEOUT",
+    "QUERY_CONTEXT_LOGGERS",
     "executor_pythonpath",
     "make_session",
     "quiet_pyspark_warnings",
     "require_spark",
+    "route_query_context_logs",
     "session_cores",
     "wait_for_executors",
 ]
@@ -33,6 +36,10 @@ __all__ = [
 #: Seconds a cluster session waits for its first executor before giving up (``--conf
 #: spark.factstream.executorTimeout=...``); without one a job waits forever for resources.
 EXECUTOR_TIMEOUT = "120s"
+
+#: pyspark's Python loggers (Spark 4) that write a JSON record of a failed query, its whole stack included,
+#: to their own stderr handler as the exception is raised: the error the caller then reports, told first.
+QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 
 #: A cluster's executors are taken as all there when none has joined for this long, or for half the
 #: time the first one took to join if that is longer (see session_cores).
@@ -58,6 +65,47 @@ def require_spark() -> None:
 def quiet_pyspark_warnings() -> None:
     """Silence pyspark's FutureWarning about pandas 3 (our Arrow path does not go through pandas)."""
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+
+
+def route_query_context_logs(handler: logging.Handler) -> None:
+    """Send pyspark's query-context error records to ``handler`` instead of stderr.
+
+    Every SQL error with a query context (a failed cast, say) is logged by
+    pyspark on its own stderr handler, as JSON with the stack, before the
+    caller sees the exception; pyspark turns their propagation off on each
+    use. No-op on pyspark 3.5, which has no such loggers.
+    """
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:
+        return
+    for name in QUERY_CONTEXT_LOGGERS:
+        logger = PySparkLogger.getLogger(name)  # made now if new, with pyspark's stderr handler: replaced
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+            old.close()  # a file of an earlier session's; closing pyspark's stderr handler leaves stderr open
+        logger.addHandler(handler)  # PySparkLogger formats it as JSON
+        logger.propagate = False
+
+
+@contextlib.contextmanager
+def _output_to(path: str) -> Iterator[None]:
+    """Our stdout and stderr appended to ``path`` for the duration: a JVM started meanwhile keeps them."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log):
+            os.close(fd)
 
 
 def executor_pythonpath() -> str:
@@ -97,6 +145,7 @@ def make_session(
     log_level: str = "WARN",
     ship_env: bool | str = False,
     executor_python: str | None = None,
+    log_file: str | None = None,
 ) -> SparkSession:
     """Get or create a SparkSession configured for factstream's Arrow pipeline.
 
@@ -114,6 +163,14 @@ def make_session(
     On a cluster it waits for the first executor (``spark.factstream.executorTimeout``,
     120 s) and raises RuntimeError, the application stopped, if none joins:
     Spark would queue the job forever.
+
+    ``log_file`` takes Spark's own output instead of the console, appended:
+    the driver JVM starts with its stdout and stderr on it (log4j at
+    ``log_level``, the JVM's notices, a failed task's stack, local Python
+    workers' stderr) and pyspark's JSON records of failed queries go there
+    too (:func:`route_query_context_logs`); the caller's own stdout and
+    stderr are left as they were. A session that already exists keeps its
+    JVM's output where it was.
     """
     require_spark()
     quiet_pyspark_warnings()
@@ -154,9 +211,12 @@ def make_session(
     # for that start, so the caller's process environment is left as it was.
     if worker_python == python:
         worker_python = os.environ.get("PYSPARK_PYTHON", python)
+    if log_file is not None:
+        route_query_context_logs(logging.FileHandler(log_file, delay=True))
     with _environ(PYTHONPATH=pythonpath, PYSPARK_PYTHON=worker_python,
                   PYSPARK_DRIVER_PYTHON=os.environ.get("PYSPARK_DRIVER_PYTHON", python)):
-        spark = builder.getOrCreate()
+        with _output_to(log_file) if log_file is not None else contextlib.nullcontext():
+            spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     if not master.startswith("local"):
         try:

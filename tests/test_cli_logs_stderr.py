@@ -1,0 +1,138 @@
+"""What ``factstream logs`` leaves on stderr when a Spark job fails: our one line, nothing before it.
+
+The installed executable in a subprocess. pyspark logged a JSON record of
+every failed query (stack included) on stderr before our line, and a Java
+failure that escaped became an "internal error" line thousands of
+characters long, Java's stack inside: a corrupt part file, a
+--capture-pattern Python accepts and Java refuses. Now a user's mistake is
+one line saying what is wrong; anything else is one line naming Spark's log,
+kept with the details. One Spark start per path; the Parquet is written
+with pyarrow (someone else's, as a user would have it), not by Spark.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli_run import cli, no_traceback, require_spark_cli
+from conftest import require
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+]
+
+SPARK = ("--master", "local[2]", "--conf", "spark.ui.enabled=false")
+PYARROW = "it is in the spark extra: pip install 'factstream[spark]' (make install)"
+
+
+def logs(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``factstream logs ARGS`` with its temporary files (Spark's log among them) under ``tmp``."""
+    tmp.mkdir(exist_ok=True)
+    return cli("logs", *args, *SPARK, timeout=600, TMPDIR=str(tmp))
+
+
+def spark_logs(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("factstream-spark-*"))
+
+
+def write_parquet(root: Path, name: str = "part-0.parquet", token: Any = None) -> Path:
+    """One part file of 'logs parse' output (its columns and partitions), written by pyarrow; ``token``
+    replaces the token column's values (a column of another type)."""
+    pa = require(module="pyarrow", how=PYARROW)
+    pq = require(module="pyarrow.parquet", how=PYARROW)
+    from factstream.spark.report import REQUIRED_COLUMNS
+
+    ts = dt.datetime(2026, 11, 24, 11, 0, tzinfo=dt.timezone.utc)
+    n = 3
+    columns = {
+        "source_file": pa.array(["/data/wire.log"] * n),
+        "line_number": pa.array([1, 2, 3], pa.int64()),
+        "ts": pa.array([ts + dt.timedelta(seconds=i) for i in range(n)], pa.timestamp("us", tz="UTC")),
+        "direction": pa.array([">"] * n),
+        "command": pa.array(["RDATA"] * n),
+        "instance": pa.array(["master"] * n),
+        "token": pa.array([1, 2, 3], pa.int64()) if token is None else pa.array(token),
+        "prev_token": pa.array([None] * n, pa.int64()),
+        "row": pa.array(['["!r:hs",["@a:hs"]]'] * n),
+        "data": pa.array([None] * n, pa.string()),
+        "error": pa.array([None] * n, pa.string()),
+    }
+    assert set(REQUIRED_COLUMNS) - {"stream"} <= set(columns), "the report reads columns this fixture lacks"
+    part = root / "date=2026-11-24" / "stream=typing"
+    part.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), part / name)
+    return part / name
+
+
+def test_a_failed_query_is_one_line_naming_spark_log_not_pysparks_json(tmp_path: Path) -> None:
+    """A token column of strings fails a cast in the report: pyspark's JSON record and the stack go to Spark's log."""
+    require_spark_cli("pandas")
+    write_parquet(tmp_path / "pq", token=["abc", "abc", "abc"])
+    tmp = tmp_path / "tmp"
+    done = logs(tmp, "report", str(tmp_path / "pq"))
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    found = re.fullmatch(r"factstream logs: the Spark job failed: \[CAST_INVALID_INPUT\] The value 'abc' of the type "
+                         r"\"STRING\" cannot be cast to [^\n]* \(details in Spark's log: (\S+)\)\n", done.stderr)
+    assert found, done.stderr
+    log = Path(found.group(1))
+    assert log.parent == tmp and spark_logs(tmp) == [log]  # kept, the only one
+    text = log.read_text()
+    assert '"logger": "DataFrameQueryContextLogger"' in text  # what was on stderr before
+    assert "Traceback (most recent call last)" in text and "NumberFormatException" in text
+
+
+def test_a_corrupt_part_file_is_named_in_one_line(tmp_path: Path) -> None:
+    require_spark_cli("pandas")
+    write_parquet(tmp_path / "pq")
+    bad = tmp_path / "pq" / "date=2026-11-24" / "stream=typing" / "part-1.parquet"
+    bad.write_bytes(b"this was a Parquet file once")  # sorts after the good one: Spark takes the schema from that
+    tmp = tmp_path / "tmp"
+    done = logs(tmp, "report", str(tmp_path / "pq"))
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert re.fullmatch(rf"factstream logs: cannot read {re.escape(str(bad))}: not a Parquet file\. Expected magic "
+                        r"number at tail, but found \[[-\d, ]+\]\n", done.stderr), done.stderr
+    assert spark_logs(tmp) == []  # the user's mistake: no log to look at, none left behind
+
+
+def test_a_capture_pattern_java_refuses_is_a_usage_error(tmp_path: Path) -> None:
+    """(?#...) is a comment to Python, an unknown inline modifier to Java, which matches it in Spark."""
+    require_spark_cli("pandas")
+    write_parquet(tmp_path / "pq")
+    pattern = r"(?P<capture>[a-z]+)(?#the capture)"
+    assert re.search(pattern, "wire.log")
+    tmp = tmp_path / "tmp"
+    done = logs(tmp, "report", str(tmp_path / "pq"), "--capture-pattern", pattern)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert re.fullmatch(rf"factstream logs: --capture-pattern '{re.escape(pattern)}' is valid in Python but not in "
+                        r"Java, whose regular expressions Spark matches it with: Unknown inline modifier near index "
+                        rf"\d+ in '{re.escape(pattern.replace('(?P<', '(?<'))}'; write it in the syntax both share\n",
+                        done.stderr), done.stderr
+    assert spark_logs(tmp) == []
+
+
+def test_parse_into_a_partition_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    """--mode overwrite into an OUT where a partition directory is a file: Hadoop's error, said once."""
+    require_spark_cli("pandas")
+    (tmp_path / "wire.log").write_text('RDATA typing master 1 ["!r:hs",["@a:hs"]]\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "date=__HIVE_DEFAULT_PARTITION__").write_text("not a directory\n")  # where lines without a timestamp go
+    tmp = tmp_path / "tmp"
+    done = logs(tmp, "parse", str(tmp_path / "wire.log"), "--out", str(out), "--mode", "overwrite")
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == (f"factstream logs: the Spark job failed: Parent path is not a directory: "
+                           f"{out}/date=__HIVE_DEFAULT_PARTITION__\n"), done.stderr
+    assert no_traceback(done.stderr)
+    assert spark_logs(tmp) == []
