@@ -182,3 +182,104 @@ def test_an_at_in_the_query_does_not_hide_a_bad_port() -> None:
     with pytest.raises(DatabaseURLError, match="holds an '@': write it percent-encoded, %40"):
         check_url("postgresql://u:s3@cret@h:5432/db?application_name=a@b")
     assert check_url("postgresql://u:pa?s3cret@h:5432,h2:5433/db?application_name=a@b") == "postgres"
+
+
+# --- A password holding '/' and then '?' or '#' --------------------------------------------------------------------
+#
+# A URL parser ends the authority at the '/' (host u, "port" pa): neither libpq's '@' nor the last one before the
+# query is there, and redact_url, redact_text and url_passwords showed such a password whole. Each case below was.
+
+#: (what a user gave, what may be shown, its passwords)
+SLASH_THEN_QUERY = [
+    ("postgresql://u:s3/cr?et@h:5432/db", f"postgresql://u:{MASK}@h:5432/db", ["s3/cr?et"]),
+    ("redis://:s3/cr#et@127.0.0.1:6379/0", f"redis://:{MASK}@127.0.0.1:6379/0", ["s3/cr#et"]),
+    ("nats://u:s3/cr?et@h:4222", f"nats://u:{MASK}@h:4222", ["s3/cr?et"]),
+    ("postgresql://u:s3c/ret?x@h1:5432,h2:5433/db?sslmode=require",
+     f"postgresql://u:{MASK}@h1:5432,h2:5433/db?sslmode=require", ["s3c/ret?x"]),
+    ("postgresql://u:s3c/ret#x@[::1]:5432/db", f"postgresql://u:{MASK}@[::1]:5432/db", ["s3c/ret#x"]),
+    ("rediss://s3c/ret?x@h:6380/0", f"rediss://{MASK}@h:6380/0", ["s3c/ret?x"]),  # a token
+    ("nats://u:s3c/ret?x@h1:4222,nats://v:s3c/ret#y@h2:4222", f"nats://u:{MASK}@h1:4222,nats://v:{MASK}@h2:4222",
+     ["s3c/ret?x", "s3c/ret#y"]),
+    ("u:s3c/ret?x@127.0.0.1:4222", f"u:{MASK}@127.0.0.1:4222", ["s3c/ret?x"]),  # typed without a scheme
+    # the query after the real host keeps its '@'
+    ("postgresql://u:s3/cr?et@h:5432/db?application_name=a@b", f"postgresql://u:{MASK}@h:5432/db?application_name=a@b",
+     ["s3/cr?et"]),
+    ("redis://:s3/cr#et@127.0.0.1:6379/0?client_name=a@b", f"redis://:{MASK}@127.0.0.1:6379/0?client_name=a@b",
+     ["s3/cr#et"]),
+    # the password's first part is digits: a URL parser reads a real port (host u, port 48213), then a query
+    # holding '@' in a bare word, not a key=value setting: libpq refuses that URL; it is read as a password
+    ("postgresql://u:48213/Wv9xw?Jm4pj@127.0.0.1:5432/db", f"postgresql://u:{MASK}@127.0.0.1:5432/db",
+     ["48213/Wv9xw?Jm4pj"]),
+]
+
+
+@pytest.mark.parametrize(("given", "shown", "passwords"), SLASH_THEN_QUERY)
+def test_a_password_a_url_parser_cuts_is_masked_whole(given: str, shown: str, passwords: list[str]) -> None:
+    from factstream.redaction import url_passwords
+
+    assert redact_url(given) == shown
+    for said in (f"cannot connect to {given}: refused", f"({given}).", repr(given)):
+        assert redact_text(said) == said.replace(given, shown)
+    for password in passwords:
+        assert password in url_passwords(given)
+    assert redact_url(shown) == shown and redact_text(shown) == shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    [  # an '@' in a query's setting after a real host, an email address after a URL: no password there
+        "redis://h:6379/0?client_name=a@b",
+        "postgresql://u@h/db?application_name=a@b#x",
+        "redis://h:6379/0?client_name=a@b.org&x=1 failed",
+        "cannot reach redis://h:6379/0 (mail ops@example.org)",
+        "nats://h:4222,nats://h2:4222 is down: write to admin@example.org",
+        "see http://h:8080/metrics?contact=ops@example.org.",
+    ],
+)
+def test_an_at_that_ends_no_password_is_left_alone(text: str) -> None:
+    from factstream.redaction import url_passwords
+
+    assert redact_text(text) == text
+    if " " not in text:
+        assert redact_url(text) == text and url_passwords(text) == []
+
+
+def test_the_masking_of_a_cut_password_leaves_the_rest_of_the_text() -> None:
+    said = "cannot reach redis://:s3c/ret#x@127.0.0.1:6379/0 (mail ops@example.org), nor postgresql://u:pa@h/db"
+    assert redact_text(said) == (
+        f"cannot reach redis://:{MASK}@127.0.0.1:6379/0 (mail ops@example.org), nor postgresql://u:{MASK}@h/db"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [  # what a URL parser's error quotes of a cut password: its "port", its "path", its "query"
+        ("redis://:Qz7kq/Wv9xw#Jm4pj@127.0.0.1:1", "Port could not be cast to integer value as 'Qz7kq'"),
+        ("redis://:48213/Wv9xw?Jm4pj@127.0.0.1:1", "the path names the database by number, not 'Wv9xw'"),
+        ("postgresql://u:48213/Wv9xw?Jm4pj@h:1/x",
+         'missing key/value separator "=" in URI query parameter: "Jm4pj@h:1/x"'),
+        ("redis://:s3/cr#et@127.0.0.1:1", "Port could not be cast to integer value as 's3'"),  # 2 characters: quoted
+    ],
+)
+def test_a_piece_of_a_cut_password_is_masked_in_a_message_about_its_url(url: str, message: str) -> None:
+    from factstream.redaction import redact_about, url_passwords
+
+    said = redact_about(message, url)
+    assert MASK in said
+    for piece in ("Qz7kq", "Wv9xw", "Jm4pj", "48213", "'s3'"):
+        assert piece not in said
+        if len(piece) >= 3 and piece in url:
+            assert piece in url_passwords(url)  # what the database layer's scrub masks too
+
+
+@pytest.mark.parametrize("password", ["Qz7kq/Wv9xw?Jm4pj", "Qz7kq/Wv9xw#Jm4pj"])
+def test_the_database_layer_names_no_piece_of_a_cut_password(password: str) -> None:
+    """check_url said "bad host or port in postgresql://u:Qz7kq/Wv9xw?Jm4pj@...: the port in 'u:Qz7kq' ..."."""
+    from factstream.store.database import DatabaseURLError, check_url, shown_url
+
+    url = f"postgresql://u:{password}@127.0.0.1:5432/db"
+    assert shown_url(url) == f"postgresql://u:{MASK}@127.0.0.1:5432/db"
+    with pytest.raises(DatabaseURLError) as caught:
+        check_url(url)
+    assert not any(piece in str(caught.value) for piece in ("Qz7kq", "Wv9xw", "Jm4pj")), str(caught.value)
+    assert f"postgresql://u:{MASK}@127.0.0.1:5432/db" in str(caught.value)

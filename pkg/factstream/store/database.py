@@ -75,7 +75,7 @@ from typing import Any
 
 from .. import _checks
 from ..errors import FactstreamError
-from ..redaction import MASK, redact_text, redact_url, url_passwords, userinfo_ends
+from ..redaction import MASK, redact_about, redact_text, redact_url, url_passwords, userinfo_ends
 
 __all__ = [
     "CONNECT_TIMEOUT", "Database", "DatabaseError", "DatabaseURLError", "DatabaseUnavailable", "Transaction",
@@ -394,43 +394,38 @@ def shown_url(url: str) -> str:
     :func:`~factstream.redaction.redact_url`, plus the password wherever
     else the URL shows it (see :func:`_scrub`).
     """
-    return _scrub(redact_text(redact_url(url)), url)
+    return _scrub(redact_url(url), url)
 
 
 _shown = shown_url
 
 
-def _url_passwords(url: str) -> list[str]:
-    """Every string ``url`` may hold as a password (longest first): the masking's readings, and libpq's own."""
-    found = set(url_passwords(url))
+def _libpq_passwords(url: str) -> list[str]:
+    """The password and key passphrase libpq itself reads in ``url`` (none if it cannot parse it)."""
     try:
         from psycopg.conninfo import conninfo_to_dict
 
         parsed = conninfo_to_dict(url)
-        for key in ("password", "sslpassword"):
-            value = parsed.get(key)
-            if isinstance(value, str):
-                found.add(value)
     except Exception:  # noqa: BLE001 - a URL libpq cannot parse: the masking's readings cover it
-        pass
+        return []
+    return [v for k, v in parsed.items() if k in ("password", "sslpassword") and isinstance(v, str)]
+
+
+def _url_passwords(url: str) -> list[str]:
+    """Every string ``url`` may hold as a password (longest first): the masking's readings, and libpq's own."""
+    found = set(url_passwords(url)) | set(_libpq_passwords(url))
     return sorted((p for p in found if p and p != MASK), key=len, reverse=True)
 
 
 def _scrub(text: str, url: str) -> str:
     """``text`` with the password of ``url`` masked wherever it appears, whatever characters it holds.
 
-    For what the masking of URLs and settings cannot see: a password a
-    driver quotes back ('invalid percent-encoded token: "pa%zz"'), or a
-    part of one named in a message of ours. A password of one or two
-    characters is masked only where it stands quoted, so that it does not
-    mask every such letter of the text.
+    :func:`~factstream.redaction.redact_about` (the masking's one reading of
+    the URL), told libpq's reading too: a password a driver quotes back
+    ('invalid percent-encoded token: "pa%zz"'), or a piece of one a URL
+    parser took for a port, named in a message of ours.
     """
-    for password in _url_passwords(url):
-        for quoted in (f'"{password}"', f"'{password}'"):
-            text = text.replace(quoted, quoted[0] + MASK + quoted[0])
-        if len(password) >= 3:
-            text = text.replace(password, MASK)
-    return text
+    return redact_about(text, url, also=_libpq_passwords(url))
 
 
 def _idle_and_alive(conn: Any) -> bool:
