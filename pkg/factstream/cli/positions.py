@@ -170,6 +170,94 @@ async def _tables(db: Any) -> dict[str, set[str]]:
     return out
 
 
+async def _leading_columns(db: Any, names: set[str]) -> set[tuple[str, str]]:
+    """(table, column) pairs, among ``names``, where the column leads a whole-table B-tree index.
+
+    Only such a column answers ``MAX`` or ``ORDER BY ... LIMIT 1`` by reading
+    one index entry, and a ``WHERE column > bound`` by a range scan; without
+    one each query is a scan of the table, so a table lacking it is read once,
+    whole, rather than once per question.
+    """
+    out: set[tuple[str, str]] = set()
+    if db.engine != "sqlite":
+        for table, column in await db.fetchall(
+            "SELECT t.relname, a.attname FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid "
+            "JOIN pg_class x ON x.oid = i.indexrelid JOIN pg_am am ON am.oid = x.relam "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+            "WHERE t.relnamespace = to_regnamespace(current_schema())::oid AND am.amname = 'btree' "
+            "AND i.indpred IS NULL AND i.indisvalid", ()
+        ):
+            if table in names:
+                out.add((str(table), str(column)))
+        return out
+    for table in names:
+        for _seq, index, *rest in await db.fetchall(f'PRAGMA index_list("{table}")', ()):
+            if len(rest) >= 3 and rest[2]:  # a partial index holds only some rows
+                continue
+            first = [c for seqno, _cid, c in await db.fetchall(f'PRAGMA index_info("{index}")', ()) if seqno == 0]
+            if first and first[0]:
+                out.add((table, str(first[0])))
+        pk = [c for c in await db.fetchall(f'PRAGMA table_info("{table}")', ()) if c[5]]
+        if len(pk) == 1 and str(pk[0][2]).upper() == "INTEGER":  # the rowid itself
+            out.add((table, str(pk[0][1])))
+    return out
+
+
+async def _stream_maxima(db: Any, sources: list[tuple[str, str]], tables: dict[str, set[str]],
+                         indexed: set[tuple[str, str]], bound: int | None) -> dict[str, int]:
+    """Writer -> highest id in the stream's tables (magnitudes for a backwards stream such as backfill).
+
+    ``bound`` is the lowest position recorded for the stream in
+    ``stream_positions``: a writer's rows above its recorded position all lie
+    above it, so where the id column is indexed only those rows are read, plus
+    the table's top row (one index entry). A writer whose rows all lie at or
+    below the bound is then left out, unless it holds the stream's top id,
+    since a figure of it could be short of its true highest id. Without a bound
+    (no recorded position, as Synapse's caches) or an index, every row is read
+    and every writer kept.
+    """
+    found: dict[str, int] = {}
+    top = 0
+    bounded = False  # some table read above the bound only: figures at or below it may be short
+
+    def note(writer: Any, value: Any) -> None:
+        nonlocal top
+        if value is not None and int(value) > 0:
+            found[str(writer)] = max(int(value), found.get(str(writer), 0))
+            top = max(top, int(value))
+
+    for table, col in sources:
+        column, backwards = col.lstrip("-"), col.startswith("-")
+        # magnitude of an id, ids of the stream, ids above a magnitude, and the order putting the top first
+        value = f"-{column}" if backwards else column
+        ids = f"{column} < 0" if backwards else f"{column} > 0"
+        above = f"{column} < ?" if backwards else f"{column} > ?"
+        newest = f"{column} ASC" if backwards else f"{column} DESC"
+        if "instance_name" not in tables[table]:
+            # no GROUP BY: PostgreSQL then reads the one index entry at the end instead of every row
+            row = await db.fetchone(f"SELECT {'-MIN' if backwards else 'MAX'}({column}) FROM {table} WHERE {ids}", ())
+            note("master", row[0] if row else None)
+            continue
+        who = "COALESCE(instance_name, 'master')"
+        agg = f"{'-MIN' if backwards else 'MAX'}({column})"
+        if bound is None or (table, column) not in indexed:
+            for inst, mx in await db.fetchall(f"SELECT {who}, {agg} FROM {table} WHERE {ids} GROUP BY 1", ()):
+                note(inst, mx)
+            continue
+        bounded = True
+        limit = -max(bound, 0) if backwards else max(bound, 0)
+        rows = await db.fetchall(f"SELECT {who}, {agg} FROM {table} WHERE {above} GROUP BY 1", (limit,))
+        for inst, mx in rows:
+            note(inst, mx)
+        if not rows:  # nothing above the bound: the table's top row alone
+            row = await db.fetchone(f"SELECT {who}, {value} FROM {table} WHERE {ids} ORDER BY {newest} LIMIT 1", ())
+            if row:
+                note(row[0], row[1])
+    if bound is None or not bounded:
+        return found
+    return {w: v for w, v in found.items() if v > bound or v == top}
+
+
 async def db_positions(url: str, timeout: float = dbtimeout.DEFAULT) -> tuple[
         str, dict[tuple[str, str], dict[str, int]], list[str]]:
     """(kind, (stream, writer) -> {"recorded", "max_stream_id"}, streams to list even without rows).
@@ -191,27 +279,26 @@ async def db_positions(url: str, timeout: float = dbtimeout.DEFAULT) -> tuple[
         if not synapse and not ours and "stream_positions" not in tables:
             raise Foreign(f"{redact_url(url)} is not a factstream or Synapse database (no stream tables among its "
                           f"{len(tables)} tables)")
+        recorded: dict[str, list[int]] = {}
         if "stream_positions" in tables:
             for stream, inst, sid in await db.fetchall(
                 "SELECT stream_name, instance_name, stream_id FROM stream_positions", ()
             ):
                 wire = SYNAPSE_DB_NAMES.get(str(stream), str(stream)) if synapse else str(stream)
                 out.setdefault((wire, str(inst)), {})["recorded"] = int(sid)
-        for stream, sources in STREAM_TABLES.items():
-            for table, col in sources:
-                column = col.lstrip("-")
-                if table not in tables or column not in tables[table]:
-                    continue
-                who = "COALESCE(instance_name, 'master')" if "instance_name" in tables[table] else "'master'"
-                if col.startswith("-"):
-                    sql = f"SELECT {who}, -MIN({column}) FROM {table} WHERE {column} < 0 GROUP BY 1"
-                else:
-                    sql = f"SELECT {who}, MAX({column}) FROM {table} WHERE {column} > 0 GROUP BY 1"
-                for inst, mx in await db.fetchall(sql, ()):
-                    if mx is None:
-                        continue
-                    cell = out.setdefault((stream, inst), {})
-                    cell["max_stream_id"] = max(int(mx), cell.get("max_stream_id", 0))
+                recorded.setdefault(wire, []).append(int(sid))
+        present = {stream: [(t, c) for t, c in sources if t in tables and c.lstrip("-") in tables[t]]
+                   for stream, sources in STREAM_TABLES.items()}
+        indexed = await _leading_columns(db, {t for sources in present.values() for t, _ in sources})
+        for stream, sources in present.items():
+            if not sources:
+                continue
+            # backwards streams: Synapse records -position, factstream the position itself
+            backwards = sources[0][1].startswith("-")
+            marks = [abs(v) if backwards else v for v in recorded.get(stream, [])]
+            maxima = await _stream_maxima(db, sources, tables, indexed, min(marks) if marks else None)
+            for inst, mx in maxima.items():
+                out.setdefault((stream, inst), {})["max_stream_id"] = mx
     finally:
         await db.close()
     from ..streams.registry import SYNAPSE_STREAMS
