@@ -77,17 +77,12 @@ def test_the_reported_urls(command: str, url: str) -> None:
                   "--server-name", "hs1", "--connect-timeout", "2")
 
 
-@pytest.mark.xfail(strict=True, reason="transport/redis/urls.py puts redis-py's own message in its error unmasked "
-                   "(\"Port could not be cast to integer value as 'Qz7kq'\", \"not 'Wv9xw'\"): it needs "
-                   "redact_about(str(err), url) and redact_about(path, url) there")
 @pytest.mark.parametrize("password", [HASHED, DIGITS])
 def test_tail_redis(password: str) -> None:
     _fails_masked(password, "tail", "--redis", f"redis://:{password}@127.0.0.1:{free_port()}",
                   "--server-name", "hs1", "--connect-timeout", "2")
 
 
-@pytest.mark.xfail(strict=True, reason="synapse/snapshot.py masks libpq's message with redact_text, which cannot "
-                   "know the password: it quotes 'Jm4pj@127.0.0.1:...'; it needs redact_about(first, url)")
 def test_synapse_check_db() -> None:
     _fails_masked(DIGITS, "synapse", "check", "--db", f"postgresql://u:{DIGITS}@127.0.0.1:{free_port()}/x",
                   "--db-timeout", "10")

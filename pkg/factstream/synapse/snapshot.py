@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from ..errors import FactstreamError
-from ..redaction import redact_text, redact_url
+from ..redaction import redact_about, redact_url
 from .streams import SYNAPSE_ID_STREAMS, SynapseIdStream
 
 __all__ = ["CheckError", "SequenceState", "TableState", "RowsAbove", "StreamState", "DatabaseSnapshot",
@@ -216,7 +216,7 @@ def connect(url: str, *, read_only: bool = True, origin: str | None = None) -> A
     except Exception as err:  # the driver's own error, which may quote the URL
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         fix = ("; check host, port, user, password and dbname there, or pass --db URL" if origin else "")
-        raise CheckError(f"cannot connect to {redact_url(url)}{via}: {redact_text(first)}{fix}") from None
+        raise CheckError(f"cannot connect to {redact_url(url)}{via}: {redact_about(first, url)}{fix}") from None
 
 
 def _one(cur: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.asyncio.connection import Connection as TcpRedisConnection
 
+from ...redaction import redact_about
 from ...redaction import redact_url as redacted_url
 
 
@@ -56,11 +57,12 @@ def connection_kwargs_from_url(url: str, **overrides: Any) -> tuple[type[Abstrac
     try:
         kwargs: dict[str, Any] = dict(parse_url(url))
     except ValueError as err:
-        raise ValueError(f"bad Redis URL {redacted_url(url)!r}: {err}") from None
+        # redis-py's message may quote a piece of the password (a '/' in it read as the end of the host)
+        raise ValueError(f"bad Redis URL {redacted_url(url)!r}: {redact_about(str(err), url)}") from None
     path = urlsplit(url).path.strip("/") if url.lower().startswith(("redis://", "rediss://")) else ""
     if path and not path.isdigit():  # redis-py drops a path that is not a number and uses database 0
         raise ValueError(f"bad Redis URL {redacted_url(url)!r}: the path names the database by number "
-                         f"(redis://host:port/0), not {path!r}")
+                         f"(redis://host:port/0), not {redact_about(repr(path), url)}")
     for option in _POOL_ONLY_OPTIONS:
         kwargs.pop(option, None)
     cls: type[AbstractConnection] = kwargs.pop("connection_class", TcpRedisConnection)
