@@ -104,6 +104,20 @@ def test_a_corrupt_part_file_is_named_in_one_line(tmp_path: Path) -> None:
     assert spark_logs(tmp) == []  # the user's mistake: no log to look at, none left behind
 
 
+def test_a_lone_corrupt_part_file_is_named_in_one_line(tmp_path: Path) -> None:
+    """The only part file corrupt: Spark fails reading the schema, before any job (was "calling o46.parquet.")."""
+    require_spark_cli("pandas")
+    bad = tmp_path / "pq" / "date=2026-11-24" / "stream=typing" / "part-0.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"this was a Parquet file once")
+    tmp = tmp_path / "tmp"
+    done = logs(tmp, "report", str(tmp_path / "pq"))
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert re.fullmatch(r"factstream logs: cannot read [^\n]*part-0\.parquet[^\n]*\n", done.stderr), done.stderr
+    assert "calling o" not in done.stderr and no_traceback(done.stderr)
+
+
 def test_a_capture_pattern_java_refuses_is_a_usage_error(tmp_path: Path) -> None:
     """(?#...) is a comment to Python, an unknown inline modifier to Java, which matches it in Spark."""
     require_spark_cli("pandas")

@@ -738,7 +738,10 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         df = spark.read.parquet(args.dir)
     except Exception as err:
-        print(f"factstream logs: cannot read Parquet from {args.dir}: {str(err).splitlines()[0]}", file=sys.stderr)
+        # Spark's reason (a corrupt footer: "cannot read FILE: not a Parquet file ..."), not py4j's "calling o46.parquet"
+        line = _explain(err)[0]
+        said = line if line.startswith("cannot read ") else f"cannot read Parquet from {args.dir}: {line}"
+        print(f"factstream logs: {said}", file=sys.stderr)
         return 2
     problem = _not_ours(df, args.dir)
     if problem:
