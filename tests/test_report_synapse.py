@@ -1,0 +1,72 @@
+"""logs report on what a real Synapse deployment sent: no gap where nothing was lost.
+
+The deployment (tests/synapse_deployment.py) has two receipts writers (the
+main process and worker1) sharing one sequence, as Synapse's multi-writer
+streams do; the recorder hears its Redis channel while the test sends
+messages and read receipts. Every row reached the recording, so the report
+must find no gap on any stream, and it must see that receipts' writers share
+a sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli_run import cli, require_spark_cli, start, stop
+from conftest import PG_HOST, PG_PORT, PG_START, REDIS_HOST, REDIS_PORT, REDIS_START, require_service
+from synapse_deployment import SynapseDeployment
+from synapse_fixtures import _create_db, _drop_db
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
+
+REDIS = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[SynapseDeployment]:
+    require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
+    require_service("Redis", REDIS_HOST, REDIS_PORT, REDIS_START)
+    name = f"factstream_synr_{uuid.uuid4().hex[:10]}"
+    _create_db(name)
+    dep = SynapseDeployment(tmp_path / "synapse", name)
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.stop()
+        _drop_db(name)
+
+
+def test_a_recorded_synapse_deployment_has_no_gaps(deployment: SynapseDeployment, tmp_path: Path) -> None:
+    require_spark_cli()
+    rec_dir = tmp_path / "rec"
+    rec = start("record", "--redis", REDIS, "--server-name", deployment.server_name, "--dir", str(rec_dir))
+    try:
+        time.sleep(2.0)  # subscribed
+        token = deployment.register("alice")
+        room = deployment.create_room(token)
+        for i in range(20):
+            deployment.receipt(token, room, deployment.send(token, room, f"hello {i}"))
+        time.sleep(2.0)  # the last rows and positions published
+    finally:
+        _, err = stop(rec, signal.SIGTERM)
+    assert rec.returncode == 0, err
+    pq = tmp_path / "pq"
+    parsed = cli("logs", "parse", str(rec_dir), "--out", str(pq), timeout=600)
+    assert parsed.returncode == 0, parsed.stderr[-2000:]
+    done = cli("logs", "report", str(pq), "--json", timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    rows = {(s["stream"], s["writer"]): s["rows"] for s in report["streams"]}
+    assert rows.get(("events", "master"), 0) >= 20 and rows.get(("receipts", "master"), 0) >= 20, rows
+    sequences = {q["stream"]: q for q in report["sequences"]}
+    assert sequences["receipts"]["writers"] == 2 and sequences["receipts"]["shared"], sequences["receipts"]
+    lost = {q["stream"]: (q["gaps"], q["skipped_tokens"]) for q in report["sequences"] if q["gaps"]}
+    assert lost == {}, (lost, report["marks"]["sequence"][:20])
