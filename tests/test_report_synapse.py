@@ -10,6 +10,7 @@ a sequence.
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import time
@@ -70,3 +71,25 @@ def test_a_recorded_synapse_deployment_has_no_gaps(deployment: SynapseDeployment
     assert sequences["receipts"]["writers"] == 2 and sequences["receipts"]["shared"], sequences["receipts"]
     lost = {q["stream"]: (q["gaps"], q["skipped_tokens"]) for q in report["sequences"] if q["gaps"]}
     assert lost == {}, (lost, report["marks"]["sequence"][:20])
+
+    # The same recording with one receipts row taken out: exactly that token is missing, at the row after it.
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    files = sorted(rec_dir.iterdir())
+    texts = [gzip.decompress(f.read_bytes()).decode() for f in files]
+    receipts = [(n, line) for n, text in enumerate(texts) for line in text.splitlines()
+                if " > RDATA receipts master " in line and line.split(" ")[5].isdigit()]
+    tokens = [int(line.split(" ")[5]) for _, line in receipts]
+    n, dropped = receipts[len(receipts) // 2]
+    assert tokens.count(int(dropped.split(" ")[5])) == 1, "the token dropped is carried by that row alone"
+    for f, text in zip(files, texts):
+        (cut / f.name).write_bytes(gzip.compress(text.replace(dropped + "\n", "").encode()))
+    assert sum(t.count(dropped) for t in texts) == 1
+    parsed = cli("logs", "parse", str(cut), "--out", str(tmp_path / "pq-cut"), timeout=600)
+    assert parsed.returncode == 0, parsed.stderr[-2000:]
+    done = cli("logs", "report", str(tmp_path / "pq-cut"), "--json", timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    sequences = {q["stream"]: q for q in report["sequences"]}
+    assert (sequences["receipts"]["gaps"], sequences["receipts"]["skipped_tokens"]) == (1, 1), sequences["receipts"]
+    assert [(m["stream"], m["kind"], m["tokens"]) for m in report["marks"]["sequence"]] == [("receipts", "gap", 1)]
