@@ -100,9 +100,10 @@ def register(subparsers: Any) -> None:
         help="report per stream and writer over parsed Parquet",
         description=(
             "Print, per (stream, writer): row counts, token range, rows per second over time, tokens "
-            "that went backwards, gaps (tokens skipped with no row, POSITION jumps), unterminated batch "
-            "runs; and malformed lines per file. Sequences are judged in line order within each capture: the "
-            "files of a rotated capture are one sequence, and a recorder's disconnect marker is a hole, not a gap."
+            "that went backwards, gaps (tokens no row of the stream carries: judged across all its writers, "
+            "which share one sequence in Synapse's multi-writer streams), POSITION jumps, unterminated batch "
+            "runs; and malformed lines per file. Sequences are judged within each capture: the files of a "
+            "rotated capture are one sequence, and a recorder's disconnect marker is a hole, not a gap."
         ),
     )
     report.add_argument("dir", metavar="DIR", help="output directory of 'factstream logs parse'")
