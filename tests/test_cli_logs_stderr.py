@@ -43,9 +43,9 @@ def spark_logs(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("factstream-spark-*"))
 
 
-def write_parquet(root: Path, name: str = "part-0.parquet", token: Any = None) -> Path:
+def write_parquet(root: Path, name: str = "part-0.parquet", token: Any = None, times: Any = None) -> Path:
     """One part file of 'logs parse' output (its columns and partitions), written by pyarrow; ``token``
-    replaces the token column's values (a column of another type)."""
+    and ``times`` replace the token and ts columns' values (a column of another type)."""
     pa = require(module="pyarrow", how=PYARROW)
     pq = require(module="pyarrow.parquet", how=PYARROW)
     from factstream.spark.report import REQUIRED_COLUMNS
@@ -55,7 +55,8 @@ def write_parquet(root: Path, name: str = "part-0.parquet", token: Any = None) -
     columns = {
         "source_file": pa.array(["/data/wire.log"] * n),
         "line_number": pa.array([1, 2, 3], pa.int64()),
-        "ts": pa.array([ts + dt.timedelta(seconds=i) for i in range(n)], pa.timestamp("us", tz="UTC")),
+        "ts": (pa.array([ts + dt.timedelta(seconds=i) for i in range(n)], pa.timestamp("us", tz="UTC"))
+               if times is None else pa.array(times)),
         "direction": pa.array([">"] * n),
         "command": pa.array(["RDATA"] * n),
         "instance": pa.array(["master"] * n),
@@ -88,6 +89,19 @@ def test_a_failed_query_is_one_line_naming_spark_log_not_pysparks_json(tmp_path:
     text = log.read_text()
     assert '"logger": "DataFrameQueryContextLogger"' in text  # what was on stderr before
     assert "Traceback (most recent call last)" in text and "NumberFormatException" in text
+
+
+def test_a_ts_column_of_strings_is_named_not_an_internal_error(tmp_path: Path) -> None:
+    """The report turns ts into datetimes in Python: a string column failed there ("internal error: TypeError")."""
+    require_spark_cli("pandas")
+    write_parquet(tmp_path / "pq", times=["2026-11-24T11:00:00Z"] * 3)
+    tmp = tmp_path / "tmp"
+    done = logs(tmp, "report", str(tmp_path / "pq"))
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == (f"factstream logs: {tmp_path / 'pq'} is not the output of 'factstream logs parse' or "
+                           "'logs stream': its column ts is string, not a timestamp\n"), done.stderr
+    assert spark_logs(tmp) == []
 
 
 def test_a_corrupt_part_file_is_named_in_one_line(tmp_path: Path) -> None:

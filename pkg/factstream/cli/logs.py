@@ -715,6 +715,12 @@ def _not_ours(df: Any, where: str) -> str | None:
 
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if not missing:
+        # ts reaches our Python as a datetime (a string one failed there as an "internal error: TypeError");
+        # a column Spark SQL computes with (token) fails in Spark with its own words when it cannot be cast
+        ts_type = dict(df.dtypes)["ts"]
+        if ts_type not in ("timestamp", "timestamp_ntz"):
+            return (f"{where} is not the output of 'factstream logs parse' or 'logs stream': its column ts is "
+                    f"{ts_type}, not a timestamp")
         return None
     has = ", ".join(df.columns[:8]) + (f" ... ({len(df.columns)} columns)" if len(df.columns) > 8 else "")
     return (f"{where} is not the output of 'factstream logs parse' or 'logs stream': its Parquet lacks the "
