@@ -12,10 +12,7 @@ behind a lock is cancelled and leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
-import socket
-import struct
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,80 +20,13 @@ from typing import Any
 import pytest
 
 from cli_run import ENV, FACTSTREAM, cli, no_traceback
+from freezing_proxy import FreezingProxy
 from synapse_fixtures import SynapseDb, synapse_db, synapse_template  # noqa: F401
 
 pytestmark = pytest.mark.postgres
 
 MESSAGE = "did not answer within {after:g} s (a table locked by a migration? a server that stopped answering?); " \
           "--db-timeout SECONDS to wait longer"
-
-
-class FreezingProxy:
-    """A TCP proxy to PostgreSQL that forwards the connect, then goes silent at the first query.
-
-    From the client's first Query or Parse message on, nothing is forwarded
-    either way and new connections (a cancel request) are accepted and never
-    answered: what a client sees of a server that froze under its query. It
-    parses the protocol, so the client must not use TLS (``sslmode=disable``).
-    """
-
-    def __init__(self, upstream: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self.frozen = threading.Event()
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def url(self, dsn: str) -> str:
-        """``dsn`` (a pg_dsn of conftest's) through this proxy, without TLS."""
-        host_port = dsn.split("@", 1)[1].split("/", 1)[0]
-        return dsn.replace(host_port, f"127.0.0.1:{self.port}", 1) + "?sslmode=disable"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            self.held.append(client)
-            if self.frozen.is_set():
-                continue
-            server = socket.create_connection(self.upstream)
-            self.held.append(server)
-            threading.Thread(target=self._to_server, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._to_client, args=(server, client), daemon=True).start()
-
-    def _to_server(self, client: socket.socket, server: socket.socket) -> None:
-        buf, started = b"", False
-        with contextlib.suppress(OSError):
-            while (data := client.recv(65536)) and not self.frozen.is_set():
-                buf += data
-                while True:
-                    if not started:  # the startup message: a length, no type byte
-                        if len(buf) < 4 or len(buf) < (n := struct.unpack("!I", buf[:4])[0]):
-                            break
-                        started = True
-                    else:
-                        if len(buf) < 5:
-                            break
-                        if buf[:1] in (b"Q", b"P"):  # a query: the server "freezes" now
-                            self.frozen.set()
-                            return
-                        if len(buf) < (n := struct.unpack("!I", buf[1:5])[0] + 1):
-                            break
-                    server.sendall(buf[:n])
-                    buf = buf[n:]
-
-    def _to_client(self, server: socket.socket, client: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while (data := server.recv(65536)) and not self.frozen.is_set():
-                client.sendall(data)
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.held:
-            s.close()
 
 
 @pytest.fixture

@@ -94,6 +94,28 @@ async def test_the_name_is_free_when_release_or_close_returns(postgres_dsn: str,
         await other.close()
 
 
+@pytest.mark.postgres
+async def test_closing_on_a_server_that_went_silent_is_quick_and_quiet(postgres_dsn: str, caplog: Any) -> None:
+    """The unlock before the close gets UNLOCK_TIMEOUT, then the socket is cut: psycopg's own cancel of it
+    waited 5 s more for the cancel request and 5 s for the query, warning twice (close took 15 s)."""
+    from freezing_proxy import FreezingProxy
+
+    from factstream.store.writer_claim import UNLOCK_TIMEOUT
+
+    proxy = FreezingProxy(armed=False)
+    try:
+        db = await connect(proxy.url(postgres_dsn))
+        await claim_writer(db, "silent_server")
+        proxy.arm()  # the server answers nothing from now on, cancel requests included
+        started = time.monotonic()
+        await db.close()
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert took < UNLOCK_TIMEOUT + 2, f"db.close() took {took:.1f} s on a silent server"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
 async def test_a_closed_database_cannot_claim(engine_db: Any) -> None:
     """A claim on a closed database used to succeed; on PostgreSQL it opened a connection nothing closed."""
     await engine_db.close()

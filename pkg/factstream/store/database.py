@@ -79,7 +79,7 @@ from ..redaction import MASK, redact_about, redact_text, redact_url, url_passwor
 
 __all__ = [
     "CONNECT_TIMEOUT", "Database", "DatabaseError", "DatabaseURLError", "DatabaseUnavailable", "Transaction",
-    "check_url", "connect", "shown_url", "sqlite_options", "sqlite_path", "to_pyformat",
+    "check_url", "connect", "sever", "shown_url", "sqlite_options", "sqlite_path", "to_pyformat",
 ]
 
 logger = logging.getLogger(__name__)
@@ -426,6 +426,30 @@ def _scrub(text: str, url: str) -> str:
     parser took for a port, named in a message of ours.
     """
     return redact_about(text, url, also=_libpq_passwords(url))
+
+
+def sever(conn: Any) -> None:
+    """Shut a psycopg connection's socket down: whatever waits on it reads the end at once; the server is not asked.
+
+    For a server that stopped answering: cancelling a query there makes
+    psycopg send a cancel request and wait 5 s for it, then 5 s more for the
+    query, with a WARNING each time. The socket is a duplicate's, so the
+    driver's own descriptor is left for it to close.
+    """
+    import socket
+
+    pgconn = getattr(conn, "pgconn", None)
+    if pgconn is None:
+        return
+    try:
+        fd = os.dup(pgconn.socket)
+    except Exception:  # noqa: BLE001 - closed already: nothing waits on it
+        return
+    with socket.socket(fileno=fd) as sock:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _idle_and_alive(conn: Any) -> bool:
