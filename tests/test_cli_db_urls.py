@@ -114,6 +114,8 @@ def test_ctrl_c_ends_tail_while_its_database_connect_is_in_progress(silent_port:
     (f"postgresql://postgres:{SECRET}@[::1/x", "'[::1' opens '[' without its closing ']'"),
     (f"postgresql://postgres:{SECRET}@::1/x", "'::1' looks like an IPv6 address without its brackets"),
     (f"postgresql://postgres:{SECRET}@127.0.0.1:54x/x", "the port in '127.0.0.1:54x' must be a number"),
+    # a password holding '/' then '?': the authority ends at the '/', the password's first part read as a port
+    (f"postgresql://postgres:Ab{SECRET}/cd?ef@127.0.0.1/x", "percent-encode '/', '?' and '#' in the password"),
 ])
 def test_a_db_url_written_wrong_is_a_usage_error_with_the_form_to_write(tmp_path: Any, typed: str, hint: str) -> None:
     (tmp_path / "t.db").touch()  # the file exists: two slashes still name no file

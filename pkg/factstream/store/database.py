@@ -1136,7 +1136,13 @@ def _check_postgres_host(url: str) -> None:
         if fault is None:
             return
         faults.append(fault)
-    raise DatabaseURLError(_scrub(f"bad host or port in {_shown(url)}: {faults[-1]}", url))
+    hint = ""
+    ends = [i for i in (run.find(c) for c in "/?#") if i >= 0]
+    if ends and run.rfind("@") > min(ends):
+        # user:pa/ss?wd@host: the authority ended at the '/', and the password's first part was read as a port
+        hint = ("; if the '@' after it ends a password, percent-encode '/', '?' and '#' in the password "
+                "(%2F, %3F, %23)")
+    raise DatabaseURLError(_scrub(f"bad host or port in {_shown(url)}: {faults[-1]}{hint}", url))
 
 
 def _host_fault(host: str) -> str | None:
