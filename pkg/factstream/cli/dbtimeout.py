@@ -10,6 +10,8 @@ is asked to cancel its query (a lock wait ends at once and leaves nothing
 behind); a connection whose server does not answer that within
 :data:`CANCEL_WAIT` is cut (its socket shut down), so that the command ends
 about a second after the deadline, with one line naming the database.
+``synapse watch`` runs each probe through :func:`within_thread_async` (a
+blocking driver, awaited on an event loop that goes on meanwhile).
 
 Why not cancel the asyncio task and let psycopg clean up: psycopg answers a
 cancelled task by sending PostgreSQL a cancel request and giving it 5 s, then
@@ -41,7 +43,7 @@ from ..redaction import redact_url
 from .argtypes import duration
 
 __all__ = ["CANCEL_WAIT", "DEFAULT", "NoAnswer", "QueriesWithin", "add_option", "bounded_url", "seconds", "watch",
-           "within", "within_thread"]
+           "within", "within_thread", "within_thread_async"]
 
 T = TypeVar("T")
 
@@ -254,6 +256,55 @@ def _give_up_thread(worker: threading.Thread, watched: _Watched) -> None:
             if _busy(c):
                 _cut(c)
         worker.join(CANCEL_WAIT)
+
+
+async def within_thread_async(read: Callable[[], T], after: float, url: str, *,
+                              watching: Iterable[Any] = ()) -> T:
+    """:func:`within_thread` awaited on an event loop, which goes on meanwhile (a watch keeps reading its wire).
+
+    ``read`` runs in a daemon thread of its own rather than the loop's
+    executor: a read given up on that still does not end (a connect to a host
+    that does not answer waits for its ``connect_timeout``, and nothing
+    interrupts a connect) then holds neither the loop's shutdown nor the exit.
+    The give-up (cancel, then cut) runs in a thread too, so it does not hold
+    the loop either; it also runs when this is cancelled (Ctrl-C), before the
+    cancellation goes on.
+    """
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+    watched = _Watched(watching)
+    context = contextvars.copy_context()
+    context.run(_WATCHED.set, watched)
+    outcome: dict[str, Any] = {}
+
+    def settle() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    def work() -> None:
+        try:
+            outcome["value"] = context.run(read)
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting task
+            outcome["error"] = err
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    worker = threading.Thread(target=work, name="factstream-db-read", daemon=True)
+    worker.start()
+    try:
+        await asyncio.wait({ended}, timeout=after)
+    except asyncio.CancelledError:
+        await asyncio.to_thread(_give_up_thread, worker, watched)
+        raise
+    if not ended.done():
+        await asyncio.to_thread(_give_up_thread, worker, watched)
+        raise no_answer(url, after)
+    if "error" in outcome:
+        raise outcome["error"]
+    value: T = outcome["value"]
+    return value
 
 
 class QueriesWithin:

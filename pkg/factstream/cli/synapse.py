@@ -88,6 +88,9 @@ def register(subparsers: Any) -> None:
     w.add_argument("--no-replicate", action="store_true",
                    help="only listen: do not ask writers for their positions on connecting")
     w.add_argument("--json", action="store_true", help="one JSON object per report")
+    dbtimeout.add_option(w, "with a database: ",
+                         "; at the start that is exit 2, later the probe of that report is cancelled and reported "
+                         "as failed, and the next report probes again")
     w.set_defaults(func=run_watch)
     p.set_defaults(func=lambda args: _usage(p))
 
@@ -274,6 +277,9 @@ def run_watch(args: argparse.Namespace) -> int:
 
     if args.db and args.no_db:
         return fail("give either --db URL or --no-db, not both")
+    if args.db_timeout is not None and (args.no_db or not (args.db or args.config)):
+        return fail("--db-timeout applies to the database (--db URL, or the database section of --config)"
+                    + (", which --no-db leaves out" if args.no_db else ""))
     from ..synapse.config import ConfigError, load_config
     from ..synapse.snapshot import url_problem
 
@@ -329,10 +335,11 @@ def run_watch(args: argparse.Namespace) -> int:
         configured=cfg.wire_writers() if cfg is not None else None,
         config_source=cfg.source if cfg is not None else None,
         redis_origin="the --redis URL" if args.redis else f"the redis section of {cfg.source if cfg else 'the config'}",
+        db_timeout=dbtimeout.seconds(args.db_timeout),
     )
     try:
         return transport.run(lambda: watch(opts, sys.stdout))
-    except CheckError as err:
+    except (CheckError, dbtimeout.NoAnswer) as err:  # the database at the start: unreachable, silent, not Synapse's
         hint = " (or --no-db to watch the wire only)" if db_origin else ""
         return fail(f"{err}{hint}")
     except WatchError as err:

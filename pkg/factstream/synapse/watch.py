@@ -6,6 +6,12 @@ positions (what a worker does on connecting; harmless), feeds every command
 to a :class:`~factstream.synapse.watchdog.Watchdog`, probes the database
 (``--db``) in a worker thread, and prints a report (a table on a terminal,
 one JSON object per line with ``--json``) and/or serves Prometheus metrics.
+
+A probe that has not answered within ``--db-timeout`` (a table locked by a
+migration, a server that stopped answering) is given up on, its query
+cancelled or its connection cut, and reported as the database probe's failure:
+the watch goes on and probes again at the next report, never stalled by its
+database.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import json
 import logging
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import IO, Any
 
 from .. import wire
+from ..cli import dbtimeout
 from ..errors import FactstreamError
 from ..redaction import redact_text, redact_url
 from ..transport.redis import RedisCarrier
@@ -63,6 +71,8 @@ class WatchOptions:
     config_source: str | None = None
     #: Where ``redis_url`` came from, for the message when it never connects.
     redis_origin: str = "the --redis URL"
+    #: Seconds the database gets to answer the connect at the start, then each probe (``--db-timeout``).
+    db_timeout: float = dbtimeout.DEFAULT
 
 
 def _now_iso() -> str:
@@ -122,6 +132,58 @@ def _redis_down(opts: WatchOptions, seconds: float, last_error: str | None) -> P
         "connections (frozen and writer_behind are not judged until the watch hears the channel again)")
 
 
+class _Probing:
+    """The database probe of each report, within ``--db-timeout``, and never two at once.
+
+    A probe given up on is cancelled (or its connection cut) and ends within
+    a second or two; one that does not (a reconnect to a host that does not
+    answer, which nothing interrupts, waits for its ``connect_timeout``) is
+    left to end on its own, and the reports meanwhile say so rather than pile
+    up threads and connections behind it.
+    """
+
+    def __init__(self, probe: DbProbe, opts: WatchOptions) -> None:
+        self.probe = probe
+        self.after = opts.db_timeout
+        self.url = probe.url
+        self._ended = threading.Event()
+        self._ended.set()
+        self._given_up_at = 0.0
+
+    def idle(self) -> bool:
+        """No probe is running (its connection may be touched)."""
+        return self._ended.is_set()
+
+    async def run(self, dog: Watchdog) -> str | None:
+        """Probe and feed ``dog``; what went wrong, for the report (None when the probe worked)."""
+        if not self.idle():
+            return (f"{redact_url(self.url)} has still not answered: the probe given up on "
+                    f"{time.monotonic() - self._given_up_at:.0f} s ago has not ended yet (a connect waits for its "
+                    "connect_timeout); probing again once it has")
+        ended = self._ended
+        ended.clear()
+        tokens, audit = dog.tokens(), dog.audit_ranges(AUDITED_STREAMS)
+
+        def read() -> Any:
+            try:
+                return self.probe.probe(tokens, audit)
+            finally:
+                ended.set()
+
+        try:
+            views = await dbtimeout.within_thread_async(read, self.after, self.url)
+            dog.on_database(views)
+        except dbtimeout.NoAnswer as exc:
+            self._given_up_at = time.monotonic()
+            return redact_text(str(exc))
+        except Exception as exc:  # keep watching the wire; say what the database said
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if self.idle():
+                self.probe.close()
+            return redact_text(first)
+        return None
+
+
 def _serve_metrics(metrics: WatchMetrics, port: int, host: str) -> Any:
     """Start the metrics endpoint, or WatchError naming the option to change."""
     try:
@@ -157,9 +219,12 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
     started = time.monotonic()
     deadline = None if opts.duration is None else started + opts.duration
     dog = Watchdog(frozen_after=opts.frozen_after)
-    probe = DbProbe(opts.db_url, opts.db_origin) if opts.db_url else None
+    probe = DbProbe(opts.db_url, opts.db_origin, watch=dbtimeout.watch) if opts.db_url else None
+    probing = None
     if probe is not None:
-        await asyncio.to_thread(probe.open)
+        # NoAnswer past --db-timeout, CheckError when it cannot connect: the watch does not start (exit 2).
+        await dbtimeout.within_thread_async(probe.open, opts.db_timeout, probe.url)
+        probing = _Probing(probe, opts)
     metrics = WatchMetrics() if opts.metrics_port is not None else None
     server = None
     if metrics is not None and opts.metrics_port is not None:
@@ -189,15 +254,7 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
                 wait = opts.interval if deadline is None else min(opts.interval, deadline - time.monotonic())
                 await asyncio.sleep(max(wait, 0.0))
                 final = deadline is not None and time.monotonic() >= deadline
-                db_error = None
-                if probe is not None:
-                    try:
-                        views = await asyncio.to_thread(probe.probe, dog.tokens(), dog.audit_ranges(AUDITED_STREAMS))
-                        dog.on_database(views)
-                    except Exception as exc:  # keep watching the wire; say what the database said
-                        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                        db_error = redact_text(first)
-                        probe.close()
+                db_error = await probing.run(dog) if probing is not None else None
                 now = time.monotonic()
                 redis_up = carrier.subscribed
                 problems = dog.problems(wire_seen=redis_up)
@@ -238,7 +295,7 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
                 if final:
                     break
     finally:
-        if probe is not None:
+        if probe is not None and (probing is None or probing.idle()):  # a probe still running closes its own
             probe.close()
         if server is not None:
             try:

@@ -3,11 +3,17 @@
 Each probe is one short read-only transaction; its queries only touch rows
 above the lowest token the wire announced for a stream (an index range scan),
 so probing every few seconds stays cheap next to a busy Synapse.
+
+A probe can be given up on from another thread (``synapse watch
+--db-timeout``: its query cancelled, or its connection cut): ``watch``, given
+each connection a probe uses, is how that thread finds it. A probe that failed
+closes its own connection, so the next one connects afresh and nothing else
+ever touches a connection a probe may still be using.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .snapshot import connect, require_synapse_schema
@@ -23,9 +29,11 @@ AUDIT_WINDOW = 100_000
 class DbProbe:
     """Reads, per wire stream and writer, what the database holds above the wire's tokens."""
 
-    def __init__(self, url: str, origin: str | None = None) -> None:
+    def __init__(self, url: str, origin: str | None = None, watch: Callable[[Any], None] | None = None) -> None:
         self.url = url
         self.origin = origin  # where the URL came from when not --db (for messages)
+        #: Handed every connection before it is used (the deadline's dbtimeout.watch, which cancels or cuts it).
+        self.watch = watch
         self._conn: Any = None
         self._floor: dict[str, int] = {}
         self.streams: list[SynapseIdStream] = [s for s in SYNAPSE_ID_STREAMS if s.wire and s.positive]
@@ -34,6 +42,8 @@ class DbProbe:
         """Connect (CheckError with a redacted reason if the database cannot be reached or is not Synapse's)."""
         if self._conn is None:
             conn = connect(self.url, origin=self.origin)
+            if self.watch is not None:
+                self.watch(conn)
             try:
                 cur = conn.cursor()
                 require_synapse_schema(cur, "postgresql", self.url, self.origin)
@@ -53,9 +63,27 @@ class DbProbe:
     def probe(self, tokens: Mapping[tuple[str, str], int],
               audit: Mapping[tuple[str, str], tuple[int, int]]) -> dict[tuple[str, str], DbView]:
         """(wire stream, writer) -> what the database holds, for every writer known on the wire or in the rows."""
-        self.open()
+        if self._conn is None:
+            self.open()  # handed to ``watch`` there
+        elif self.watch is not None:
+            self.watch(self._conn)
+        conn = self._conn
+        try:
+            return self._read(conn, tokens, audit)
+        except BaseException:
+            # Cancelled or cut at a deadline, or lost: not to be reused. Closed here, in the thread that used it.
+            self._conn = None
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a connection cut or lost is closed as far as it can be
+                pass
+            raise
+
+    def _read(self, conn: Any, tokens: Mapping[tuple[str, str], int],
+              audit: Mapping[tuple[str, str], tuple[int, int]]) -> dict[tuple[str, str], DbView]:
+        """:meth:`probe`'s queries, in one read-only transaction on ``conn``."""
         views: dict[tuple[str, str], DbView] = {}
-        cur = self._conn.cursor()
+        cur = conn.cursor()
         try:
             for s in self.streams:
                 wire = s.wire
@@ -87,7 +115,7 @@ class DbProbe:
                                                    sequence_issued=issued, wire_token=known.get(writer))
         finally:
             cur.close()
-            self._conn.rollback()  # the next probe sees a fresh snapshot
+            conn.rollback()  # the next probe sees a fresh snapshot
         return views
 
     @staticmethod
