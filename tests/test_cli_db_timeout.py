@@ -100,7 +100,7 @@ def test_tail_db_gives_up_behind_a_locked_table(postgres_dsn: str) -> None:
 async def test_each_query_of_a_following_tail_gives_up_and_the_database_stays_usable(postgres_dsn: str) -> None:
     """tail --db runs until stopped, so the deadline is per query: its follower reads the stream tables through
     QueriesWithin. A read behind a lock is cancelled after --db-timeout (the follower then warns and asks again)."""
-    from factstream.cli.dbtimeout import NoAnswer, QueriesWithin
+    from factstream.store.deadline import NoAnswer, QueriesWithin
     from factstream.demo.tables import DEMO_TABLES
     from factstream.replication.tables import create_tables
     from factstream.store.database import connect

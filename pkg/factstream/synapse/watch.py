@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from .. import wire
-from ..cli import dbtimeout
+from ..store import deadline
 from ..errors import FactstreamError
 from ..redaction import redact_text, redact_url
 from ..transport.redis import RedisCarrier
@@ -72,7 +72,7 @@ class WatchOptions:
     #: Where ``redis_url`` came from, for the message when it never connects.
     redis_origin: str = "the --redis URL"
     #: Seconds the database gets to answer the connect at the start, then each probe (``--db-timeout``).
-    db_timeout: float = dbtimeout.DEFAULT
+    db_timeout: float = deadline.DEFAULT
 
 
 def _now_iso() -> str:
@@ -171,9 +171,9 @@ class _Probing:
                 ended.set()
 
         try:
-            views = await dbtimeout.within_thread_async(read, self.after, self.url)
+            views = await deadline.within_thread_async(read, self.after, self.url)
             dog.on_database(views)
-        except dbtimeout.NoAnswer as exc:
+        except deadline.NoAnswer as exc:
             self._given_up_at = time.monotonic()
             return redact_text(str(exc))
         except Exception as exc:  # keep watching the wire; say what the database said
@@ -217,13 +217,13 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
     """
     err = sys.stderr if err is None else err
     started = time.monotonic()
-    deadline = None if opts.duration is None else started + opts.duration
+    ends_at = None if opts.duration is None else started + opts.duration
     dog = Watchdog(frozen_after=opts.frozen_after)
-    probe = DbProbe(opts.db_url, opts.db_origin, watch=dbtimeout.watch) if opts.db_url else None
+    probe = DbProbe(opts.db_url, opts.db_origin, watch=deadline.watch) if opts.db_url else None
     probing = None
     if probe is not None:
         # NoAnswer past --db-timeout, CheckError when it cannot connect: the watch does not start (exit 2).
-        await dbtimeout.within_thread_async(probe.open, opts.db_timeout, probe.url)
+        await deadline.within_thread_async(probe.open, opts.db_timeout, probe.url)
         probing = _Probing(probe, opts)
     metrics = WatchMetrics() if opts.metrics_port is not None else None
     server = None
@@ -251,9 +251,9 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
     try:
         async with carrier:
             while True:
-                wait = opts.interval if deadline is None else min(opts.interval, deadline - time.monotonic())
+                wait = opts.interval if ends_at is None else min(opts.interval, ends_at - time.monotonic())
                 await asyncio.sleep(max(wait, 0.0))
-                final = deadline is not None and time.monotonic() >= deadline
+                final = ends_at is not None and time.monotonic() >= ends_at
                 db_error = await probing.run(dog) if probing is not None else None
                 now = time.monotonic()
                 redis_up = carrier.subscribed

@@ -32,7 +32,7 @@ class DbProbe:
     def __init__(self, url: str, origin: str | None = None, watch: Callable[[Any], None] | None = None) -> None:
         self.url = url
         self.origin = origin  # where the URL came from when not --db (for messages)
-        #: Handed every connection before it is used (the deadline's dbtimeout.watch, which cancels or cuts it).
+        #: Handed every connection before it is used (the deadline's store.deadline.watch, which cancels or cuts it).
         self.watch = watch
         self._conn: Any = None
         self._floor: dict[str, int] = {}
