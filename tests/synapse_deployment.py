@@ -22,11 +22,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from conftest import PG_HOST, PG_PORT, PG_USER, REDIS_HOST, REDIS_PORT, synapse_python
+from conftest import PG_HOST, PG_PORT, PG_START, PG_USER, REDIS_HOST, REDIS_PORT, REDIS_START, require_service, synapse_python
 
 SHARED_SECRET = "factstream-test-secret"
 
@@ -176,6 +177,25 @@ class SynapseDeployment:
     def receipt(self, token: str, room: str, event_id: str) -> None:
         path = f"/_matrix/client/v3/rooms/{urllib.parse.quote(room)}/receipt/m.read/{urllib.parse.quote(event_id)}"
         self.api("POST", path, {}, token)
+
+
+@contextmanager
+def running_deployment(directory: Path, prefix: str) -> Iterator[SynapseDeployment]:
+    """A started deployment on a PostgreSQL database of its own (``prefix`` + a random part): stopped and the
+    database dropped afterwards."""
+    from synapse_fixtures import _create_db, _drop_db
+
+    require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
+    require_service("Redis", REDIS_HOST, REDIS_PORT, REDIS_START)
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    _create_db(name)
+    dep = SynapseDeployment(directory, name)
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.stop()
+        _drop_db(name)
 
 
 class PrivateRedis:

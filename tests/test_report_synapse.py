@@ -14,16 +14,14 @@ import gzip
 import json
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cli_run import cli, require_spark_cli, start, stop
-from conftest import PG_HOST, PG_PORT, PG_START, REDIS_HOST, REDIS_PORT, REDIS_START, require_service
-from synapse_deployment import SynapseDeployment
-from synapse_fixtures import _create_db, _drop_db
+from conftest import REDIS_HOST, REDIS_PORT
+from synapse_deployment import SynapseDeployment, running_deployment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -32,17 +30,8 @@ REDIS = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[SynapseDeployment]:
-    require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
-    require_service("Redis", REDIS_HOST, REDIS_PORT, REDIS_START)
-    name = f"factstream_synr_{uuid.uuid4().hex[:10]}"
-    _create_db(name)
-    dep = SynapseDeployment(tmp_path / "synapse", name)
-    try:
-        dep.start()
+    with running_deployment(tmp_path / "synapse", "factstream_synr_") as dep:
         yield dep
-    finally:
-        dep.stop()
-        _drop_db(name)
 
 
 def test_a_recorded_synapse_deployment_has_no_gaps(deployment: SynapseDeployment, tmp_path: Path) -> None:

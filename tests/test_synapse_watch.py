@@ -18,10 +18,8 @@ healthy under normal traffic, then name each problem the test provokes:
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,9 +27,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import PG_HOST, PG_PORT, PG_START, REDIS_HOST, REDIS_PORT, REDIS_START, pg_dsn, require_service
-from synapse_deployment import SynapseDeployment, Watch, free_port
-from synapse_fixtures import FACTSTREAM, _create_db, _drop_db, factstream
+from conftest import REDIS_HOST, REDIS_PORT, pg_dsn
+from synapse_deployment import SynapseDeployment, Watch, free_port, running_deployment
+from synapse_fixtures import factstream
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -48,17 +46,8 @@ def problem(report: dict[str, Any], kind: str, stream: str, name: str) -> dict[s
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[SynapseDeployment]:
-    require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
-    require_service("Redis", REDIS_HOST, REDIS_PORT, REDIS_START)
-    name = f"factstream_synw_{uuid.uuid4().hex[:10]}"
-    _create_db(name)
-    dep = SynapseDeployment(tmp_path / "synapse", name)
-    try:
-        dep.start()
+    with running_deployment(tmp_path / "synapse", "factstream_synw_") as dep:
         yield dep
-    finally:
-        dep.stop()
-        _drop_db(name)
 
 
 def _insert_receipt(dsn: str, stream_id: str, user: str) -> int:

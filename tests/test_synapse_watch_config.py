@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -30,11 +29,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import PG_HOST, PG_PORT, PG_START, REDIS_HOST, REDIS_PORT, REDIS_START, pg_dsn, require_service, \
-    synapse_python
-from synapse_deployment import PrivatePostgres, PrivateRedis, SynapseDeployment, free_port
+from conftest import REDIS_HOST, REDIS_PORT, pg_dsn, synapse_python
+from synapse_deployment import PrivatePostgres, PrivateRedis, SynapseDeployment, free_port, running_deployment
 from synapse_fixtures import (  # noqa: F401
-    FACTSTREAM, SynapseDb, _create_db, _drop_db, factstream, synapse_db, synapse_template)
+    FACTSTREAM, SynapseDb, factstream, synapse_db, synapse_template)
 
 REDIS = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
 
@@ -59,17 +57,8 @@ def writer(report: dict[str, Any], stream: str, name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SynapseDeployment]:
-    require_service("PostgreSQL", PG_HOST, PG_PORT, PG_START)
-    require_service("Redis", REDIS_HOST, REDIS_PORT, REDIS_START)
-    name = f"factstream_synwc_{uuid.uuid4().hex[:10]}"
-    _create_db(name)
-    dep = SynapseDeployment(tmp_path_factory.mktemp("synapse-watch-config"), name)
-    try:
-        dep.start()
+    with running_deployment(tmp_path_factory.mktemp("synapse-watch-config"), "factstream_synwc_") as dep:
         yield dep
-    finally:
-        dep.stop()
-        _drop_db(name)
 
 
 def _configs(dep: SynapseDeployment) -> tuple[Path, Path]:
