@@ -8,7 +8,48 @@ import struct
 import threading
 
 
-class FreezingProxy:
+class _Proxy:
+    """Listens on 127.0.0.1 (``.port``) and links each client to ``upstream`` through :meth:`_link`."""
+
+    def __init__(self, upstream: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, dsn: str) -> str:
+        """``dsn`` (a pg_dsn of conftest's) through this proxy, without TLS."""
+        host_port = dsn.split("@", 1)[1].split("/", 1)[0]
+        return dsn.replace(host_port, f"127.0.0.1:{self.port}", 1) + "?sslmode=disable"
+
+    def _silent(self) -> bool:
+        """Whether a new connection is held unanswered (a cancel request, a reconnect) rather than linked."""
+        raise NotImplementedError
+
+    def _link(self, client: socket.socket, server: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.held.append(client)
+            if self._silent():
+                continue
+            server = socket.create_connection(self.upstream)
+            self.held.append(server)
+            self._link(client, server)
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.held:
+            s.close()
+
+
+class FreezingProxy(_Proxy):
     """A TCP proxy to PostgreSQL that forwards the connect, then goes silent at the first query.
 
     From the client's first Query or Parse message on, nothing is forwarded
@@ -20,34 +61,18 @@ class FreezingProxy:
     """
 
     def __init__(self, upstream: tuple[str, int] = ("127.0.0.1", 5432), armed: bool = True) -> None:
-        self.upstream = upstream
+        self.frozen = threading.Event()
         self.armed = threading.Event()
         if armed:
             self.armed.set()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self.frozen = threading.Event()
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream)
 
-    def url(self, dsn: str) -> str:
-        """``dsn`` (a pg_dsn of conftest's) through this proxy, without TLS."""
-        host_port = dsn.split("@", 1)[1].split("/", 1)[0]
-        return dsn.replace(host_port, f"127.0.0.1:{self.port}", 1) + "?sslmode=disable"
+    def _silent(self) -> bool:
+        return self.frozen.is_set()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            self.held.append(client)
-            if self.frozen.is_set():
-                continue
-            server = socket.create_connection(self.upstream)
-            self.held.append(server)
-            threading.Thread(target=self._to_server, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._to_client, args=(server, client), daemon=True).start()
+    def _link(self, client: socket.socket, server: socket.socket) -> None:
+        threading.Thread(target=self._to_server, args=(client, server), daemon=True).start()
+        threading.Thread(target=self._to_client, args=(server, client), daemon=True).start()
 
     def _to_server(self, client: socket.socket, server: socket.socket) -> None:
         buf, started = b"", False
@@ -79,7 +104,40 @@ class FreezingProxy:
         """Freeze at the next query of any connection."""
         self.armed.set()
 
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.held:
-            s.close()
+
+class StallingProxy(_Proxy):
+    """A TCP proxy to PostgreSQL that stops forwarding anything on :meth:`stall`, until :meth:`resume`.
+
+    While stalled, what either side sends is swallowed and new connections are
+    accepted and never answered (a cancel request, a reconnect): a server that
+    froze. On resume, the connections made meanwhile stay dead (their clients
+    give up by their own timeouts) and new ones are forwarded. (FreezingProxy
+    freezes for good: a client must be seen to recover here.)
+    """
+
+    def __init__(self, upstream: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
+        self.stalled = threading.Event()
+        self.accepted_while_stalled = 0
+        super().__init__(upstream)
+
+    def stall(self) -> None:
+        self.stalled.set()
+
+    def resume(self) -> None:
+        self.stalled.clear()
+
+    def _silent(self) -> bool:
+        if self.stalled.is_set():
+            self.accepted_while_stalled += 1
+            return True
+        return False
+
+    def _link(self, client: socket.socket, server: socket.socket) -> None:
+        threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if not self.stalled.is_set():
+                    sink.sendall(data)

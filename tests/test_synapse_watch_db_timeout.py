@@ -18,11 +18,8 @@ user runs it.
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import socket
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,7 +28,7 @@ from typing import Any
 import pytest
 
 from cli_run import ENV, FACTSTREAM, cli, no_traceback
-from freezing_proxy import FreezingProxy
+from freezing_proxy import FreezingProxy, StallingProxy
 from synapse_deployment import Watch
 from synapse_fixtures import SynapseDb, synapse_db, synapse_template  # noqa: F401
 from test_cli_db_timeout import MESSAGE, locked
@@ -151,64 +148,6 @@ def test_a_database_silent_at_the_start_is_one_line_and_exit_2(synapse_db: Synap
     assert out.returncode == 2 and out.stdout == "", (out.returncode, out.stdout, out.stderr)
     assert out.stderr == f"factstream synapse watch: {redact_url(url)} {MESSAGE.format(after=2)}\n", out.stderr
     assert took < 2 + 4, f"gave up {took - 2:.1f} s after --db-timeout"
-
-
-class StallingProxy:
-    """A TCP proxy to PostgreSQL that stops forwarding anything on :meth:`stall`, until :meth:`resume`.
-
-    While stalled, what either side sends is swallowed and new connections are
-    accepted and never answered (a cancel request, a reconnect): a server that
-    froze under the watch. On resume, the connections made meanwhile stay dead
-    (their clients give up by their own timeouts) and new ones are forwarded.
-    (freezing_proxy.FreezingProxy freezes for good: the watch must be seen to
-    recover here.)
-    """
-
-    def __init__(self, upstream: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self.stalled = threading.Event()
-        self.held: list[socket.socket] = []
-        self.accepted_while_stalled = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def url(self, dsn: str) -> str:
-        """``dsn`` through this proxy, without TLS."""
-        host_port = dsn.split("@", 1)[1].split("/", 1)[0]
-        return dsn.replace(host_port, f"127.0.0.1:{self.port}", 1) + "?sslmode=disable"
-
-    def stall(self) -> None:
-        self.stalled.set()
-
-    def resume(self) -> None:
-        self.stalled.clear()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            self.held.append(client)
-            if self.stalled.is_set():
-                self.accepted_while_stalled += 1
-                continue
-            server = socket.create_connection(self.upstream)
-            self.held.append(server)
-            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if not self.stalled.is_set():
-                    sink.sendall(data)
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.held:
-            s.close()
 
 
 @pytest.fixture
