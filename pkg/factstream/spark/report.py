@@ -294,7 +294,9 @@ def build_report(df: DataFrame, bucket_seconds: int = 60, capture_pattern: str |
             *key, "ts", F.lit("backwards").alias("kind"), (dec("last") - dec("token")).alias("tokens"))
         gap_marks = holes_found.where("ts IS NOT NULL").select(*key, "ts", F.lit("gap").alias("kind"),
                                                                  F.col("hole").alias("tokens"))
-        marks_rows = back_marks.unionByName(gap_marks).orderBy("ts").limit(MAX_MARKS).collect()
+        # a total order: marks of one instant (a gap and a backwards token on one line) in the same order every run
+        marks_rows = (back_marks.unionByName(gap_marks).orderBy("ts", *key, "kind", "tokens")
+                      .limit(MAX_MARKS).collect())
         hole_rows = (
             df.where(f"command IN ('{DISCONNECTED}', '{CONNECTED}')")
             .select("capture", "ts", "command", "data", "file_order", "line_number")
