@@ -160,3 +160,16 @@ def test_watch_errors_are_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert "pw123" not in proc.stderr
+
+
+def test_watch_ends_quietly_when_its_stdout_closes() -> None:
+    """`synapse watch --json | head -1`: the reader has what it asked for (it printed 'Broken pipe', exit 2)."""
+    import subprocess
+
+    from synapse_fixtures import FACTSTREAM
+
+    pipeline = (f"'{FACTSTREAM}' synapse watch --redis {REDIS} --server-name closed-stdout.example --no-db "
+                "--json --interval 0.3 | head -1")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", pipeline], capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout)["server_name"] == "closed-stdout.example"
+    assert done.returncode == 0 and done.stderr == "", done.stderr

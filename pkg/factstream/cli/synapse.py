@@ -344,6 +344,8 @@ def run_watch(args: argparse.Namespace) -> int:
         return fail(f"{err}{hint}")
     except WatchError as err:
         return fail(str(err))
+    except BrokenPipeError:
+        raise  # stdout closed (| head): the end the reader asked for, as every command takes it (cli.main)
     except OSError as err:
         return fail(f"{err.strerror or err}")
     except ValueError as err:  # a malformed Redis URL
