@@ -287,11 +287,6 @@ def _session(args: argparse.Namespace) -> Any:
 _PY_ERROR = re.compile(r"^\s*(?:factstream(?:\.\w+)*\.)?([A-Z]\w*(?:Error|Exception|Unavailable|Mismatch): .*)$", re.M)
 
 
-def job_error(err: BaseException) -> str:
-    """The one line of a failed Spark job a user needs: the executors' Python error, with a hint, or Spark's own."""
-    return _explain(err)[0]
-
-
 #: Java exceptions (anywhere in a failure's chain of causes) that say the user's paths are wrong, not our code.
 _USERS_PATHS = ("ParentNotDirectoryException", "FileAlreadyExistsException", "AccessDeniedException",
                 "AccessControlException", "FileNotFoundException", "NoSuchFileException")
