@@ -197,7 +197,10 @@ def test_serve_short_max_age_and_refused_replicas(nats_url: str, deployment: str
     ("argv", "status", "needle"),
     [
         (["tail", "--nats", "nats://127.0.0.1:4222"], 2, "--nats needs --server-name"),
-        (["tail", "--nats", "nats://127.0.0.1:4222", "127.0.0.1:9092", "--server-name", "x"], 2, "give one of"),
+        (["tail", "--nats", "nats://127.0.0.1:4222", "127.0.0.1:9092", "--server-name", "x"], 2,
+         "give either HOST:PORT (TCP) or --nats URL, not both"),
+        (["tail", "--nats", "nats://127.0.0.1:4222", "--redis", "redis://127.0.0.1:6379", "--server-name", "x"], 2,
+         "give either --redis URL or --nats URL, not both"),
         (["serve", "--nats", "127.0.0.1:4222"], 2, "bad NATS URL"),
         (["serve", "--nats", "nats://alice:s3cret@127.0.0.1:1"], 1, "cannot reach NATS at nats://alice:***@127.0.0.1:1"),
         (["tail", "--nats", "nats://127.0.0.1:4222", "--server-name", "nobody-here-x"], 1, "no JetStream stream"),

@@ -139,7 +139,8 @@ def check_target(args: argparse.Namespace) -> None:
         usage("--db-timeout applies to --db URL (reading the writer's database)")
     if args.nats:
         if args.target or args.redis:
-            usage("give one of HOST:PORT (TCP), --redis URL or --nats URL")
+            other = "HOST:PORT (TCP)" if args.target else "--redis URL"
+            usage(f"give either {other} or --nats URL, not both")
         if not args.server_name:
             usage("--nats needs --server-name NAME: the deployment's server name names its JetStream stream")
         if args.tls or args.cafile or args.insecure or args.user_ip or args.replicate:
