@@ -1118,8 +1118,9 @@ def _check_postgres_host(url: str) -> None:
     before any '/': its password may hold '?', '#' or ':') and after the last
     '@' before the query (a password holding '@' or '/'). Only a fault both
     readings find is reported, and always from the hosts after the last '@',
-    which no password precedes: a password with '?' was cut there, named as a
-    bad port ("the port in 'user:pa' ...") and shown, in a URL libpq takes.
+    which no password precedes. A password cut short by an unencoded '/' or
+    '@' (:func:`_cut_password`) is named as such first: read as a host and
+    port, its first part made a message about a port ("the port in 'u:s3'").
     """
     run = url.split("://", 1)[1] if "://" in url else ""
     first, last, _ = userinfo_ends(run)
@@ -1129,6 +1130,11 @@ def _check_postgres_host(url: str) -> None:
             f"the user name or password in {_shown(url)} holds an '@': write it percent-encoded, %40 "
             "(libpq ends the password at the first '@' and takes the rest for the host)"
         )
+    if _cut_password(run):
+        raise DatabaseURLError(
+            f"the user name or password in {_shown(url)} holds a character that ends it early: {_ENCODE_PASSWORD} "
+            "(libpq ends it at its first '/' or '@' and reads the rest as host, port and database name)"
+        )
     faults = []
     for at in (first, last):
         hosts = re.split(r"[/?#]", run[at + 1 :], maxsplit=1)[0]
@@ -1136,13 +1142,68 @@ def _check_postgres_host(url: str) -> None:
         if fault is None:
             return
         faults.append(fault)
-    hint = ""
-    ends = [i for i in (run.find(c) for c in "/?#") if i >= 0]
-    if ends and run.rfind("@") > min(ends):
-        # user:pa/ss?wd@host: the authority ended at the '/', and the password's first part was read as a port
-        hint = ("; if the '@' after it ends a password, percent-encode '/', '?' and '#' in the password "
-                "(%2F, %3F, %23)")
-    raise DatabaseURLError(_scrub(f"bad host or port in {_shown(url)}: {faults[-1]}{hint}", url))
+    raise DatabaseURLError(_scrub(f"bad host or port in {_shown(url)}: {faults[-1]}", url))
+
+
+#: How to write a password holding characters that end it in a URL (all named: which it holds is not said).
+_ENCODE_PASSWORD = "percent-encode '/', '?' and '#' in the password (%2F, %3F, %23), and '@' as %40"
+
+# One host of a URL (a name, an IPv4 or a bracketed IPv6 address, or a %-encoded socket directory), its port.
+_ONE_HOST = r"(?:[A-Za-z0-9._~%\-]+|\[[0-9A-Fa-f:.]+\])(?::\d*)?"
+# What follows the '@' that ends a userinfo: a host list (perhaps empty: a Unix socket), then the authority's end.
+_HOSTS_THEN_END = re.compile(rf"(?:{_ONE_HOST}(?:,{_ONE_HOST})*)?(?=[/?#]|$)")
+# A key=value setting of a query, up to its value (application_name=a@b).
+_SETTING_KEY = re.compile(r"[A-Za-z0-9_.%+\-]+=")
+
+
+def _valid_hosts(hosts: str) -> bool:
+    """Whether ``hosts`` is a host list libpq can use: ``h1:5432,[::1]``, or empty (a Unix socket)."""
+    return not re.search(r"[@#?/]", hosts) and not any(_host_fault(h) for h in hosts.split(",") if h)
+
+
+def _password_end(run: str) -> int:
+    """Where the user name and password of ``run`` (a URL after ``scheme://``) end as written: an '@' (-1: none).
+
+    The last '@' followed by a host list and the authority's end, whatever
+    '/', '?', '#' or '@' the password holds before it. One in a
+    query's ``key=value`` setting (``?application_name=a@b``) ends no password
+    when another '@' may, or when what a URL parser reads as the hosts
+    (before the first '/', '?' or '#') is a valid host list.
+    """
+    netloc = re.split(r"[/?#]", run, maxsplit=1)[0]
+    ats = [i for i, ch in enumerate(run) if ch == "@" and _HOSTS_THEN_END.match(run, i + 1)]
+    for at in reversed(ats):
+        start = max(run.rfind(c, 0, at) for c in "?#&") + 1
+        in_setting = start > 0 and _SETTING_KEY.match(run, start) is not None and "=" in run[start:at]
+        if in_setting and (at != ats[0] or _valid_hosts(netloc)):
+            continue
+        return at
+    return -1
+
+
+def _cut_password(run: str) -> bool:
+    """Whether the password of ``run`` (a URL after ``scheme://``) holds a '/' or '@' that libpq ends it at.
+
+    libpq ends the user name and password at the first '@' unless a '/'
+    comes first: a '/' in the password leaves no password at all (what
+    precedes it is read as host and port, the rest as the database name and
+    query), an '@' leaves its first part (the rest read as the host). A '?'
+    or '#' alone is no cut: libpq reads such a password whole. Not refused:
+    a URL libpq reads as valid hosts, then a database name holding an '@'
+    (``postgresql://u:pw@h/db@x``; ``postgresql://u:1234/5678@h`` reads the
+    same way and cannot be told from it).
+    """
+    at = _password_end(run)
+    info = run[:at] if at >= 0 else ""
+    if ":" not in info or not ("/" in info or "@" in info):
+        return False
+    first = userinfo_ends(run)[0]
+    begin = first + 1  # libpq's hosts: after its userinfo, up to the path or the query ('#' is no end to it)
+    stop = min((i for i in (run.find("/", begin), run.find("?", begin)) if i >= 0), default=len(run))
+    after = _HOSTS_THEN_END.match(run, at + 1)
+    in_path = stop < at and run[stop] == "/" and "?" not in run[stop:at]
+    ends_there = after is not None and run[after.end() : after.end() + 1] in ("", "?")
+    return not (in_path and ends_there and _valid_hosts(run[begin:stop]))
 
 
 def _host_fault(host: str) -> str | None:

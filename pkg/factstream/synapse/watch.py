@@ -81,10 +81,12 @@ def _now_iso() -> str:
 
 def _text(opts: WatchOptions, writers: list[dict[str, Any]], problems: list[Problem], redis_up: bool,
           db_error: str | None) -> str:
+    # A failed database probe is a problem of the report (not healthy): the header counts it with the others.
+    count = len(problems) + (1 if db_error else 0)
     if not redis_up:
         state = "NOT SUBSCRIBED to Redis"
-    elif problems:
-        state = f"{len(problems)} problem(s)"
+    elif count:
+        state = f"{count} problem(s)"
     else:
         state = "healthy" if writers else "waiting for the writers to answer"
     lines = [f"{_now_iso()}  {opts.server_name} via {redact_url(opts.redis_url)}: {state}"]
