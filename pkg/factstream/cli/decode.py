@@ -27,7 +27,7 @@ from .. import wire
 from ..errors import ProtocolError
 from ..spark.formats import (
     ENDS_MID_LINE, MAGIC_BYTES, NOTE, READ_ERRORS, compression_of, detect_format, payloads, read_problem,
-    unsupported_compression,
+    unsupported_compression, without_bom,
 )
 from ..spark.gunzip import GunzipRaw
 from .argtypes import whole_number
@@ -183,7 +183,9 @@ class _Lines:
 
     A last line without a newline (the input was cut, or is still being
     written) is not given out: it is kept in ``cut`` as (line number, bytes),
-    for it is no line yet (a token cut short can look valid).
+    for it is no line yet (a token cut short can look valid). A UTF-8
+    byte-order mark at the start of the input is no part of line 1 (as in
+    ``logs parse``): an input of nothing else has no line.
     """
 
     def __init__(self, fh: IO[bytes]) -> None:
@@ -193,6 +195,10 @@ class _Lines:
 
     def __iter__(self) -> Iterator[bytes]:
         for line in self.fh:
+            if self.count == 0:
+                line = without_bom(line)
+                if not line:  # the input held the mark and nothing else
+                    return
             if not line.endswith(b"\n"):  # only the last line can lack one
                 self.cut = (self.count + 1, line)
                 return

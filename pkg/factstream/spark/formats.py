@@ -47,6 +47,8 @@ __all__ = [
     "split_csv",
     "split_line",
     "split_monitor",
+    "UTF8_BOM",
+    "without_bom",
 ]
 
 #: Archive formats understood by the parser; "auto" sniffs each file.
@@ -280,6 +282,23 @@ def payloads(lines: Iterable[bytes], fmt: str, first_line: int = 1) -> Iterator[
         if parts is not None:
             ts, direction, channel, payload, problem = parts
             yield number, payload, ts, direction, channel, problem
+
+
+# ------------------------------------------------------------- byte-order mark
+
+#: The UTF-8 byte-order mark that Windows tools (PowerShell, Notepad) write at the start of a text file.
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def without_bom(start: bytes) -> bytes:
+    """The first bytes of an input (plain, or gzip decompressed) without a UTF-8 byte-order mark.
+
+    A mark at the very start of an input says how it is encoded; it is no part
+    of line 1 (left in, ``RDATA`` would read as the unknown command
+    ``\ufeffRDATA``). Only the start of an input is given here: a mark anywhere
+    else is data.
+    """
+    return start[len(UTF8_BOM):] if start.startswith(UTF8_BOM) else start
 
 
 # ------------------------------------------------------------- compression

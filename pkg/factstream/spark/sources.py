@@ -37,7 +37,10 @@ from typing import cast
 
 import pyarrow.fs as pafs
 
-from .formats import MAGIC_BYTES, READ_ERRORS, compression_of, detect_format, read_problem, unsupported_compression
+from .formats import (
+    MAGIC_BYTES, READ_ERRORS, UTF8_BOM, compression_of, detect_format, read_problem, unsupported_compression,
+    without_bom,
+)
 from .gunzip import Gunzip
 
 __all__ = [
@@ -444,6 +447,7 @@ def read_head(path: str, nbytes: int = 65536, size: int | None = None) -> list[b
 
     A gzip file that is truncated or corrupt gives the lines before the damage
     (perhaps none): detection looks at what is there, the parse reports the damage.
+    A UTF-8 byte-order mark at the start is left out, as the parse leaves it out.
     """
     fs, local = _fs(path)
     gzipped = is_gzip(path, size)
@@ -452,7 +456,7 @@ def read_head(path: str, nbytes: int = 65536, size: int | None = None) -> list[b
             data = _gunzip_head(raw, nbytes)
         else:
             data = raw.read(nbytes)
-    lines = data.split(b"\n")
+    lines = without_bom(data).split(b"\n")
     return lines[:-1] if len(lines) > 1 else lines
 
 
@@ -532,7 +536,9 @@ def read_chunk_blocks(
     exhausted (or the iterator is closed). A gzip file is read up to its
     listed size; if it breaks before (truncated, corrupt), the blocks end
     there and ``on_damage(path, problem)`` is called once they are exhausted
-    (``problem`` as :func:`gzip_problem` gives it).
+    (``problem`` as :func:`gzip_problem` gives it). A UTF-8 byte-order mark at
+    the start of the file (of its decompressed bytes, if gzip) is left out: it
+    says how the file is encoded, it is no part of line 1.
     """
     stream = _chunk_stream(chunk, newlines_before, block_bytes, on_damage)
     first = next(stream, None)
@@ -556,7 +562,8 @@ def _chunk_stream(
             # ends mid-line). Damage in the middle of a line cuts no line short: it is no line at all,
             # and is left out.
             unzip = Gunzip(raw.read, chunk.size or None)
-            yield from _line_blocks(unzip.read, block_bytes, last=lambda: unzip.error is None or unzip.truncated)
+            yield from _line_blocks(_SkipBom(unzip.read).read, block_bytes,
+                                    last=lambda: unzip.error is None or unzip.truncated)
         if unzip.error is not None and on_damage is not None:
             # Damage is rare: only a damaged file is read again, to count the lines before the break.
             on_damage(chunk.path, gzip_problem(chunk.path, chunk.size) or read_problem(unzip.error, 0))
@@ -577,7 +584,8 @@ def _chunk_stream(
             if pos < 0 or pos >= chunk.end:
                 return  # no line starts in this chunk
         yield 1 + newlines_before + (1 if pos > chunk.start else 0)
-        yield from _line_blocks(_RangeReader(fh, pos, chunk.end, chunk.size).read, block_bytes)
+        read = _RangeReader(fh, pos, chunk.end, chunk.size).read
+        yield from _line_blocks(_SkipBom(read).read if pos == 0 else read, block_bytes)  # pos 0: the file's start
 
 
 def gzip_problem(path: str, size: int | None = None) -> str | None:
@@ -635,6 +643,27 @@ class _RangeReader:
         if data:
             self.last = data
         return data
+
+
+class _SkipBom:
+    """A stream's ``read`` without the UTF-8 byte-order mark its first bytes may hold (see without_bom)."""
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self._read = read
+        self._started = False
+
+    def read(self, n: int) -> bytes:
+        if self._started:
+            return self._read(n)
+        self._started = True
+        data = self._read(n)
+        while data and len(data) < len(UTF8_BOM) and UTF8_BOM.startswith(data):  # the mark may come in pieces
+            more = self._read(n)
+            if not more:
+                break
+            data += more
+        data = without_bom(data)
+        return data or self._read(n)  # b"" only at the end of the stream: a stream of just the mark has none
 
 
 def _line_blocks(read: Callable[[int], bytes], block_bytes: int, last: Callable[[], bool] | None = None) -> Iterator[bytes]:
