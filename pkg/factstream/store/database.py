@@ -1182,7 +1182,7 @@ def _password_end(run: str) -> int:
 
 
 def _cut_password(run: str) -> bool:
-    """Whether the password of ``run`` (a URL after ``scheme://``) holds a '/' or '@' that libpq ends it at.
+    """Whether the user name or password of ``run`` (a URL after ``scheme://``) holds a '/' or '@' libpq ends it at.
 
     libpq ends the user name and password at the first '@' unless a '/'
     comes first: a '/' in the password leaves no password at all (what
@@ -1191,15 +1191,19 @@ def _cut_password(run: str) -> bool:
     or '#' alone is no cut: libpq reads such a password whole. Not refused:
     a URL libpq reads as valid hosts, then a database name holding an '@'
     (``postgresql://u:pw@h/db@x``; ``postgresql://u:1234/5678@h`` reads the
-    same way and cannot be told from it).
+    same way and cannot be told from it). A user name without a password
+    is cut only where libpq's hosts then hold an '@' (``u@x@h/db@y``):
+    ``host/a@b`` and ``u/x@h`` read as host and database name.
     """
     at = _password_end(run)
     info = run[:at] if at >= 0 else ""
-    if ":" not in info or not ("/" in info or "@" in info):
+    if not ("/" in info or "@" in info):
         return False
     first = userinfo_ends(run)[0]
     begin = first + 1  # libpq's hosts: after its userinfo, up to the path or the query ('#' is no end to it)
     stop = min((i for i in (run.find("/", begin), run.find("?", begin)) if i >= 0), default=len(run))
+    if ":" not in info:  # no password: a host holds no '@', so one there is the rest of the user name
+        return "@" in run[begin:stop]
     after = _HOSTS_THEN_END.match(run, at + 1)
     in_path = stop < at and run[stop] == "/" and "?" not in run[stop:at]
     ends_there = after is not None and run[after.end() : after.end() + 1] in ("", "?")

@@ -117,38 +117,20 @@ def engine_of(url: str) -> str:
     return "sqlite" if scheme == "sqlite" else "postgresql"
 
 
-#: Characters a URL's user or password must percent-encode for libpq, and how.
-_ENCODE = "'@' as %40, '/' as %2F"
-
-
-def _unencoded(run: str) -> bool:
-    """Whether the password of a PostgreSQL URL (``run``: what follows ``://``) holds a raw '@' or '/'.
-
-    libpq ends the user and password at the first '@' before any '/': a
-    second '@' there (not in a ``?`` query) is the rest of the password read
-    as the host; with a '/' in the password, the text before it is read as
-    host and port, and the rest, up to an '@', as the database name.
-    """
-    head = run.split("/", 1)[0]
-    if "@" in head:
-        first, last = head.index("@"), head.rindex("@")
-        return first < last and "?" not in head[first + 1 : last]
-    port = head.rpartition(":")[2] if ":" in head and not head.endswith("]") else ""
-    return ":" in head and not port.isdigit() and "@" in run[len(head):].split("?", 1)[0]
-
-
 def url_problem(url: str) -> str | None:
     """What is wrong with how ``url`` is written (password masked), before anything connects; None if fine.
 
     A driver reading a malformed URL quotes the piece it trips on, and with an
     unencoded ``@`` or ``/`` in a password that piece is part of the password:
-    such a URL is refused here, before the driver sees it.
+    such a URL is refused here, before the driver sees it, by
+    :func:`~factstream.store.database.check_url`, so in the words every other
+    command uses for it.
     """
     import difflib
 
     from ..store.database import DatabaseURLError, check_url
 
-    head, sep, run = url.partition("://")
+    head, sep, _ = url.partition("://")
     lowered = url.lower()
     if not sep and lowered.split(":", 1)[0] in ("postgresql", "postgres") and ":" in url:
         return (f"{redact_url(url)!r} is not a URL: write two slashes after the scheme: "
@@ -160,9 +142,6 @@ def url_problem(url: str) -> str | None:
             hint = f" (did you mean {near[0]}://?)" if near else ""
             return (f"unsupported database URL {redact_url(url)!r}{hint}: use "
                     "postgresql://user@host:port/dbname or sqlite:///path/homeserver.db")
-        if scheme != "sqlite" and _unencoded(run):
-            return (f"the user name or password in {redact_url(url)} holds a character that a URL needs "
-                    f"percent-encoded ({_ENCODE}); write it encoded")
     try:
         check_url(url)
     except DatabaseURLError as err:
