@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from conftest import subprocess_env
@@ -82,3 +83,16 @@ def free_port() -> int:
 
 def no_traceback(text: str) -> bool:
     return "Traceback" not in text and 'File "' not in text
+
+
+#: Spark options for a CLI run on this machine: local mode, no web UI.
+LOCAL_SPARK = ("--master", "local[2]", "--conf", "spark.ui.enabled=false")
+#: What to install when pyarrow is missing.
+PYARROW_HOW = "it is in the spark extra: pip install 'factstream[spark]' (make install)"
+
+
+def logs_cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``factstream logs ARGS`` in local mode, its temporary files (Spark's log among them) under ``tmp``."""
+    tmp.mkdir(exist_ok=True)
+    return cli("logs", *args, *LOCAL_SPARK, timeout=600, TMPDIR=str(tmp))
+

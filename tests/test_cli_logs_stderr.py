@@ -15,12 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cli_run import cli, no_traceback, require_spark_cli
+from cli_run import LOCAL_SPARK, PYARROW_HOW, cli, logs_cli, no_traceback, require_spark_cli
 from conftest import require
 
 pytestmark = [
@@ -29,14 +30,11 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
 ]
 
-SPARK = ("--master", "local[2]", "--conf", "spark.ui.enabled=false")
-PYARROW = "it is in the spark extra: pip install 'factstream[spark]' (make install)"
+SPARK = LOCAL_SPARK
+PYARROW = PYARROW_HOW
 
 
-def logs(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``factstream logs ARGS`` with its temporary files (Spark's log among them) under ``tmp``."""
-    tmp.mkdir(exist_ok=True)
-    return cli("logs", *args, *SPARK, timeout=600, TMPDIR=str(tmp))
+logs = logs_cli
 
 
 def spark_logs(tmp: Path) -> list[Path]:
@@ -73,22 +71,51 @@ def write_parquet(root: Path, name: str = "part-0.parquet", token: Any = None, t
     return part / name
 
 
-def test_a_failed_query_is_one_line_naming_spark_log_not_pysparks_json(tmp_path: Path) -> None:
-    """A token column of strings fails a cast in the report: pyspark's JSON record and the stack go to Spark's log."""
+def test_a_failed_job_is_one_line_naming_spark_log(tmp_path: Path) -> None:
+    """The executors' Python does not start (not the user's input): one line, Java's stack in Spark's log, kept."""
     require_spark_cli("pandas")
-    write_parquet(tmp_path / "pq", token=["abc", "abc", "abc"])
+    (tmp_path / "wire.log").write_text('RDATA typing master 1 ["!r:hs",["@a:hs"]]\n')
     tmp = tmp_path / "tmp"
-    done = logs(tmp, "report", str(tmp_path / "pq"))
+    tmp.mkdir()
+    done = cli("logs", "parse", str(tmp_path / "wire.log"), "--out", str(tmp_path / "out"), *SPARK, timeout=600,
+               TMPDIR=str(tmp), PYSPARK_PYTHON="/bin/false")
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""
-    found = re.fullmatch(r"factstream logs: the Spark job failed: \[CAST_INVALID_INPUT\] The value 'abc' of the type "
-                         r"\"STRING\" cannot be cast to [^\n]* \(details in Spark's log: (\S+)\)\n", done.stderr)
+    found = re.fullmatch(r"factstream logs: the Spark job failed: [^\n]*pyspark\.daemon[^\n]* "
+                         r"\(details in Spark's log: (\S+)\)\n", done.stderr)
     assert found, done.stderr
     log = Path(found.group(1))
     assert log.parent == tmp and spark_logs(tmp) == [log]  # kept, the only one
-    text = log.read_text()
-    assert '"logger": "DataFrameQueryContextLogger"' in text  # what was on stderr before
-    assert "Traceback (most recent call last)" in text and "NumberFormatException" in text
+    assert "at org.apache.spark." in log.read_text()  # the stack is there, not on stderr
+    assert no_traceback(done.stderr)
+
+
+def test_pysparks_query_context_record_goes_to_the_handler_not_stderr(tmp_path: Path) -> None:
+    """A failed cast makes pyspark log a JSON record of the query, stack included, on its own stderr handler.
+
+    The report no longer reaches one (a token of strings is refused before
+    Spark runs), so the routing is checked on a query of its own.
+    """
+    require_spark_cli("pandas")
+    script = tmp_path / "cast.py"
+    script.write_text(
+        "import logging, sys\n"
+        "from pyspark.sql import SparkSession, functions as F\n"
+        "from factstream.spark.session import route_query_context_logs\n"
+        "spark = (SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')\n"
+        "         .config('spark.sql.ansi.enabled', 'true').getOrCreate())\n"
+        "spark.sparkContext.setLogLevel('OFF')\n"
+        f"route_query_context_logs(logging.FileHandler({str(tmp_path / 'records.log')!r}))\n"
+        "try:\n"
+        "    spark.range(1).select(F.lit('abc').cast('int')).collect()\n"
+        "except Exception as err:\n"
+        "    print('failed:', type(err).__name__)\n"
+        "spark.stop()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert "failed:" in done.stdout, (done.stdout, done.stderr)  # the cast failed, as ANSI mode makes it
+    assert "QueryContextLogger" not in done.stderr, done.stderr
+    assert "QueryContextLogger" in (tmp_path / "records.log").read_text()
 
 
 def test_a_ts_column_of_strings_is_named_not_an_internal_error(tmp_path: Path) -> None:
@@ -150,7 +177,7 @@ def test_a_capture_pattern_java_refuses_is_a_usage_error(tmp_path: Path) -> None
 
 
 def test_parse_into_a_partition_that_is_a_file_is_one_line(tmp_path: Path) -> None:
-    """--mode overwrite into an OUT where a partition directory is a file: Hadoop's error, said once."""
+    """--mode overwrite into an OUT where a partition directory is a file: refused before Spark, the file kept."""
     require_spark_cli("pandas")
     (tmp_path / "wire.log").write_text('RDATA typing master 1 ["!r:hs",["@a:hs"]]\n')
     out = tmp_path / "out"
@@ -158,9 +185,10 @@ def test_parse_into_a_partition_that_is_a_file_is_one_line(tmp_path: Path) -> No
     (out / "date=__HIVE_DEFAULT_PARTITION__").write_text("not a directory\n")  # where lines without a timestamp go
     tmp = tmp_path / "tmp"
     done = logs(tmp, "parse", str(tmp_path / "wire.log"), "--out", str(out), "--mode", "overwrite")
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert done.stdout == ""
-    assert done.stderr == (f"factstream logs: the Spark job failed: Parent path is not a directory: "
-                           f"{out}/date=__HIVE_DEFAULT_PARTITION__\n"), done.stderr
-    assert no_traceback(done.stderr)
+    assert done.stderr == (f"factstream logs: {out}/date=__HIVE_DEFAULT_PARTITION__ is a file where 'logs parse' "
+                           f"writes a partition directory: move it out of {out}, or choose another --out "
+                           "(nothing was written)\n"), done.stderr
+    assert (out / "date=__HIVE_DEFAULT_PARTITION__").read_text() == "not a directory\n"
     assert spark_logs(tmp) == []

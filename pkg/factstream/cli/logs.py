@@ -84,7 +84,8 @@ def register(subparsers: Any) -> None:
         "--mode",
         choices=("error", "overwrite", "append"),
         default="error",
-        help="when OUT exists: fail (default), overwrite the partitions written again, or append",
+        help="when OUT exists: fail (default), overwrite the partitions written again, or append; both only into "
+        "an earlier output (anything else in OUT is refused, never replaced)",
     )
     parse.add_argument("--header-only", action="store_true", help="skip the typed events/caches columns (faster)")
     parse.add_argument(
@@ -437,15 +438,45 @@ def _check_parse(args: argparse.Namespace) -> tuple[list[tuple[str, int]], list[
         out = _local(args.out)
         if os.path.exists(out):
             if not os.path.isdir(out):
-                raise UsageError(f"--out {args.out} is a file, not a directory")
+                raise UsageError(f"--out {args.out} is a file, not a directory: name a new directory for the Parquet, "
+                                 "or the output of an earlier 'logs parse' with --mode append or overwrite")
             if args.mode == "error":
                 raise UsageError(f"{args.out} already exists; use --mode overwrite or --mode append")
+            _check_existing_out(args.out, out, args.mode)
         elif not os.path.isdir(os.path.dirname(out)):
             raise UsageError(f"--out {args.out}: directory {os.path.dirname(out)} does not exist")
     try:
         return list_inputs(args.inputs, quiet=True)  # the parse lists them again, and says what it skipped
     except (FileNotFoundError, OSError) as err:
         raise UsageError(str(err)) from err
+
+
+def _check_existing_out(given: str, out: str, mode: str) -> None:
+    """Refuse an existing --out whose contents Spark would destroy or spoil: only 'logs parse' output is added to.
+
+    Spark deletes a regular file where it puts a partition directory, without
+    a word (append and overwrite alike), and writes partitions beside anything
+    else, which then makes the directory unreadable as one dataset. Neither
+    mode is asked to do that: overwrite replaces partitions, nothing more.
+    """
+    from ..spark.pipeline import output_clashes
+
+    try:
+        files, others = output_clashes(out)
+    except OSError as err:
+        raise UsageError(f"--out {given}: cannot list {err.filename or out}: {err.strerror or err}") from err
+
+    def shown(paths: list[str]) -> str:
+        named = ", ".join(os.path.join(given, p) for p in paths[:3])
+        return named + (f" ... ({len(paths)} in all)" if len(paths) > 3 else "")
+
+    if files:
+        what, it = ("is a file", "it") if len(files) == 1 else ("are files", "them")
+        raise UsageError(f"{shown(files)} {what} where 'logs parse' writes a partition directory: move {it} out of "
+                         f"{given}, or choose another --out (nothing was written)")
+    if others:
+        raise UsageError(f"--out {given} is not the output of 'logs parse' (it holds {shown(others)}): --mode {mode} "
+                         "adds only to such a directory; choose a new --out, or move those out of it (nothing was written)")
 
 
 def _unreadable(files: list[tuple[str, int]]) -> list[tuple[str, str]]:
@@ -706,20 +737,24 @@ def _not_ours(df: Any, where: str) -> str | None:
 
     Someone else's Parquet otherwise fails deep in the report as an "internal error".
     """
-    from ..spark.report import REQUIRED_COLUMNS
+    from ..spark.report import REQUIRED_COLUMNS, wrong_types
 
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if not missing:
-        # ts reaches our Python as a datetime (a string one failed there as an "internal error: TypeError");
-        # a column Spark SQL computes with (token) fails in Spark with its own words when it cannot be cast
-        ts_type = dict(df.dtypes)["ts"]
-        if ts_type not in ("timestamp", "timestamp_ntz"):
-            return (f"{where} is not the output of 'factstream logs parse' or 'logs stream': its column ts is "
-                    f"{ts_type}, not a timestamp")
+        # A type the report cannot use failed in our Python (ts as a string: "internal error: TypeError") or in
+        # Spark (token as a string: a cast error, its log kept as if the job were at fault): named here instead.
+        wrong = wrong_types(df.dtypes)
+        if wrong:
+            return (f"{where} is not the output of 'factstream logs parse' or 'logs stream': "
+                    + "; ".join(f"its column {name} is {kind}, not {wanted}" for name, kind, wanted in wrong))
         return None
     has = ", ".join(df.columns[:8]) + (f" ... ({len(df.columns)} columns)" if len(df.columns) > 8 else "")
     return (f"{where} is not the output of 'factstream logs parse' or 'logs stream': its Parquet lacks the "
             f"column(s) {', '.join(missing)} (it has {has or 'none'})")
+
+
+#: Spark's setting that reads partition values such as stream=1 as numbers (default true).
+_PARTITION_TYPES = "spark.sql.sources.partitionColumnTypeInference.enabled"
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -737,6 +772,9 @@ def run_report(args: argparse.Namespace) -> int:
     except RuntimeError as err:
         print(f"factstream logs: {err}", file=sys.stderr)
         return 2
+    if _PARTITION_TYPES not in _conf(args):
+        # Partition values are names: a stream called "1" is "1", not an integer the type check would refuse.
+        spark.conf.set(_PARTITION_TYPES, "false")
     try:
         df = spark.read.parquet(args.dir)
     except Exception as err:

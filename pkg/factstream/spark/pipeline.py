@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import os
 from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
     from .damage import DamagedInputs
 
-__all__ = ["parse_archives", "parse_text_column", "write_parquet", "plan", "TASK_DDL"]
+__all__ = ["parse_archives", "parse_text_column", "write_parquet", "plan", "TASK_DDL", "PARTITION_COLUMNS", "output_clashes"]
 
 #: One row per Spark task: a chunk, where its line numbering starts, its format.
 TASK_DDL = "path string, start bigint, end bigint, size bigint, newlines_before bigint, format string"
@@ -250,10 +251,49 @@ def parse_text_column(df: DataFrame, column: str = "value", options: ParseOption
     return df.select(column).mapInArrow(parse, SPARK_DDL)
 
 
+#: The output's partition columns, outermost first: its directories are OUT/date=.../stream=.../part-*.parquet.
+PARTITION_COLUMNS = ("date", "stream")
+
+
 def write_parquet(df: DataFrame, out: str, mode: str = "errorifexists") -> None:
     """Write parsed lines as Parquet partitioned by ``date`` and ``stream``.
 
     ``mode`` is Spark's save mode: errorifexists (default), overwrite
-    (replaces the dates/streams written again), append, ignore.
+    (replaces the dates/streams written again), append, ignore. Check an
+    existing local ``out`` with :func:`output_clashes` first.
     """
-    df.write.mode(mode).partitionBy("date", "stream").parquet(out)
+    df.write.mode(mode).partitionBy(*PARTITION_COLUMNS).parquet(out)
+
+
+def output_clashes(out: str) -> tuple[list[str], list[str]]:
+    """What in the existing local directory ``out`` is not this layout: (files in its places, other names).
+
+    Spark's commit puts a partition directory where a regular file of that
+    name is (``date=X`` or ``date=X/stream=Y``) by deleting the file, in
+    append and overwrite modes alike, without a word; anything else beside
+    the partitions is left alone but makes ``out`` unreadable as one dataset
+    (Spark: conflicting directory structures). Both lists hold paths relative
+    to ``out``, sorted; names starting with '.' or '_' (``_SUCCESS``, checksum
+    files, 'logs stream' notes) are ignored as Spark ignores them, and so is
+    what the partition directories hold (data files, replaced only by an
+    overwrite of their partition). Raises OSError if a directory cannot be listed.
+    """
+    files: list[str] = []
+    others: list[str] = []
+
+    def walk(rel: str, level: int) -> None:
+        with os.scandir(os.path.join(out, rel)) as found:
+            entries = sorted(found, key=lambda e: e.name)
+        for entry in entries:
+            if entry.name.startswith((".", "_")):
+                continue
+            path = os.path.join(rel, entry.name)
+            if not entry.name.startswith(f"{PARTITION_COLUMNS[level]}="):
+                others.append(path)
+            elif not entry.is_dir():  # follows links: a link to a directory is one
+                files.append(path)
+            elif level + 1 < len(PARTITION_COLUMNS):
+                walk(path, level + 1)
+
+    walk("", 0)
+    return files, others

@@ -71,7 +71,8 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["build_report", "render_text", "render_json", "MAX_MARKS", "MAX_BUCKETS", "REQUIRED_COLUMNS"]
+__all__ = ["build_report", "render_text", "render_json", "MAX_MARKS", "MAX_BUCKETS", "REQUIRED_COLUMNS", "COLUMN_TYPES",
+           "wrong_types"]
 
 #: Gaps and backwards tokens listed with their time in ``marks`` (the figures count them all).
 MAX_MARKS = 1000
@@ -82,6 +83,22 @@ CONNECTED = "#connected"
 RECORDER_STOPPED = "recorder stopped"
 #: The columns of 'logs parse' / 'logs stream' output a report reads.
 REQUIRED_COLUMNS = ("source_file", "line_number", "ts", "command", "stream", "instance", "token", "prev_token", "error")
+
+_TIMESTAMP = ("a timestamp", ("timestamp", "timestamp_ntz"))
+_INTEGER = ("an integer", ("bigint", "int", "smallint", "tinyint"))
+_STRING = ("a string", ("string",))
+#: What each column the report reads must be (Spark's type names), ``data`` too when it is there: another type
+#: fails deep in the job (a cast of 'abc' to a token) or in its Python (a string ts), an "internal" error.
+COLUMN_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "source_file": _STRING, "line_number": _INTEGER, "ts": _TIMESTAMP, "command": _STRING, "stream": _STRING,
+    "instance": _STRING, "token": _INTEGER, "prev_token": _INTEGER, "error": _STRING, "data": _STRING,
+}
+
+
+def wrong_types(dtypes: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(column, its type, the type wanted) for each column of ``dtypes`` (``DataFrame.dtypes``) the report cannot read."""
+    return [(name, kind, COLUMN_TYPES[name][0]) for name, kind in dtypes
+            if name in COLUMN_TYPES and kind not in COLUMN_TYPES[name][1]]
 
 
 def fitting_bucket(requested: int, first: float, last: float, limit: int = MAX_BUCKETS) -> int:
