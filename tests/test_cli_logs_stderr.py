@@ -81,7 +81,8 @@ def test_a_failed_job_is_one_line_naming_spark_log(tmp_path: Path) -> None:
                TMPDIR=str(tmp), PYSPARK_PYTHON="/bin/false")
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""
-    found = re.fullmatch(r"factstream logs: the Spark job failed: [^\n]*pyspark\.daemon[^\n]* "
+    found = re.fullmatch(r"factstream logs: the Spark job failed: [^\n]*pyspark\.daemon[^\n]* \(the executors' "
+                         r"Python did not start: check PYSPARK_PYTHON or spark\.pyspark\.python[^\n]*\) "
                          r"\(details in Spark's log: (\S+)\)\n", done.stderr)
     assert found, done.stderr
     log = Path(found.group(1))

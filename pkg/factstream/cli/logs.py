@@ -381,6 +381,10 @@ def _explain(err: BaseException, capture_pattern: str | None = None) -> tuple[st
     if at != last and _clean(root) not in line:
         line += f": {_clean(root)}"
     line = re.sub(r"\bfile:(?://)?(?=/)", "", line)  # Hadoop's file:/x is the user's /x
+    if "pyspark.daemon" in line or "pyspark.worker" in line:
+        # Java's words for a Python worker that never answered: say which Python that is
+        line += (" (the executors' Python did not start: check PYSPARK_PYTHON or spark.pyspark.python, and that it "
+                 "is a Python with factstream[spark] installed)")
     return redact_text(line[:2000]), any(name in _USERS_PATHS for name in names)
 
 
