@@ -193,3 +193,16 @@ def test_parse_into_a_partition_that_is_a_file_is_one_line(tmp_path: Path) -> No
                            "(nothing was written)\n"), done.stderr
     assert (out / "date=__HIVE_DEFAULT_PARTITION__").read_text() == "not a directory\n"
     assert spark_logs(tmp) == []
+
+
+def test_a_conf_value_spark_refuses_is_the_users_one_line(tmp_path: Path) -> None:
+    """A --conf value Spark cannot use is the user's to correct: exit 2, Spark's words, no log kept."""
+    require_spark_cli("pandas")
+    write_parquet(tmp_path / "pq")
+    tmp = tmp_path / "tmp"
+    done = logs(tmp, "report", str(tmp_path / "pq"), "--conf", "spark.sql.session.timeZone=Mars/Olympus")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert re.fullmatch(r"factstream logs: \[INVALID_CONF_VALUE\.TIME_ZONE\] The value 'Mars/Olympus' in the config "
+                        r"\"spark\.sql\.session\.timeZone\" is invalid\.[^\n]*\n", done.stderr), done.stderr
+    assert spark_logs(tmp) == []

@@ -338,7 +338,8 @@ def _explain(err: BaseException, capture_pattern: str | None = None) -> tuple[st
     The user's: a Python error of the executors naming a module they lack,
     a file Spark could not read (FAILED_READ_FILE: corrupt, someone else's,
     a column of another type), a path Spark cannot write, a
-    ``capture_pattern`` Java's regular expressions refuse. Anything else
+    ``capture_pattern`` Java's regular expressions refuse, a ``--conf``
+    value Spark refuses (INVALID_CONF_VALUE). Anything else
     is said as Spark's error-class message with its deepest cause.
     """
     from ..redaction import redact_text
@@ -385,7 +386,9 @@ def _explain(err: BaseException, capture_pattern: str | None = None) -> tuple[st
         # Java's words for a Python worker that never answered: say which Python that is
         line += (" (the executors' Python did not start: check PYSPARK_PYTHON or spark.pyspark.python, and that it "
                  "is a Python with factstream[spark] installed)")
-    return redact_text(line[:2000]), any(name in _USERS_PATHS for name in names)
+    # A --conf value Spark refuses (a time zone it cannot resolve, say) is the user's to correct
+    users = any(name in _USERS_PATHS for name in names) or main.startswith("[INVALID_CONF_VALUE")
+    return redact_text(line[:2000]), users
 
 
 def _from_spark(err: BaseException) -> bool:
