@@ -116,6 +116,28 @@ async def test_closing_on_a_server_that_went_silent_is_quick_and_quiet(postgres_
     assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
 
 
+@pytest.mark.postgres
+async def test_closing_with_several_claims_on_a_silent_server_waits_once(postgres_dsn: str) -> None:
+    """Each claim's unlock waits UNLOCK_TIMEOUT on a silent server: released one after another, three claims
+    made close() wait three times (15 s); released together, once."""
+    from freezing_proxy import FreezingProxy
+
+    from factstream.store.writer_claim import UNLOCK_TIMEOUT
+
+    proxy = FreezingProxy(armed=False)
+    try:
+        db = await connect(proxy.url(postgres_dsn))
+        for name in ("silent_a", "silent_b", "silent_c"):
+            await claim_writer(db, name)
+        proxy.arm()
+        started = time.monotonic()
+        await db.close()
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert took < UNLOCK_TIMEOUT + 2, f"db.close() took {took:.1f} s with three claims on a silent server"
+
+
 async def test_a_closed_database_cannot_claim(engine_db: Any) -> None:
     """A claim on a closed database used to succeed; on PostgreSQL it opened a connection nothing closed."""
     await engine_db.close()
