@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
 ]
 
-SPARK = LOCAL_SPARK
-PYARROW = PYARROW_HOW
 ROW = '["!r:hs",["@a:hs"]]'
 NOT_OURS = "is not the output of 'factstream logs parse' or 'logs stream'"
-
-
-logs = logs_cli
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +47,7 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "2026-11-24T11:00:02.000000Z # disconnected recorder stopped\n"
     )
     (root / "in" / "wire.log").write_text(f"RDATA typing master 1 {ROW}\nRDATA typing master 2 {ROW}\n")
-    done = cli("logs", "parse", str(root / "in"), "--out", str(root / "pq"), *SPARK, timeout=600)
+    done = cli("logs", "parse", str(root / "in"), "--out", str(root / "pq"), *LOCAL_SPARK, timeout=600)
     assert done.returncode == 0, done.stderr
     return root / "pq"
 
@@ -61,8 +55,8 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def rewrite(parsed: Path, dest: Path, change: dict[str, str]) -> Path:
     """``parsed`` copied to ``dest`` with the columns of ``change`` turned into "string" values (1 -> "1"), "words"
     (1 -> "t1": what no cast makes a number) or "int64" ones (a string's length)."""
-    pa = require(module="pyarrow", how=PYARROW)
-    pq = require(module="pyarrow.parquet", how=PYARROW)
+    pa = require(module="pyarrow", how=PYARROW_HOW)
+    pq = require(module="pyarrow.parquet", how=PYARROW_HOW)
     files = sorted(parsed.rglob("part-*.parquet"))
     assert files
     for path in files:
@@ -88,7 +82,7 @@ def rewrite(parsed: Path, dest: Path, change: dict[str, str]) -> Path:
 def test_the_rewritten_output_reports_as_it_is(parsed: Path, tmp_path: Path) -> None:
     """The rewriting itself changes nothing the report reads: what the refusals below differ in is the type."""
     pq_dir = rewrite(parsed, tmp_path / "pq", {})
-    done = logs(tmp_path / "tmp", "report", str(pq_dir), "--json")
+    done = logs_cli(tmp_path / "tmp", "report", str(pq_dir), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["lines"] == 7
@@ -117,7 +111,7 @@ def test_a_column_of_another_type_is_named_in_one_line(
 ) -> None:
     pq_dir = rewrite(parsed, tmp_path / "pq", change)
     tmp = tmp_path / "tmp"
-    done = logs(tmp, "report", str(pq_dir))
+    done = logs_cli(tmp, "report", str(pq_dir))
     assert done.returncode == 2, done.stderr
     assert done.stdout == "" and no_traceback(done.stderr)
     assert done.stderr == f"factstream logs: {pq_dir} {NOT_OURS}: {said}\n", done.stderr
@@ -130,6 +124,6 @@ def test_a_stream_partition_named_like_a_number_is_a_name(parsed: Path, tmp_path
     src = next(parsed.glob("date=2026-11-24/stream=events"))
     pq_dir = tmp_path / "pq"
     shutil.copytree(src, pq_dir / "date=2026-11-24" / "stream=1")
-    done = logs(tmp_path / "tmp", "report", str(pq_dir), "--json")
+    done = logs_cli(tmp_path / "tmp", "report", str(pq_dir), "--json")
     assert done.returncode == 0, done.stderr
     assert [s["stream"] for s in json.loads(done.stdout)["streams"]] == ["1"]

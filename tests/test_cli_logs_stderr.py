@@ -30,12 +30,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
 ]
 
-SPARK = LOCAL_SPARK
-PYARROW = PYARROW_HOW
-
-
-logs = logs_cli
-
 
 def spark_logs(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("factstream-spark-*"))
@@ -44,8 +38,8 @@ def spark_logs(tmp: Path) -> list[Path]:
 def write_parquet(root: Path, name: str = "part-0.parquet", token: Any = None, times: Any = None) -> Path:
     """One part file of 'logs parse' output (its columns and partitions), written by pyarrow; ``token``
     and ``times`` replace the token and ts columns' values (a column of another type)."""
-    pa = require(module="pyarrow", how=PYARROW)
-    pq = require(module="pyarrow.parquet", how=PYARROW)
+    pa = require(module="pyarrow", how=PYARROW_HOW)
+    pq = require(module="pyarrow.parquet", how=PYARROW_HOW)
     from factstream.spark.report import REQUIRED_COLUMNS
 
     ts = dt.datetime(2026, 11, 24, 11, 0, tzinfo=dt.timezone.utc)
@@ -77,7 +71,7 @@ def test_a_failed_job_is_one_line_naming_spark_log(tmp_path: Path) -> None:
     (tmp_path / "wire.log").write_text('RDATA typing master 1 ["!r:hs",["@a:hs"]]\n')
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    done = cli("logs", "parse", str(tmp_path / "wire.log"), "--out", str(tmp_path / "out"), *SPARK, timeout=600,
+    done = cli("logs", "parse", str(tmp_path / "wire.log"), "--out", str(tmp_path / "out"), *LOCAL_SPARK, timeout=600,
                TMPDIR=str(tmp), PYSPARK_PYTHON="/bin/false")
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""
@@ -124,7 +118,7 @@ def test_a_ts_column_of_strings_is_named_not_an_internal_error(tmp_path: Path) -
     require_spark_cli("pandas")
     write_parquet(tmp_path / "pq", times=["2026-11-24T11:00:00Z"] * 3)
     tmp = tmp_path / "tmp"
-    done = logs(tmp, "report", str(tmp_path / "pq"))
+    done = logs_cli(tmp, "report", str(tmp_path / "pq"))
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert done.stderr == (f"factstream logs: {tmp_path / 'pq'} is not the output of 'factstream logs parse' or "
@@ -138,7 +132,7 @@ def test_a_corrupt_part_file_is_named_in_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "pq" / "date=2026-11-24" / "stream=typing" / "part-1.parquet"
     bad.write_bytes(b"this was a Parquet file once")  # sorts after the good one: Spark takes the schema from that
     tmp = tmp_path / "tmp"
-    done = logs(tmp, "report", str(tmp_path / "pq"))
+    done = logs_cli(tmp, "report", str(tmp_path / "pq"))
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert re.fullmatch(rf"factstream logs: cannot read {re.escape(str(bad))}: not a Parquet file\. Expected magic "
@@ -153,7 +147,7 @@ def test_a_lone_corrupt_part_file_is_named_in_one_line(tmp_path: Path) -> None:
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"this was a Parquet file once")
     tmp = tmp_path / "tmp"
-    done = logs(tmp, "report", str(tmp_path / "pq"))
+    done = logs_cli(tmp, "report", str(tmp_path / "pq"))
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert re.fullmatch(r"factstream logs: cannot read [^\n]*part-0\.parquet[^\n]*\n", done.stderr), done.stderr
@@ -167,7 +161,7 @@ def test_a_capture_pattern_java_refuses_is_a_usage_error(tmp_path: Path) -> None
     pattern = r"(?P<capture>[a-z]+)(?#the capture)"
     assert re.search(pattern, "wire.log")
     tmp = tmp_path / "tmp"
-    done = logs(tmp, "report", str(tmp_path / "pq"), "--capture-pattern", pattern)
+    done = logs_cli(tmp, "report", str(tmp_path / "pq"), "--capture-pattern", pattern)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert re.fullmatch(rf"factstream logs: --capture-pattern '{re.escape(pattern)}' is valid in Python but not in "
@@ -185,7 +179,7 @@ def test_parse_into_a_partition_that_is_a_file_is_one_line(tmp_path: Path) -> No
     out.mkdir()
     (out / "date=__HIVE_DEFAULT_PARTITION__").write_text("not a directory\n")  # where lines without a timestamp go
     tmp = tmp_path / "tmp"
-    done = logs(tmp, "parse", str(tmp_path / "wire.log"), "--out", str(out), "--mode", "overwrite")
+    done = logs_cli(tmp, "parse", str(tmp_path / "wire.log"), "--out", str(out), "--mode", "overwrite")
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert done.stderr == (f"factstream logs: {out}/date=__HIVE_DEFAULT_PARTITION__ is a file where 'logs parse' "
@@ -200,7 +194,7 @@ def test_a_conf_value_spark_refuses_is_the_users_one_line(tmp_path: Path) -> Non
     require_spark_cli("pandas")
     write_parquet(tmp_path / "pq")
     tmp = tmp_path / "tmp"
-    done = logs(tmp, "report", str(tmp_path / "pq"), "--conf", "spark.sql.session.timeZone=Mars/Olympus")
+    done = logs_cli(tmp, "report", str(tmp_path / "pq"), "--conf", "spark.sql.session.timeZone=Mars/Olympus")
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert re.fullmatch(r"factstream logs: \[INVALID_CONF_VALUE\.TIME_ZONE\] The value 'Mars/Olympus' in the config "
