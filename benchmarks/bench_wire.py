@@ -6,7 +6,8 @@ benchmarks/bench_wire.py --benchmark-only --benchmark-json=wire.json and then
 twin's speed-up over the pure one per group; test_against_synapse's
 extra_info gives each twin's speed-up over Synapse's own codec, per operation
 (parse with rows decoded, LineDecoder.feed in 4 KiB / 64 KiB chunks and the
-whole buffer at once, serialise), and for the compiled twin its speed-up over
+whole buffer at once, the whole buffer through LineDecoder.iter_feed,
+serialise), and for the compiled twin its speed-up over
 the pure one timed in the same alternating rounds (``*_speedup_over_pure``;
 the per-group ratios come from separate, consecutive timings instead).
 
@@ -19,6 +20,7 @@ operations and the "lazy .row" groups).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
@@ -42,21 +44,31 @@ LINES = generate(N_LINES)
 BUFFER = b"".join(line + b"\n" for line in LINES)
 
 
-def _consume(cmds: list[object]) -> int:
-    """What a reader does with each command: look at it, decode RDATA rows, drop it."""
-    for cmd in cmds:
+def _consume(cmds: Iterable[object]) -> int:
+    """What a reader does with each command: look at it, decode RDATA rows, drop it. Returns how many."""
+    if type(cmds) is list:
+        for cmd in cmds:
+            if type(cmd) is RdataCommand:
+                cmd.row  # noqa: B018
+        return len(cmds)
+    n = 0  # an iterator: counted as taken (a little more work per command than a list's len)
+    for n, cmd in enumerate(cmds, 1):
         if type(cmd) is RdataCommand:
             cmd.row  # noqa: B018
-    return len(cmds)
+    return n
 
 
 CHUNKS = {"4KiB": 4096, "64KiB": 65536, "whole": None}
+#: The whole buffer given to ``iter_feed`` (timed beside the CHUNKS, named ``feed_whole_iter`` in notes).
+WHOLE_ITER = -1
 
 
 def _feed_all(wire_impl: ModuleType, chunk: int | None, rows: bool = True) -> int:
-    """Feed BUFFER in ``chunk``-byte pieces (or all at once) and consume every command."""
+    """Feed BUFFER in ``chunk``-byte pieces (or all at once, or all through iter_feed) and consume every command."""
     if chunk is None:
         return _consume(wire_impl.LineDecoder(max_line_length=1 << 30, rows=rows).feed(BUFFER))
+    if chunk == WHOLE_ITER:
+        return _consume(wire_impl.LineDecoder(max_line_length=1 << 30, rows=rows).iter_feed(BUFFER))
     dec = wire_impl.LineDecoder(rows=rows)
     n = 0
     for i in range(0, len(BUFFER), chunk):
@@ -70,6 +82,14 @@ def _feed_all(wire_impl: ModuleType, chunk: int | None, rows: bool = True) -> in
 def test_decode_buffer(benchmark, wire_impl: ModuleType, chunk: str, rows: str) -> None:
     benchmark.group = f"decode buffer in {chunk} chunks, rows decoded ({rows})"
     assert benchmark(_feed_all, wire_impl, CHUNKS[chunk], rows == "rows=True") == N_LINES
+    benchmark.extra_info["lines"] = N_LINES
+
+
+@pytest.mark.parametrize("rows", ["rows=True", "lazy .row"])
+def test_decode_buffer_whole_iter_feed(benchmark, wire_impl: ModuleType, rows: str) -> None:
+    """The whole buffer through ``iter_feed``: each command built as it is taken and dropped after use."""
+    benchmark.group = f"decode buffer whole through iter_feed, rows decoded ({rows})"
+    assert benchmark(_feed_all, wire_impl, WHOLE_ITER, rows == "rows=True") == N_LINES
     benchmark.extra_info["lines"] = N_LINES
 
 
@@ -181,7 +201,7 @@ def test_against_synapse(benchmark, tmp_path, wire_impl: ModuleType) -> None:
     # speed-up over the pure twin comes from the same machine load as well.
     pure_ops = _ops(_wire_py) if wire_impl is not _wire_py else {}
     theirs_of = {"parse_rows": "parse_s", "parse_rows_lazy": "parse_s", "encode": "encode_s",
-                 **{f"feed_{n}": "decode_s" for n in CHUNKS}, **{f"feed_{n}_lazy": "decode_s" for n in CHUNKS}}
+                 **{f"feed_{n}": "decode_s" for n in FEEDS}, **{f"feed_{n}_lazy": "decode_s" for n in FEEDS}}
     ours = {op: float("inf") for op in ours_ops}
     pure = {op: float("inf") for op in pure_ops}
     theirs = {key: float("inf") for key in ("parse_s", "decode_s", "encode_s")}
@@ -203,6 +223,9 @@ def test_against_synapse(benchmark, tmp_path, wire_impl: ModuleType) -> None:
         benchmark.extra_info[f"{op}_speedup_over_synapse"] = round(their / seconds, 2)
         if op in pure:
             benchmark.extra_info[f"{op}_speedup_over_pure"] = round(pure[op] / seconds, 2)
+    # The whole buffer against 64 KiB chunks, per line, from the same rounds (above 1: the whole buffer is faster).
+    for whole in ("feed_whole", "feed_whole_iter"):
+        benchmark.extra_info[f"{whole}_speed_vs_64KiB"] = round(ours["feed_64KiB"] / ours[whole], 3)
 
 
 def _ops(wire_impl: ModuleType) -> dict[str, object]:
@@ -217,12 +240,15 @@ def _ops(wire_impl: ModuleType) -> dict[str, object]:
     return {
         "parse_rows": lambda: _parse_rows(parse, True),
         "parse_rows_lazy": lambda: _parse_rows(parse, False),
-        **{f"feed_{name}": (lambda chunk=chunk: _feed_all(wire_impl, chunk)) for name, chunk in CHUNKS.items()},
+        **{f"feed_{name}": (lambda chunk=chunk: _feed_all(wire_impl, chunk)) for name, chunk in FEEDS.items()},
         **{f"feed_{name}_lazy": (lambda chunk=chunk: _feed_all(wire_impl, chunk, False))
-           for name, chunk in CHUNKS.items()},
+           for name, chunk in FEEDS.items()},
         "encode": lambda: wire_impl.encode_lines(cmds),
     }
 
+
+#: The feed operations timed against Synapse's decode of the buffer: chunk sizes, then the whole through iter_feed.
+FEEDS: dict[str, int | None] = {**CHUNKS, "whole_iter": WHOLE_ITER}
 
 ROUNDS = 5  # best of 5 alternating rounds: the shared machine's load moves between runs
 
@@ -236,7 +262,8 @@ def _time(fn) -> float:
 
 
 #: Our operations and the Synapse operation each is compared with, by instructions.
-INSTR_OPS = {"parse_rows": "parse", "feed_64KiB": "decode", "feed_whole": "decode", "encode": "encode"}
+INSTR_OPS = {"parse_rows": "parse", "feed_64KiB": "decode", "feed_whole": "decode", "feed_whole_iter": "decode",
+             "encode": "encode"}
 
 #: The subprocess each count of ours runs: this module loaded as the benchmark session loads it, then
 #: ``passes`` runs of one operation of one twin.

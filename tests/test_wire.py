@@ -527,6 +527,20 @@ def test_decoder_error_keeps_earlier_and_later_commands(wire_impl: ModuleType) -
     assert dec.feed(b"NG 5\n") == [PingCommand("5")]
 
 
+def test_decoder_second_bad_line_among_held_lines_loses_nothing(wire_impl: ModuleType) -> None:
+    # After a bad line the lines behind it are held; a second bad line among them, met by a feed of new data,
+    # keeps both what follows it and the new data (the compiled twin once kept only the new data: PING 2-4 lost).
+    dec = wire_impl.LineDecoder()
+    with pytest.raises(ProtocolError) as first:
+        dec.feed(b"NOPE\nPING 1\nBAD\nPING 2\nPING 3\n")
+    assert first.value.commands == [] and first.value.line == b"NOPE"
+    with pytest.raises(ProtocolError) as second:
+        dec.feed(b"PING 4\nPING 5\nPI")
+    assert second.value.commands == [PingCommand("1")] and second.value.line == b"BAD"
+    assert dec.buffered == len(b"PING 2\nPING 3\nPING 4\nPING 5\nPI")
+    assert dec.feed(b"NG 6\n") == [PingCommand(str(i)) for i in range(2, 7)]
+
+
 def test_decoder_max_line_length(wire_impl: ModuleType) -> None:
     dec = wire_impl.LineDecoder(max_line_length=10)
     assert dec.max_line_length == 10

@@ -844,6 +844,7 @@ cdef inline bint _blank(const unsigned char* p, Py_ssize_t n) noexcept nogil:
 
 cdef enum:
     HOLD_MIN_BYTES = 16384  # a feed's piece from which its rows are held out of the collector (see feed)
+    WINDOW_BYTES = 65536  # iter_feed builds the commands of about this many bytes at a time
 
 
 cdef class LineDecoder:
@@ -856,6 +857,10 @@ cdef class LineDecoder:
     bad line stay buffered and come out of the next ``feed`` (``feed(b"")``
     continues without new data). ``rows=True`` decodes RDATA rows as the
     lines are parsed (as ``parse_line(..., rows=True)``).
+
+    ``iter_feed`` is ``feed`` for big buffers: the same commands, built about
+    64 KiB of lines at a time as they are taken, so a caller that handles and
+    drops each never holds a whole file's commands at once.
     """
 
     cdef char* buf
@@ -864,6 +869,12 @@ cdef class LineDecoder:
     cdef bint discarding
     cdef readonly Py_ssize_t max_line_length
     cdef readonly bint rows
+    # iter_feed's state, held here so that every command comes out once, in order, whoever takes it next:
+    cdef bytes pending  # bytes given to iter_feed and not parsed yet (from pending_at); None when none
+    cdef Py_ssize_t pending_at
+    cdef list ready  # commands built and not taken yet (from ready_at); None when none
+    cdef Py_ssize_t ready_at
+    cdef object deferred  # the ProtocolError of a bad line, raised once the commands before it are taken
 
     def __cinit__(self, Py_ssize_t max_line_length=DEFAULT_MAX_LINE_LENGTH, *, bint rows=False):
         if max_line_length < 1:
@@ -874,6 +885,9 @@ cdef class LineDecoder:
         self.len = 0
         self.cap = 0
         self.discarding = False
+        self.pending = None
+        self.ready = None
+        self.deferred = None
 
     def __dealloc__(self):
         if self.buf != NULL:
@@ -881,7 +895,9 @@ cdef class LineDecoder:
 
     @property
     def buffered(self) -> int:
-        """Bytes held for an incomplete line."""
+        """Bytes held for an incomplete line (and, during ``iter_feed``, the bytes not parsed yet)."""
+        if self.pending is not None:
+            return self.len + PyBytes_GET_SIZE(self.pending) - self.pending_at
         return self.len
 
     cdef int _keep(self, const char* data, Py_ssize_t n) except -1:
@@ -898,6 +914,19 @@ cdef class LineDecoder:
         elif n:
             memmove(self.buf, data, n)
         self.len = n
+        return 0
+
+    cdef int _keep_more(self, const char* data, Py_ssize_t n) except -1:
+        # Append data[:n] to the buffer (data does not alias it).
+        cdef char* nb
+        if self.len + n > self.cap:
+            nb = <char*>PyMem_Realloc(self.buf, self.len + n)
+            if nb == NULL:
+                raise MemoryError()
+            self.buf = nb
+            self.cap = self.len + n
+        memcpy(self.buf + self.len, data, n)
+        self.len += n
         return 0
 
     cdef int _lines(self, const char* p, Py_ssize_t n, Py_ssize_t* at, list out) except -1:
@@ -937,6 +966,37 @@ cdef class LineDecoder:
 
     def feed(self, data) -> list:
         """The commands completed by ``data`` (see the class docstring for errors)."""
+        if type(data) is not bytes:
+            data = chunk_bytes(data)
+        if self.pending is not None or self.ready is not None or self.deferred is not None:
+            return self._feed_after_iter(<bytes>data)
+        return self._feed_held(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+
+    def iter_feed(self, data):
+        """The commands completed by ``data``, as ``feed`` gives them, built as they are taken.
+
+        A whole file's buffer costs per line what 64 KiB pieces of it cost
+        when each command is dropped after use: only a window of commands is
+        built ahead of the caller. At a bad line the iterator first gives
+        every command before it, then raises :class:`ProtocolError` (its
+        ``commands`` empty) and ends; the bytes after the bad line stay
+        buffered, as with ``feed``. What is not taken yet stays with the
+        decoder: the next ``feed`` or iterator gives it first.
+        """
+        if type(data) is not bytes:
+            data = chunk_bytes(data)
+        if self.pending is not None:
+            self.pending = PyBytes_FromStringAndSize(
+                PyBytes_AS_STRING(self.pending) + self.pending_at, PyBytes_GET_SIZE(self.pending) - self.pending_at
+            ) + <bytes>data
+        else:
+            self.pending = <bytes>data
+        self.pending_at = 0
+        cdef _Commands it = _Commands.__new__(_Commands)
+        it.dec = self
+        return it
+
+    cdef list _feed_held(self, const char* p, Py_ssize_t n):
         # Commands and rows built during this feed stay out of the cycle
         # collector's lists until it ends (fs_hold in _wire_build.pxi): the
         # young collections the feed's own allocations trigger then have
@@ -944,51 +1004,118 @@ cdef class LineDecoder:
         # A small piece is not held: its few hundred containers trigger no
         # collection of their own before the caller drops them, and holding
         # (untrack, keep, track again) would be all cost.
-        cdef bint hold
-        if type(data) is not bytes:
-            data = chunk_bytes(data)
-        hold = self.len + PyBytes_GET_SIZE(data) >= HOLD_MIN_BYTES
-        if not hold:
-            return self._feed(data)
+        if self.len + n < HOLD_MIN_BYTES:
+            return self._feed(p, n)
         _BUILDER.b.defer += 1
         try:
-            return self._feed(data)
+            return self._feed(p, n)
         finally:
             _BUILDER.b.defer -= 1
             fs_release(&_BUILDER.b)
 
-    cdef list _feed(self, data):
-        cdef bytes head
-        cdef const char* p
+    cdef list _feed_after_iter(self, bytes data):
+        # What an iterator left comes first: its built commands, its bad line, its unparsed bytes.
+        cdef list out = self.ready[self.ready_at:] if self.ready is not None else []
+        cdef object err = self.deferred
+        cdef bytes rest = self._take_pending()
+        self.ready = None
+        self.deferred = None
+        rest = rest + data if rest else data
+        if err is not None:
+            if rest:  # behind the bad line: kept for the next feed
+                self.pending = rest
+                self.pending_at = 0
+            err.commands = out
+            raise err
+        try:
+            out.extend(self._feed_held(PyBytes_AS_STRING(rest), PyBytes_GET_SIZE(rest)))
+        except ProtocolError as err2:
+            err2.commands = out + err2.commands
+            raise
+        return out
+
+    cdef bytes _take_pending(self):
+        cdef bytes data = self.pending
+        self.pending = None
+        if data is None:
+            return b""
+        if self.pending_at == 0:
+            return data
+        return PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + self.pending_at,
+                                         PyBytes_GET_SIZE(data) - self.pending_at)
+
+    cdef object _next(self):
+        """The next command for an iterator, or NULL (no exception) when none is left."""
+        cdef object cmd, err
+        while True:
+            if self.ready is not None:
+                if self.ready_at < PyList_GET_SIZE(self.ready):
+                    cmd = <object>PyList_GET_ITEM(self.ready, self.ready_at)
+                    self.ready_at += 1
+                    return cmd
+                self.ready = None
+            if self.deferred is not None:
+                err = self.deferred
+                self.deferred = None
+                err.commands = []
+                raise err
+            if self.pending is None:
+                return None
+            self._window()
+
+    cdef int _window(self) except -1:
+        # Parse the next WINDOW_BYTES (to a line's end) of the pending bytes into ready.
+        cdef bytes data = self.pending
+        cdef const char* p = PyBytes_AS_STRING(data)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t at = self.pending_at
+        cdef Py_ssize_t end = n
         cdef const char* nl
-        cdef Py_ssize_t n, ln
+        if n - at > WINDOW_BYTES:
+            nl = <const char*>memchr(p + at + WINDOW_BYTES, 10, n - at - WINDOW_BYTES)
+            if nl != NULL:
+                end = nl - p + 1
+        if end == n:
+            self.pending = None
+        else:
+            self.pending_at = end
+        self.ready_at = 0
+        try:
+            self.ready = self._feed_held(p + at, end - at)
+        except ProtocolError as err:
+            self.ready = err.commands
+            self.deferred = err
+        return 0
+
+    cdef list _feed(self, const char* p, Py_ssize_t n):
+        cdef bytes head
+        cdef const char* nl
+        cdef Py_ssize_t ln
         cdef list out = []
         if self.len:
-            p = PyBytes_AS_STRING(data)
-            n = PyBytes_GET_SIZE(data)
             nl = <const char*>memchr(p, 10, n)
             if nl == NULL:  # the held line goes on
-                head = PyBytes_FromStringAndSize(self.buf, self.len) + <bytes>data
-                self.len = 0
-                return self._complete(head, 0, out)
-            # The held line ends in data: only it is joined, the rest is read where it is.
-            ln = nl - p + 1
+                ln = n
+            else:  # the held line ends in p: only it is joined, the rest is read where it is.
+                ln = nl - p + 1
             head = PyBytes_FromStringAndSize(NULL, self.len + ln)
             memcpy(PyBytes_AS_STRING(head), self.buf, self.len)
             memcpy(PyBytes_AS_STRING(head) + self.len, p, ln)
             self.len = 0
+            if nl == NULL:
+                return self._complete(PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head), 0, out)
             try:
-                self._complete(head, 0, out)  # one whole line: nothing of it is left to keep
+                self._complete(PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head), 0, out)  # complete lines only
             except ProtocolError:
-                self._keep(p + ln, n - ln)  # what follows it stays buffered, as in any piece
+                # what follows the bad line stays buffered, as in any piece: the rest of the head (lines held
+                # after an earlier bad line), then the rest of p
+                self._keep_more(p + ln, n - ln)
                 raise
-            return self._complete(<bytes>data, ln, out)
-        return self._complete(<bytes>data, 0, out)
+            return self._complete(p, n, ln, out)
+        return self._complete(p, n, 0, out)
 
-    cdef list _complete(self, bytes joined, Py_ssize_t start, list out):
-        """Parse the complete lines of ``joined[start:]`` into ``out``; keep (or refuse) the partial tail."""
-        cdef const char* p = PyBytes_AS_STRING(joined)
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(joined)
+    cdef list _complete(self, const char* p, Py_ssize_t n, Py_ssize_t start, list out):
+        """Parse the complete lines of ``p[start:n]`` into ``out``; keep (or refuse) the partial tail."""
         cdef Py_ssize_t ln
         cdef const char* nl
         cdef Py_ssize_t limit = self.max_line_length
@@ -1025,6 +1152,21 @@ cdef class LineDecoder:
         else:
             self._keep(p + start, n - start)
         return out
+
+
+cdef class _Commands:
+    """The iterator ``LineDecoder.iter_feed`` returns: takes the decoder's next command."""
+
+    cdef LineDecoder dec
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cmd = self.dec._next()
+        if cmd is None:
+            raise StopIteration
+        return cmd
 
 
 include "_wire_rows.pxi"

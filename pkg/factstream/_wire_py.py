@@ -9,9 +9,9 @@ the body is split per command. Where Synapse is lax by accident we are strict
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from json.encoder import JSONEncoder, c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, cast
 
 from . import _json
 from ._wire_args import check_publish_args, chunk_bytes
@@ -242,6 +242,9 @@ def encode_redis_publish(cmds: Iterable[Command], channel: bytes, user_ip_channe
     return b"".join(parts)
 
 
+_WINDOW_BYTES = 65536  # iter_feed builds the commands of about this many bytes at a time
+
+
 class LineDecoder:
     """Incremental decoder: feed bytes as they arrive, get completed commands.
 
@@ -252,6 +255,10 @@ class LineDecoder:
     bad line stay buffered and come out of the next ``feed`` (``feed(b"")``
     continues without new data). ``rows=True`` decodes RDATA rows as the
     lines are parsed (as ``parse_line(..., rows=True)``).
+
+    ``iter_feed`` is ``feed`` for big buffers: the same commands, built about
+    64 KiB of lines at a time as they are taken, so a caller that handles and
+    drops each never holds a whole file's commands at once.
     """
 
     def __init__(self, max_line_length: int = DEFAULT_MAX_LINE_LENGTH, *, rows: bool = False) -> None:
@@ -261,14 +268,110 @@ class LineDecoder:
         self.rows = rows
         self._buf = b""
         self._discarding = False
+        # iter_feed's state, held here so that every command comes out once, in order, whoever takes it next:
+        self._pending: bytes | None = None  # bytes given to iter_feed and not parsed yet (from _pending_at)
+        self._pending_at = 0
+        self._ready: list[Command] | None = None  # commands built and not taken yet (from _ready_at)
+        self._ready_at = 0
+        self._deferred: ProtocolError | None = None  # a bad line's error, raised once the commands before it are taken
 
     @property
     def buffered(self) -> int:
-        """Bytes held for an incomplete line."""
+        """Bytes held for an incomplete line (and, during ``iter_feed``, the bytes not parsed yet)."""
+        if self._pending is not None:
+            return len(self._buf) + len(self._pending) - self._pending_at
         return len(self._buf)
 
     def feed(self, data: bytes) -> list[Command]:
+        """The commands completed by ``data`` (see the class docstring for errors)."""
         data = chunk_bytes(data)
+        if self._pending is not None or self._ready is not None or self._deferred is not None:
+            return self._feed_after_iter(data)
+        return self._feed(data)
+
+    def iter_feed(self, data: bytes) -> Iterator[Command]:
+        """The commands completed by ``data``, as ``feed`` gives them, built as they are taken.
+
+        A whole file's buffer costs per line what 64 KiB pieces of it cost
+        when each command is dropped after use: only a window of commands is
+        built ahead of the caller. At a bad line the iterator first gives
+        every command before it, then raises :class:`ProtocolError` (its
+        ``commands`` empty) and ends; the bytes after the bad line stay
+        buffered, as with ``feed``. What is not taken yet stays with the
+        decoder: the next ``feed`` or iterator gives it first.
+        """
+        data = chunk_bytes(data)
+        self._pending = self._take_pending() + data if self._pending is not None else data
+        self._pending_at = 0
+        return _Commands(self)
+
+    def _feed_after_iter(self, data: bytes) -> list[Command]:
+        # What an iterator left comes first: its built commands, its bad line, its unparsed bytes.
+        out = self._ready[self._ready_at :] if self._ready is not None else []
+        err = self._deferred
+        rest = self._take_pending() + data
+        self._ready = None
+        self._deferred = None
+        if err is not None:
+            if rest:  # behind the bad line: kept for the next feed
+                self._pending = rest
+                self._pending_at = 0
+            err.commands = list(out)
+            raise err
+        try:
+            out.extend(self._feed(rest))
+        except ProtocolError as err2:
+            err2.commands = out + err2.commands
+            raise
+        return out
+
+    def _take_pending(self) -> bytes:
+        data = self._pending
+        self._pending = None
+        if data is None:
+            return b""
+        return data[self._pending_at :] if self._pending_at else data
+
+    def _next(self) -> Command | None:
+        """The next command for an iterator, or None when none is left."""
+        while True:
+            if self._ready is not None:
+                if self._ready_at < len(self._ready):
+                    cmd = self._ready[self._ready_at]
+                    self._ready_at += 1
+                    return cmd
+                self._ready = None
+            if self._deferred is not None:
+                err = self._deferred
+                self._deferred = None
+                err.commands = []
+                raise err
+            if self._pending is None:
+                return None
+            self._window()
+
+    def _window(self) -> None:
+        # Parse the next _WINDOW_BYTES (to a line's end) of the pending bytes into _ready.
+        data = self._pending
+        assert data is not None
+        at = self._pending_at
+        end = len(data)
+        if end - at > _WINDOW_BYTES:
+            nl = data.find(b"\n", at + _WINDOW_BYTES)
+            if nl >= 0:
+                end = nl + 1
+        if end == len(data):
+            self._pending = None
+        else:
+            self._pending_at = end
+        self._ready_at = 0
+        try:
+            self._ready = self._feed(data[at:end])
+        except ProtocolError as err:
+            self._ready = cast("list[Command]", err.commands)  # the commands before the bad line
+            self._deferred = err
+
+    def _feed(self, data: bytes) -> list[Command]:
         buf = self._buf + data if self._buf else data
         out: list[Command] = []
         limit = self.max_line_length
@@ -306,6 +409,24 @@ class LineDecoder:
     def _error(err: ProtocolError, done: list[Command]) -> ProtocolError:
         err.commands = list(done)
         return err
+
+
+class _Commands:
+    """The iterator ``LineDecoder.iter_feed`` returns: takes the decoder's next command."""
+
+    __slots__ = ("_dec",)
+
+    def __init__(self, dec: LineDecoder) -> None:
+        self._dec = dec
+
+    def __iter__(self) -> _Commands:
+        return self
+
+    def __next__(self) -> Command:
+        cmd = self._dec._next()
+        if cmd is None:
+            raise StopIteration
+        return cmd
 
 
 # -- table columns: a row's fields as a writer stores them (see factstream.replication.tables)
