@@ -1163,7 +1163,12 @@ cdef class _Commands:
         return self
 
     def __next__(self):
-        cmd = self.dec._next()
+        cdef LineDecoder dec = self.dec
+        # The common case inline, holding no reference to the window: _next drops it before building the next.
+        if dec.ready is not None and dec.ready_at < PyList_GET_SIZE(dec.ready):
+            dec.ready_at += 1
+            return <object>PyList_GET_ITEM(dec.ready, dec.ready_at - 1)
+        cmd = dec._next()
         if cmd is None:
             raise StopIteration
         return cmd
