@@ -13,6 +13,7 @@ with pyarrow (someone else's, as a user would have it), not by Spark.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import subprocess
 import sys
@@ -71,6 +72,12 @@ def test_a_failed_job_is_one_line_naming_spark_log(tmp_path: Path) -> None:
     (tmp_path / "wire.log").write_text('RDATA typing master 1 ["!r:hs",["@a:hs"]]\n')
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    # Twelve logs kept by earlier failed runs (oldest first) and the log of a run still going, older than all.
+    earlier = [tmp / f"factstream-spark-kept-old{i:02}.log" for i in range(12)]
+    running = tmp / "factstream-spark-running.log"
+    for age, path in enumerate([running, *earlier]):
+        path.write_text("an earlier run's log\n")
+        os.utime(path, (1_700_000_000 + age, 1_700_000_000 + age))
     done = cli("logs", "parse", str(tmp_path / "wire.log"), "--out", str(tmp_path / "out"), *LOCAL_SPARK, timeout=600,
                TMPDIR=str(tmp), PYSPARK_PYTHON="/bin/false")
     assert done.returncode == 1, done.stderr
@@ -80,7 +87,9 @@ def test_a_failed_job_is_one_line_naming_spark_log(tmp_path: Path) -> None:
                          r"\(details in Spark's log: (\S+)\)\n", done.stderr)
     assert found, done.stderr
     log = Path(found.group(1))
-    assert log.parent == tmp and spark_logs(tmp) == [log]  # kept, the only one
+    assert log.parent == tmp and log.name.startswith("factstream-spark-kept-")
+    # kept with the newest nine of the earlier kept logs (ten in all); the running job's log is not touched
+    assert spark_logs(tmp) == sorted([log, running, *earlier[3:]])
     assert "at org.apache.spark." in log.read_text()  # the stack is there, not on stderr
     assert no_traceback(done.stderr)
 

@@ -206,16 +206,21 @@ class _SparkLog:
     appended.
     """
 
+    PREFIX = "factstream-spark-"
+    KEPT_PREFIX = "factstream-spark-kept-"  # a kept log's name: only these are ever pruned, never a running job's
     path: str | None = None
+    made: str | None = None  # the path the log was made at (a kept log is renamed)
     kept = False
+    KEEP = 10  # kept logs older than the newest this many are removed when another is kept
 
     @classmethod
     def create(cls) -> str:
         import atexit
         import tempfile
 
-        fd, cls.path = tempfile.mkstemp(prefix="factstream-spark-", suffix=".log")
+        fd, cls.path = tempfile.mkstemp(prefix=cls.PREFIX, suffix=".log")
         os.close(fd)
+        cls.made = cls.path
         atexit.register(cls._drop)
         return cls.path
 
@@ -232,15 +237,43 @@ class _SparkLog:
         try:
             with open(cls.path, "a") as log:
                 log.write("\nfactstream logs: the error reported:\n" + redact_text("".join(traceback.format_exception(err))))
+            name = os.path.basename(cls.path)
+            if not name.startswith(cls.KEPT_PREFIX):
+                kept = os.path.join(os.path.dirname(cls.path), cls.KEPT_PREFIX + name[len(cls.PREFIX):])
+                os.rename(cls.path, kept)  # the JVM's and workers' open descriptors follow it
+                cls.path = kept
+                cls._prune()
         except OSError:
             pass
         return cls.path
 
     @classmethod
-    def _drop(cls) -> None:
-        if cls.path is not None and not cls.kept:
+    def _prune(cls) -> None:
+        """Remove this user's kept logs beyond the newest KEEP in the same directory (failed runs add up)."""
+        import glob
+
+        assert cls.path is not None
+        mine = []
+        for path in glob.glob(os.path.join(glob.escape(os.path.dirname(cls.path)), cls.KEPT_PREFIX + "*.log")):
             try:
-                os.unlink(cls.path)
+                st = os.stat(path)
+            except OSError:
+                continue
+            if st.st_uid == os.getuid() and path != cls.path:
+                mine.append((st.st_mtime, path))
+        for _, path in sorted(mine, reverse=True)[cls.KEEP - 1:]:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    @classmethod
+    def _drop(cls) -> None:
+        # Not kept: the log goes. Kept: only a file something opened anew at the old name after the rename.
+        drop = cls.path if not cls.kept else cls.made if cls.made != cls.path else None
+        if drop is not None:
+            try:
+                os.unlink(drop)
             except OSError:
                 pass
 
