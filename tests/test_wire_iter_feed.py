@@ -90,8 +90,11 @@ def test_iter_feed_takes_what_feed_takes(wire_impl: ModuleType) -> None:
     dec = wire_impl.LineDecoder()
     assert list(dec.iter_feed(bytearray(b"PING 1\n"))) == [PingCommand("1")]
     assert list(dec.iter_feed(memoryview(b"PING 2\n"))) == [PingCommand("2")]
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^LineDecoder\.iter_feed takes bytes as they arrive, not str"):
         dec.iter_feed("PING 3\n")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^LineDecoder\.iter_feed takes bytes, bytearray or memoryview, got int$"):
+        dec.iter_feed(3)  # type: ignore[arg-type]
+    assert dec.buffered == 0 and list(dec.iter_feed(b"PING 4\n")) == [PingCommand("4")]  # nothing taken in
 
 
 def test_a_bad_line_ends_the_iterator_after_every_command_before_it(wire_impl: ModuleType) -> None:

@@ -984,7 +984,7 @@ cdef class LineDecoder:
         decoder: the next ``feed`` or iterator gives it first.
         """
         if type(data) is not bytes:
-            data = chunk_bytes(data)
+            data = chunk_bytes(data, "iter_feed")
         if self.pending is not None:
             self.pending = PyBytes_FromStringAndSize(
                 PyBytes_AS_STRING(self.pending) + self.pending_at, PyBytes_GET_SIZE(self.pending) - self.pending_at

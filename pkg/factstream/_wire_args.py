@@ -11,8 +11,9 @@ from typing import Any
 __all__ = ["chunk_bytes", "check_publish_args"]
 
 
-def chunk_bytes(data: Any) -> bytes:
-    """``data`` (bytes, bytearray, memoryview or another byte buffer) as bytes; anything else is a TypeError.
+def chunk_bytes(data: Any, method: str = "feed") -> bytes:
+    """``data`` (bytes, bytearray, memoryview or another byte buffer) as bytes; anything else is a TypeError
+    naming ``LineDecoder.<method>``.
 
     ``bytes(data)`` alone would turn an int ``n`` into ``n`` NUL bytes that
     then poison the next line.
@@ -20,12 +21,12 @@ def chunk_bytes(data: Any) -> bytes:
     if isinstance(data, bytes):
         return data
     if isinstance(data, str):
-        raise TypeError("LineDecoder.feed takes bytes as they arrive, not str: encode it first "
+        raise TypeError(f"LineDecoder.{method} takes bytes as they arrive, not str: encode it first "
                         "(or give a whole line to parse_line, which takes str)")
     try:
         view = memoryview(data)
     except TypeError:
-        raise TypeError(f"LineDecoder.feed takes bytes, bytearray or memoryview, got {type(data).__name__}") from None
+        raise TypeError(f"LineDecoder.{method} takes bytes, bytearray or memoryview, got {type(data).__name__}") from None
     with view:
         return view.tobytes()
 

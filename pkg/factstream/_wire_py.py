@@ -300,7 +300,7 @@ class LineDecoder:
         buffered, as with ``feed``. What is not taken yet stays with the
         decoder: the next ``feed`` or iterator gives it first.
         """
-        data = chunk_bytes(data)
+        data = chunk_bytes(data, "iter_feed")
         self._pending = self._take_pending() + data if self._pending is not None else data
         self._pending_at = 0
         return _Commands(self)
