@@ -269,13 +269,14 @@ class _SparkLog:
 
     @classmethod
     def _drop(cls) -> None:
-        # Not kept: the log goes. Kept: only a file something opened anew at the old name after the rename.
-        drop = cls.path if not cls.kept else cls.made if cls.made != cls.path else None
-        if drop is not None:
-            try:
-                os.unlink(drop)
-            except OSError:
-                pass
+        # The file at the name the log was made at goes, unless it is the kept log (a kept log was renamed:
+        # what is there then is something opened anew after the rename).
+        if cls.made is None or (cls.kept and cls.made == cls.path):
+            return
+        try:
+            os.unlink(cls.made)
+        except OSError:
+            pass
 
 
 def _session(args: argparse.Namespace) -> Any:
