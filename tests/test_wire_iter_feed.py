@@ -18,7 +18,7 @@ from factstream.commands import PingCommand, RdataCommand
 from factstream.errors import ProtocolError
 from test_wire import EXAMPLES, _assert_tracked_as_built
 
-WINDOW = 65536  # the bytes of lines one window builds (both twins)
+WINDOW = PY._WINDOW_BYTES  # the bytes of lines one window builds (both twins: the compiled one is checked against it)
 
 # Some 300 KiB of every kind of line: several windows.
 MIXED = b"".join(line + b"\n" for _, line in EXAMPLES)

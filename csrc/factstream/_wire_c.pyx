@@ -844,7 +844,7 @@ cdef inline bint _blank(const unsigned char* p, Py_ssize_t n) noexcept nogil:
 
 cdef enum:
     HOLD_MIN_BYTES = 16384  # a feed's piece from which its rows are held out of the collector (see feed)
-    WINDOW_BYTES = 65536  # iter_feed builds the commands of about this many bytes at a time
+    WINDOW_BYTES = 32768  # iter_feed builds the commands of about this many bytes at a time (see iter_feed)
 
 
 cdef class LineDecoder:
@@ -859,7 +859,7 @@ cdef class LineDecoder:
     lines are parsed (as ``parse_line(..., rows=True)``).
 
     ``iter_feed`` is ``feed`` for big buffers: the same commands, built about
-    64 KiB of lines at a time as they are taken, so a caller that handles and
+    32 KiB of lines at a time as they are taken, so a caller that handles and
     drops each never holds a whole file's commands at once.
     """
 
@@ -975,9 +975,10 @@ cdef class LineDecoder:
     def iter_feed(self, data):
         """The commands completed by ``data``, as ``feed`` gives them, built as they are taken.
 
-        A whole file's buffer costs per line what 64 KiB pieces of it cost
-        when each command is dropped after use: only a window of commands is
-        built ahead of the caller. At a bad line the iterator first gives
+        A whole file's buffer costs per line no more than 64 KiB pieces of it
+        cost when each command is dropped after use: only a small window of
+        commands (small enough to stay in the cache) is built ahead of the
+        caller. At a bad line the iterator first gives
         every command before it, then raises :class:`ProtocolError` (its
         ``commands`` empty) and ends; the bytes after the bad line stay
         buffered, as with ``feed``. What is not taken yet stays with the

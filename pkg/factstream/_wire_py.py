@@ -242,7 +242,7 @@ def encode_redis_publish(cmds: Iterable[Command], channel: bytes, user_ip_channe
     return b"".join(parts)
 
 
-_WINDOW_BYTES = 65536  # iter_feed builds the commands of about this many bytes at a time
+_WINDOW_BYTES = 32768  # iter_feed builds the commands of about this many bytes at a time (as the compiled twin)
 
 
 class LineDecoder:
@@ -257,7 +257,7 @@ class LineDecoder:
     lines are parsed (as ``parse_line(..., rows=True)``).
 
     ``iter_feed`` is ``feed`` for big buffers: the same commands, built about
-    64 KiB of lines at a time as they are taken, so a caller that handles and
+    32 KiB of lines at a time as they are taken, so a caller that handles and
     drops each never holds a whole file's commands at once.
     """
 
@@ -292,9 +292,10 @@ class LineDecoder:
     def iter_feed(self, data: bytes) -> Iterator[Command]:
         """The commands completed by ``data``, as ``feed`` gives them, built as they are taken.
 
-        A whole file's buffer costs per line what 64 KiB pieces of it cost
-        when each command is dropped after use: only a window of commands is
-        built ahead of the caller. At a bad line the iterator first gives
+        A whole file's buffer costs per line no more than 64 KiB pieces of it
+        cost when each command is dropped after use: only a small window of
+        commands (small enough to stay in the cache) is built ahead of the
+        caller. At a bad line the iterator first gives
         every command before it, then raises :class:`ProtocolError` (its
         ``commands`` empty) and ends; the bytes after the bad line stay
         buffered, as with ``feed``. What is not taken yet stays with the
