@@ -79,12 +79,19 @@ def _now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
+def _redis_state(down_for: float, lost: bool) -> str:
+    """The header's word on a missing subscription: since when, that it is retried, and what is not judged."""
+    since = f"lost {down_for:.0f}s ago" if lost else f"not reached in {down_for:.0f}s"
+    return f"NOT SUBSCRIBED to Redis ({since}, retrying; frozen and writer_behind not judged meanwhile)"
+
+
 def _text(opts: WatchOptions, writers: list[dict[str, Any]], problems: list[Problem], redis_up: bool,
-          db_error: str | None) -> str:
+          db_error: str | None, down_for: float = 0.0, lost: bool = False) -> str:
     # A failed database probe is a problem of the report (not healthy): the header counts it with the others.
+    # Without Redis the count (redis_down among them) still ends the header, as ": N problem(s)" always does.
     count = len(problems) + (1 if db_error else 0)
     if not redis_up:
-        state = "NOT SUBSCRIBED to Redis"
+        state = f"{_redis_state(down_for, lost)}: {count} problem(s)"
     elif count:
         state = f"{count} problem(s)"
     else:
@@ -292,7 +299,9 @@ async def run_watch(opts: WatchOptions, out: IO[str], err: IO[str] | None = None
                         "writers": writers, "problems": [p.as_json() for p in problems],
                     }, separators=(",", ":")) + "\n")
                 else:
-                    out.write(_text(opts, writers, problems, redis_up, db_error) + "\n\n")
+                    out.write(_text(opts, writers, problems, redis_up, db_error,
+                                    down_for=0.0 if down_since is None else now - down_since,
+                                    lost=bool(subscribed_at)) + "\n\n")
                 out.flush()
                 if final:
                     break
