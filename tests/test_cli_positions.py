@@ -75,7 +75,7 @@ def test_a_synapse_database_by_wire_names_with_ids_from_its_own_tables(tmp_path:
     assert out.returncode == 0, out.stderr
     rows = {(r["stream"], r["writer"]): r for r in json.loads(out.stdout)}
     assert rows[("device_lists", "master")] == {"stream": "device_lists", "writer": "master", "recorded": 7,
-                                                "max_stream_id": 12}
+                                                "max_stream_id": 12, "persisted_upto": 7}  # 8 is a gap
     assert rows[("presence", "worker1")]["recorded"] == 3
     assert rows[("events", "master")]["max_stream_id"] == 10
     assert rows[("backfill", "master")]["max_stream_id"] == 4
@@ -181,3 +181,99 @@ def test_a_database_that_does_not_answer_is_named_after_db_timeout(postgres_dsn:
     assert again.returncode == 0 and "events" in again.stdout and "7" in again.stdout, again.stdout + again.stderr
     refused = cli("positions", "--connect", "127.0.0.1:1", "--db-timeout", "2")
     assert refused.returncode == 2 and "--db-timeout applies to --db" in refused.stderr, refused.stderr
+
+
+#: Synapse's own id generators on a homeserver config: the persisted-up-to position it computes at startup.
+SYNAPSE_TOKENS = """
+import json, logging, sys
+import yaml
+from twisted.internet import reactor
+from synapse.config.homeserver import HomeServerConfig
+from synapse.server import HomeServer
+from synapse.storage import DataStore
+logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+class Oracle(HomeServer):
+    DATASTORE_CLASS = DataStore
+config = HomeServerConfig()
+config.parse_config_dict(yaml.safe_load(open(sys.argv[1])), "", "")
+hs = Oracle(config.server.server_name, config=config, reactor=reactor)
+hs.setup()
+store = hs.get_datastores().main
+print(json.dumps({"receipts": store._receipts_id_gen.get_current_token(),
+                  "events": store._stream_id_gen.get_current_token(),
+                  "backfill": -store._backfill_id_gen.get_current_token()}))
+"""
+
+
+def test_a_stale_row_is_set_aside_as_synapse_sets_it_aside(tmp_path: Any) -> None:
+    """A receipts row of a worker no longer in stream_writers ('old_worker' at 3, below a gap at 11) made the
+    stream look persisted up to 10 only; Synapse deletes that row at startup and starts from worker1's 20.
+    positions --config now computes what Synapse's id generators compute in a process that does not write the
+    stream (checked against Synapse's main process, which runs last as it deletes the row; worker1 writes events
+    and receipts), and says which row it set aside and why."""
+    from synapse_fixtures import homeserver_config
+
+    db = tmp_path / "homeserver.db"
+    subprocess.run([synapse_python(), "-c", SYNAPSE_SCHEMA, str(db)], check=True, capture_output=True, timeout=300)
+    config = homeserver_config(tmp_path, "unused", "hs")
+    raw = json.loads(config.read_text())
+    raw["database"] = {"name": "sqlite3", "args": {"database": str(db)}}
+    raw["stream_writers"] = {"events": ["worker1"], "receipts": ["worker1"]}
+    raw["instance_map"] = {"main": {"host": "127.0.0.1", "port": 1}, "worker1": {"host": "127.0.0.1", "port": 2}}
+    config.write_text(json.dumps(raw))
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES "
+                     "('receipts', 'worker1', 20), ('receipts', 'old_worker', 3), ('backfill', 'worker1', -4)")
+        conn.executemany("INSERT INTO receipts_linearized (stream_id, room_id, receipt_type, user_id, event_id, data, "
+                         "instance_name) VALUES (?, '!r:hs', 'm.read', ?, '$e', '{}', 'worker1')",
+                         [(i, f"@u{i}:hs") for i in [*range(1, 11), *range(12, 23), 25]])
+        for so in (3, 10, -1, -2, -3, -4, -5, -6, -8):
+            conn.execute(
+                "INSERT INTO events (stream_ordering, topological_ordering, event_id, type, room_id, content, "
+                "unrecognized_keys, processed, outlier, depth, origin_server_ts, received_ts, sender, contains_url, "
+                "instance_name) VALUES (?, 1, ?, 'm.room.message', '!r:hs', '{}', '', 1, 0, 1, 0, 0, '@u:hs', 0, "
+                "'worker1')", (so, f"$e{so}"))
+    unjudged = cli("positions", "--db", f"sqlite:///{db}", "--json")
+    assert unjudged.returncode == 0, unjudged.stderr
+    rows = {(r["stream"], r["writer"]): r for r in json.loads(unjudged.stdout)}
+    assert rows[("receipts", "old_worker")]["persisted_upto"] == 10 and "stale" not in rows[("receipts", "old_worker")]
+    out = cli("positions", "--db", f"sqlite:///{db}", "--config", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {(r["stream"], r["writer"]): r for r in json.loads(out.stdout)}
+    assert rows[("receipts", "old_worker")]["recorded"] == 3
+    assert rows[("receipts", "old_worker")]["stale"].startswith(
+        f"'old_worker' is not in stream_writers.receipts of {config} (worker1)")
+    assert "stale" not in rows[("receipts", "worker1")]
+    assert rows[("backfill", "worker1")]["recorded"] == 4  # Synapse's -4, as a magnitude like the other columns
+    got = {s: rows[(s, "worker1")]["persisted_upto"] for s in ("receipts", "events", "backfill")}
+    assert got == {"receipts": 22, "events": 10, "backfill": 6}
+    text = cli("positions", "--db", f"sqlite:///{db}", "-c", str(config))
+    assert text.returncode == 0 and "# stale: receipts/old_worker (recorded 3) set aside" in text.stdout, text.stdout
+    assert "receipts 22" in text.stdout and "all counted" not in text.stdout
+    oracle = subprocess.run([synapse_python(), "-c", SYNAPSE_TOKENS, str(config)], capture_output=True, text=True,
+                            timeout=300)
+    assert oracle.returncode == 0, oracle.stderr
+    assert json.loads(oracle.stdout.strip().splitlines()[-1]) == got
+    with sqlite3.connect(db) as conn:  # what Synapse did to the row positions set aside
+        assert conn.execute("SELECT instance_name FROM stream_positions WHERE stream_name = 'receipts'").fetchall() \
+            == [("worker1",)]
+
+
+def test_writers_options_apply_to_a_synapse_database(tmp_path: Any) -> None:
+    """--config/--instances judge a Synapse database's stream_positions rows: without --db, together, on a
+    factstream database, or with a config Synapse refuses, they are refused (exit 2) rather than ignored."""
+    config = tmp_path / "homeserver.yaml"
+    config.write_text("server_name: hs\nstream_writers:\n  receipt: [master]\n")
+    nodb = cli("positions", "--connect", "127.0.0.1:1", "--instances", "master")
+    assert nodb.returncode == 2 and "--instances applies to --db" in nodb.stderr, nodb.stderr
+    factstream_db = tmp_path / "w.db"
+    with sqlite3.connect(factstream_db) as conn:
+        conn.execute("CREATE TABLE stream_positions (stream_name TEXT, instance_name TEXT, stream_id BIGINT)")
+        conn.execute("CREATE TABLE demo_receipts (stream_id INTEGER)")
+    both = cli("positions", "--db", f"sqlite:///{factstream_db}", "--instances", "master", "-c", str(config))
+    assert both.returncode == 2 and "not both" in both.stderr, both.stderr
+    ours = cli("positions", "--db", f"sqlite:///{factstream_db}", "--instances", "master")
+    assert ours.returncode == 2 and "applies to a Synapse database" in ours.stderr and ours.stdout == "", ours.stderr
+    refused = cli("positions", "--db", f"sqlite:///{factstream_db}", "--config", str(config))
+    assert refused.returncode == 2 and "stream_writers.receipt" in refused.stderr, refused.stderr
+    assert no_traceback(refused.stderr + ours.stderr + both.stderr + nodb.stderr)

@@ -165,7 +165,8 @@ def test_figures_above_the_bound_and_the_top_are_the_full_scans(homeserver: Home
 def test_a_writer_recorded_behind_its_rows_is_shown_ahead(homeserver: Homeserver) -> None:
     fill(homeserver)
     rows = positions(homeserver.url)
-    assert rows[("events", "p3")] == {"stream": "events", "writer": "p3", "recorded": 2000, "max_stream_id": 2999}
+    assert rows[("events", "p3")] == {"stream": "events", "writer": "p3", "recorded": 2000, "max_stream_id": 2999,
+                                      "persisted_upto": 3000}
     assert rows[("events", "master")]["max_stream_id"] == 2003  # rows without instance_name, above the bound
     assert rows[("backfill", "p1")]["max_stream_id"] == 300 and rows[("backfill", "p2")]["max_stream_id"] == 299
     assert rows[("receipts", "r1")]["max_stream_id"] == 1000 and rows[("receipts", "r2")]["max_stream_id"] == 999
@@ -186,7 +187,7 @@ def test_a_writer_whose_rows_all_lie_below_the_bound_is_not_given_a_max(homeserv
     assert ("events", "retired") not in rows and ("receipts", "gone") not in rows
     assert ("push_rules", "old") not in rows
     assert rows[("push_rules", "master")] == {"stream": "push_rules", "writer": "master", "recorded": 10,
-                                              "max_stream_id": 10}  # the top row, though at the bound
+                                              "max_stream_id": 10, "persisted_upto": 10}  # the top row, at the bound
 
 
 @pytest.mark.postgres
@@ -224,3 +225,44 @@ def _settled(db: SynapseDb, counters: str) -> list[Any]:
                  "AND pid <> pg_backend_pid()")[0][0] and time.monotonic() < deadline:
         time.sleep(0.05)
     return db.sql("SELECT pg_stat_clear_snapshot()", counters)
+
+
+def test_backfill_positions_are_shown_as_magnitudes(homeserver: Homeserver) -> None:
+    """Synapse records backfill as -250 / -300; 'recorded' showed those negatives beside positive max_stream_id."""
+    fill(homeserver)
+    rows = positions(homeserver.url)
+    assert rows[("backfill", "p1")]["recorded"] == 250 and rows[("backfill", "p2")]["recorded"] == 300
+    assert rows[("backfill", "p1")]["persisted_upto"] == 300  # from 250, ids -251..-300 follow without a gap
+    text = cli("positions", "--db", homeserver.url)
+    [line] = [ln.split() for ln in text.stdout.splitlines() if ln.startswith("backfill ") and " p1 " in ln]
+    assert line[:4] == ["backfill", "p1", "250", "300"], line
+
+
+def test_a_stale_low_row_no_longer_lowers_the_bound(homeserver: Homeserver) -> None:
+    """A position left by a writer that is gone ('gone' at 1) made the bound 1: every row of events was read and
+    'retired' (ids up to 500, below every real writer's position) came back; persisted up to stopped at 1's run.
+
+    With the writers named (--instances), Synapse's rule sets that row aside (it deletes it at startup) and a
+    note says which row and why; without them every row counts and a note says the writers are unknown.
+    """
+    fill(homeserver)
+    homeserver.run("INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES ('events', 'gone', 1)")
+    homeserver.run("DELETE FROM events WHERE stream_ordering = 1500")  # a gap between 'gone' and the real writers
+    out = cli("positions", "--db", homeserver.url, "--instances", "master,p1,p2,p3", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {(r["stream"], r["writer"]): r for r in json.loads(out.stdout)}
+    assert ("events", "retired") not in rows
+    assert rows[("events", "gone")]["recorded"] == 1 and "'gone' is not among --instances" in rows[("events", "gone")]["stale"]
+    assert rows[("events", "p3")]["persisted_upto"] == 3000  # from p3's 2000, ids follow up to the top
+    assert "stale" not in rows[("events", "p1")]
+    text = cli("positions", "--db", homeserver.url, "--instances", "master,p1,p2,p3")
+    assert text.returncode == 0, text.stderr
+    notes = [ln for ln in text.stdout.splitlines() if ln.startswith("# stale: events/gone")]
+    assert notes == ["# stale: events/gone (recorded 1) set aside, not counted in persisted up to: 'gone' is not "
+                     "among --instances; Synapse deletes this row when one of its processes starts"], text.stdout
+    assert "events 3000" in text.stdout
+    unjudged = positions(homeserver.url)  # no writers given: 'gone' counts, as for Synapse were it configured
+    assert unjudged[("events", "retired")]["max_stream_id"] == 500 and "stale" not in unjudged[("events", "gone")]
+    assert unjudged[("events", "gone")]["persisted_upto"] == 1499  # from 1, the run stops at the gap
+    assert "# events: positions of gone, p1, p2, p3 all counted; give --config or --instances" in cli(
+        "positions", "--db", homeserver.url).stdout

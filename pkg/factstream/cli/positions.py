@@ -6,6 +6,16 @@ stream by its wire name (``device_lists``, not ``device_lists_stream``),
 with the position each writer last recorded (``stream_positions``) and the
 highest id in the stream's own tables; the replication column comes from writers
 answering REPLICATE over TCP (``--connect``) or Redis (``--redis``).
+
+On a Synapse database it also computes each stream's persisted-up-to
+position the way Synapse's ``MultiWriterIdGenerator._load_current_ids``
+does at startup in a process that does not write the stream (a writer also
+moves up through its own rows and, on PostgreSQL, takes its sequence's
+value): ``stream_positions`` rows of instances that are not writers
+of the stream are set aside (Synapse deletes them), the lowest remaining
+position is the start, and ids written without a gap above it move it up.
+Which instances write a stream comes from the Synapse config (``--config``)
+or ``--instances``; without them only the writers Synapse hard-codes are known.
 """
 
 from __future__ import annotations
@@ -16,10 +26,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import transport
-from ..redaction import redact_url
+from ..redaction import redact_text, redact_url
 from . import dbtimeout, missing_sqlite
 from .argtypes import duration
 
@@ -29,8 +41,16 @@ COLUMNS_HELP = (
     "Columns: 'recorded' is the position the writer last saved in the stream_positions table (where a restarted "
     "writer resumes); 'max_stream_id' is the highest stream id of that writer in the stream's own table(s) (ids above "
     "'recorded' are facts written since); 'replication' is the position the running writer announces to a reader "
-    "that sends REPLICATE (--connect or --redis), read at the time printed in the header. '-' means none."
+    "that sends REPLICATE (--connect or --redis), read at the time printed in the header. '-' means none. "
+    "backfill's ids count down (-1, -2, ...) in Synapse's tables and stream_positions: every column shows their "
+    "magnitude, as the replication wire does. On a Synapse database, 'persisted up to' is the stream's position as "
+    "Synapse computes it at startup in a process that does not write the stream: the lowest position recorded by a "
+    "writer of the stream, then the ids above it without a gap; a stream_positions row of an instance that does not "
+    "write the stream (per --config or --instances) is set aside as stale, as Synapse deletes it, and a note says so."
 )
+
+#: Ids read per query while following a gap-free run above the lowest recorded position.
+RUN_PAGE = 10_000
 
 #: Synapse's ``stream_positions.stream_name`` -> the stream's wire name.
 SYNAPSE_DB_NAMES: dict[str, str] = {
@@ -68,6 +88,9 @@ STREAM_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "un_partial_stated_event": (("un_partial_stated_event_stream", "stream_id"),),
 }
 
+#: Streams whose ids count down: their positions and ids are shown as magnitudes.
+BACKWARDS = frozenset(stream for stream, sources in STREAM_TABLES.items() if sources[0][1].startswith("-"))
+
 FACTSTREAM_MARKERS = {"demo_to_device", "demo_receipts", "demo_caches", "event_store_counters"}
 SYNAPSE_MARKERS = {"event_forward_extremities", "room_memberships", "device_lists_stream", "receipts_linearized"}
 
@@ -97,7 +120,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tls", action="store_true", help="with --connect: connect with TLS (verifying the server)")
     p.add_argument("--cafile", help="with --connect: CA certificate to verify the server with (implies --tls)")
     p.add_argument("--insecure", action="store_true", help="with --tls: do not verify the certificate (not recommended)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("-c", "--config", action="append", metavar="PATH",
+                   help="with --db on a Synapse database: its config file or directory (of *.yaml files), repeatable "
+                        "and merged as Synapse merges its -c options; its stream_writers say which stream_positions "
+                        "rows Synapse sets aside as stale")
+    p.add_argument("--instances", metavar="A,B,...",
+                   help="with --db on a Synapse database: every configured Synapse instance name (instead of --config); "
+                        "a stream_positions row of any other instance is set aside as stale")
+    p.add_argument("--json", action="store_true", help="print JSON (a row's 'stale' says why it was set aside; "
+                   "'persisted_upto' is its stream's persisted-up-to position)")
     p.set_defaults(func=run)
 
 
@@ -148,6 +179,10 @@ def check_options(args: argparse.Namespace) -> str | None:
         return "--server-name applies to --connect or --redis"
     given = [flag for flag, value in (("--wait", args.wait), ("--connect-timeout", args.connect_timeout))
              if value is not None]
+    if args.config and args.instances:
+        return "give either --config PATH or --instances A,B,..., not both (the config names the writers per stream)"
+    if (args.config or args.instances) and not args.db:
+        return f"{'--config' if args.config else '--instances'} applies to --db URL (a Synapse database's stream_positions)"
     if args.db_timeout is not None and not args.db and (args.connect or args.redis):
         return "--db-timeout applies to --db URL (reading a database)"
     if given and not (args.connect or args.redis):
@@ -258,16 +293,130 @@ async def _stream_maxima(db: Any, sources: list[tuple[str, str]], tables: dict[s
     return {w: v for w, v in found.items() if v > bound or v == top}
 
 
-async def db_positions(url: str, timeout: float = dbtimeout.DEFAULT) -> tuple[
-        str, dict[tuple[str, str], dict[str, int]], list[str]]:
-    """(kind, (stream, writer) -> {"recorded", "max_stream_id"}, streams to list even without rows).
+@dataclass(frozen=True)
+class Writers:
+    """Which instances write each Synapse stream, as far as positions can tell, and where that came from.
 
-    ``timeout``: the --db-timeout it runs under (SQLite waits for a lock no longer).
+    ``per_stream`` maps a ``stream_positions`` name to its writers (an empty
+    tuple: any process writes it and Synapse records no position); a stream
+    missing from it has writers nobody told positions about. ``source`` names
+    them in notes (``stream_writers`` of a config, ``--instances``).
+    """
+
+    per_stream: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    source: str = ""
+    setting: Mapping[str, str] = field(default_factory=dict)
+
+
+def configured_writers(config: list[str] | None, instances: str | None) -> Writers:
+    """The writers of every Synapse stream from ``--config`` or ``--instances``; the hard-coded ones otherwise.
+
+    Synapse sets a ``stream_positions`` row aside by its writers list alone
+    (``MultiWriterIdGenerator._load_current_ids`` deletes rows of other
+    instances), so without that list only the streams whose writers Synapse
+    fixes in code can be judged. Raises ConfigError for a config Synapse
+    itself would refuse.
+    """
+    from ..synapse.config import load_config
+    from ..synapse.streams import SYNAPSE_ID_STREAMS
+
+    fixed = {s.name: s.fixed_writers for s in SYNAPSE_ID_STREAMS if not s.writers_setting}
+    if config:
+        cfg = load_config(config)
+        for note in cfg.notes:
+            print(f"{PROG}: note: {redact_text(note)}", file=sys.stderr)
+        return Writers({s.name: cfg.writers_of(s) for s in SYNAPSE_ID_STREAMS}, cfg.source,
+                       {s.name: s.writers_setting for s in SYNAPSE_ID_STREAMS if s.writers_setting})
+    if instances:
+        names = tuple(i.strip() for i in instances.split(",") if i.strip())
+        given = {s.name: names for s in SYNAPSE_ID_STREAMS if s.writers_setting}
+        return Writers({**fixed, **given}, "--instances")
+    return Writers(fixed)
+
+
+def _stale_reason(stream: Any, instance: str, writers: Writers) -> str:
+    """Why Synapse does not count ``instance``'s row of ``stream`` (a SynapseIdStream)."""
+    if not stream.records_positions:
+        return (f"Synapse records no positions for {stream.name} (any process writes it) and never reads this row "
+                "(left by an older Synapse)")
+    if not stream.writers_setting:
+        return (f"Synapse has {', '.join(stream.fixed_writers)} alone write {stream.name} (fixed in its code); it "
+                "deletes this row when one of its processes starts")
+    if writers.source == "--instances":
+        where = f"{instance!r} is not among --instances"
+    else:
+        setting = writers.setting.get(stream.name, stream.writers_setting)
+        where = (f"{instance!r} is not in stream_writers.{setting} of {writers.source} "
+                 f"({', '.join(writers.per_stream[stream.name])})")
+    return f"{where}; Synapse deletes this row when one of its processes starts"
+
+
+@dataclass
+class DbReading:
+    """What ``--db`` gave: the kind of database, its cells and, on Synapse's, what Synapse makes of them.
+
+    ``cells``: (stream, writer) -> {"recorded", "max_stream_id"} (magnitudes);
+    ``listed``: streams shown even without rows; ``persisted``: wire stream ->
+    its persisted-up-to position; ``stale``: (stream, writer) -> why its row
+    was set aside; ``unjudged``: wire stream -> the instances whose rows were
+    all counted for want of the configured writers.
+    """
+
+    kind: str
+    cells: dict[tuple[str, str], dict[str, int]]
+    listed: list[str]
+    persisted: dict[str, int] = field(default_factory=dict)
+    stale: dict[tuple[str, str], str] = field(default_factory=dict)
+    unjudged: dict[str, list[str]] = field(default_factory=dict)
+
+
+async def _persisted_upto(db: Any, stream: Any, tables: dict[str, set[str]], low: int | None) -> int:
+    """The persisted-up-to position of ``stream`` (a SynapseIdStream; a magnitude), as Synapse loads it.
+
+    ``low`` is the lowest position its writers recorded. Without one Synapse
+    takes the highest id of the stream's tables (at least 1); with one it
+    starts there and moves up through the ids found above it as long as they
+    follow each other without a gap (``_add_persisted_position``). The run is
+    read a page of ids at a time, so a gap near the start stops it early.
+    """
+    sources = [(t.table, t.id_column) for t in stream.tables if t.table in tables and t.id_column in tables[t.table]]
+    if low is None:
+        best = 1
+        for table, column in sources:
+            row = await db.fetchone(f"SELECT {'MAX' if stream.positive else '-MIN'}({column}) FROM {table}", ())
+            if row and row[0] is not None:
+                best = max(best, int(row[0]))
+        return best
+    pos = low
+    while True:
+        page_end = pos + RUN_PAGE
+        ids: set[int] = set()
+        for table, column in sources:
+            if stream.positive:
+                sql, params = f"SELECT {column} FROM {table} WHERE {column} > ? AND {column} <= ?", (pos, page_end)
+            else:
+                sql, params = f"SELECT -{column} FROM {table} WHERE {column} < ? AND {column} >= ?", (-pos, -page_end)
+            ids.update(int(v) for (v,) in await db.fetchall(sql, params))
+        while pos + 1 in ids:
+            pos += 1
+        if pos < page_end:
+            return pos
+
+
+async def read_db(url: str, timeout: float = dbtimeout.DEFAULT, writers: Writers | None = None) -> DbReading:
+    """Read ``url``'s positions, and on a Synapse database what Synapse makes of them.
+
+    ``timeout``: the --db-timeout it runs under (SQLite waits for a lock no
+    longer). ``writers``: who writes each Synapse stream (default: only the
+    writers Synapse hard-codes are known).
     """
     from ..store.database import connect
+    from ..synapse.streams import by_name
 
+    writers = writers or Writers()
     check_sqlite_exists(url)
     out: dict[tuple[str, str], dict[str, int]] = {}
+    reading = DbReading("factstream", out, [])
     db = await connect(dbtimeout.bounded_url(url, timeout))
     dbtimeout.watch(db)  # under a --db-timeout: its queries are cancelled at the deadline
     try:
@@ -279,32 +428,68 @@ async def db_positions(url: str, timeout: float = dbtimeout.DEFAULT) -> tuple[
         if not synapse and not ours and "stream_positions" not in tables:
             raise Foreign(f"{redact_url(url)} is not a factstream or Synapse database (no stream tables among its "
                           f"{len(tables)} tables)")
-        recorded: dict[str, list[int]] = {}
+        # the positions that count, as magnitudes: a stale row is shown but is no writer's position
+        counted: dict[str, list[int]] = {}
+        id_streams: dict[str, Any] = {}
         if "stream_positions" in tables:
             for stream, inst, sid in await db.fetchall(
                 "SELECT stream_name, instance_name, stream_id FROM stream_positions", ()
             ):
                 wire = SYNAPSE_DB_NAMES.get(str(stream), str(stream)) if synapse else str(stream)
-                out.setdefault((wire, str(inst)), {})["recorded"] = int(sid)
-                recorded.setdefault(wire, []).append(int(sid))
+                # backwards streams: Synapse records -position, factstream the position itself
+                value = abs(int(sid)) if wire in BACKWARDS else int(sid)
+                out.setdefault((wire, str(inst)), {})["recorded"] = value
+                try:
+                    sid_stream = by_name(str(stream)) if synapse else None
+                except KeyError:
+                    sid_stream = None
+                if sid_stream is not None:
+                    id_streams[wire] = sid_stream
+                    known = writers.per_stream.get(sid_stream.name)
+                    if known is not None and (not sid_stream.records_positions or str(inst) not in known):
+                        reading.stale[(wire, str(inst))] = _stale_reason(sid_stream, str(inst), writers)
+                        continue
+                    if known is None:
+                        reading.unjudged.setdefault(wire, []).append(str(inst))
+                counted.setdefault(wire, []).append(value)
         present = {stream: [(t, c) for t, c in sources if t in tables and c.lstrip("-") in tables[t]]
                    for stream, sources in STREAM_TABLES.items()}
         indexed = await _leading_columns(db, {t for sources in present.values() for t, _ in sources})
         for stream, sources in present.items():
             if not sources:
                 continue
-            # backwards streams: Synapse records -position, factstream the position itself
-            backwards = sources[0][1].startswith("-")
-            marks = [abs(v) if backwards else v for v in recorded.get(stream, [])]
+            marks = counted.get(stream, [])
             maxima = await _stream_maxima(db, sources, tables, indexed, min(marks) if marks else None)
             for inst, mx in maxima.items():
                 out.setdefault((stream, inst), {})["max_stream_id"] = mx
+        if synapse:
+            from ..synapse.streams import SYNAPSE_ID_STREAMS
+
+            for sid_stream in SYNAPSE_ID_STREAMS:
+                if sid_stream.wire is None or sid_stream.wire not in STREAM_TABLES:
+                    continue
+                marks = counted.get(sid_stream.wire, []) if sid_stream.records_positions else []
+                reading.persisted[sid_stream.wire] = await _persisted_upto(
+                    db, sid_stream, tables, min(marks) if marks else None)
+        reading.unjudged = {w: sorted(i) for w, i in reading.unjudged.items() if len(i) > 1}
     finally:
         await db.close()
     from ..streams.registry import SYNAPSE_STREAMS
 
-    listed = [d.name for d in SYNAPSE_STREAMS] if synapse else []
-    return ("synapse" if synapse else "factstream"), out, listed
+    reading.listed = [d.name for d in SYNAPSE_STREAMS] if synapse else []
+    reading.kind = "synapse" if synapse else "factstream"
+    return reading
+
+
+async def db_positions(url: str, timeout: float = dbtimeout.DEFAULT) -> tuple[
+        str, dict[tuple[str, str], dict[str, int]], list[str]]:
+    """(kind, (stream, writer) -> {"recorded", "max_stream_id"}, streams to list even without rows).
+
+    ``timeout``: the --db-timeout it runs under (SQLite waits for a lock no longer).
+    The figures of :func:`read_db`, for commands that want only them (``tail --db``).
+    """
+    reading = await read_db(url, timeout)
+    return reading.kind, reading.cells, reading.listed
 
 
 async def live_positions(args: argparse.Namespace) -> dict[tuple[str, str], int]:
@@ -397,16 +582,27 @@ async def positions(args: argparse.Namespace) -> int:
         return bad[0]
     if args.db:
         check_sqlite_exists(args.db)  # here, not in the read's task: a SystemExit there is logged as never retrieved
+    writers = Writers()
+    if args.config or args.instances:
+        from ..synapse.config import ConfigError
+
+        try:
+            writers = configured_writers(args.config, args.instances)
+        except ConfigError as err:
+            print(f"{PROG}: {redact_text(str(err))}", file=sys.stderr)
+            return 2
     table: dict[tuple[str, str], dict[str, Any]] = {}
     header: dict[str, Any] = {}
     listed: list[str] = []
+    reading = DbReading("factstream", {}, [])
     status = 0
 
     async def from_db() -> None:
-        nonlocal listed
-        kind, rows, listed = await db_positions(args.db, args.db_timeout)
-        header["database"] = {"url": redact_url(args.db), "kind": kind, "read_at": _now()}
-        for k, v in rows.items():
+        nonlocal listed, reading
+        reading = await read_db(args.db, args.db_timeout, writers)
+        listed = reading.listed
+        header["database"] = {"url": redact_url(args.db), "kind": reading.kind, "read_at": _now()}
+        for k, v in reading.cells.items():
             table.setdefault(k, {}).update(v)
 
     async def from_live() -> None:
@@ -422,12 +618,18 @@ async def positions(args: argparse.Namespace) -> int:
     except (Foreign, dbtimeout.NoAnswer) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
+    if (args.config or args.instances) and reading.kind != "synapse":
+        print(f"{PROG}: {'--config' if args.config else '--instances'} applies to a Synapse database; "
+              f"{redact_url(args.db)} is factstream's (its writers are whoever recorded a position)", file=sys.stderr)
+        return 2
     for stream in listed:
         if not any(s == stream for s, _ in table):
             table[(stream, "-")] = {}
     if args.json:
-        print(json.dumps([{"stream": s, "writer": w, **v} for (s, w), v in sorted(table.items())],
-                         separators=(",", ":")))
+        print(json.dumps([{"stream": s, "writer": w, **v,
+                           **({"persisted_upto": reading.persisted[s]} if s in reading.persisted else {}),
+                           **({"stale": reading.stale[(s, w)]} if (s, w) in reading.stale else {})}
+                          for (s, w), v in sorted(table.items())], separators=(",", ":")))
         return status
     from ..streams.registry import SYNAPSE_STREAMS
 
@@ -450,7 +652,32 @@ async def positions(args: argparse.Namespace) -> int:
         if s in in_memory and not v:
             cells = ["in memory", "-", "-"]
         print(f"{s:<26} {w:<14} " + " ".join(f"{c:>13}" for c in cells))
+    for line in db_notes(reading):
+        print(line)
     return status
+
+
+def db_notes(reading: DbReading) -> list[str]:
+    """The lines under the table saying what Synapse makes of ``stream_positions``.
+
+    A stale row stays in the table (it is in the database) but is no writer's
+    position: the note says so and why, so that its low figure is not read as
+    a writer holding the stream back.
+    """
+    if reading.kind != "synapse":
+        return []
+    lines = []
+    if reading.persisted:
+        lines.append("# persisted up to (each stream's position as a Synapse process that does not write it computes "
+                     "it at startup: the lowest position recorded by its writers, then the ids above it without a gap): "
+                     + ", ".join(f"{s} {v}" for s, v in sorted(reading.persisted.items())))
+    for (s, w), why in sorted(reading.stale.items()):
+        recorded = reading.cells.get((s, w), {}).get("recorded", "-")
+        lines.append(f"# stale: {s}/{w} (recorded {recorded}) set aside, not counted in persisted up to: {why}")
+    for s, instances in sorted(reading.unjudged.items()):
+        lines.append(f"# {s}: positions of {', '.join(instances)} all counted; give --config or --instances to set "
+                     "aside rows of instances that no longer write it, as Synapse does")
+    return lines
 
 
 def _now() -> str:
