@@ -211,7 +211,7 @@ def test_config_mistakes_name_the_file_and_what_to_do(tmp_path: Path) -> None:
     # an unencoded '@' or '/' in the password: the driver quoted the rest of it as a host or port name; said in
     # check_url's words, as every other command says it
     (f"postgresql://postgres:pw@{SECRET}@127.0.0.1:1/synapse",
-     ["holds an '@': write it percent-encoded, %40", "postgres:***@"]),
+     ["holds a character that ends it early", "'@' as %40", "postgres:***@"]),
     (f"postgresql://postgres:{SECRET}/x@127.0.0.1:1/synapse",
      ["ends it early", "percent-encode '/', '?' and '#' in the password (%2F, %3F, %23), and '@' as %40"]),
     # one slash: psycopg read it as a key=value string ('missing "=" after ...')

@@ -22,7 +22,8 @@ import re
 from collections.abc import Iterable
 from urllib.parse import unquote
 
-__all__ = ["redact_url", "redact_text", "redact_about", "split_userinfo", "url_passwords", "userinfo_ends", "MASK"]
+__all__ = ["redact_url", "redact_text", "redact_about", "redact_settings", "split_userinfo", "url_passwords",
+           "userinfo_ends", "MASK"]
 
 #: What a password is replaced with.
 MASK = "***"
@@ -52,8 +53,9 @@ _HOST = r"(?:[A-Za-z0-9._~%\-]+|\[[0-9A-Fa-f:.]+\])"
 # that ends a userinfo.
 _HOST_PORT = re.compile(rf"{_HOST}(?::\d*)?(?=[/?#]|$)")
 # The same for the '@' in a query that ends a password (u:pa/ss?wd@h): libpq's host list (h1:5432,h2:5433) too,
-# and in free text trailing punctuation ("...@h:4222: refused").
-_HOSTS_AFTER_AT = re.compile(rf"{_HOST}(?::\d*)?(?:,{_HOST}(?::\d*)?)*(?=[/?#]|$)")
+# or none at all, a Unix socket (u:pa#ss/wd@/db: the whole password was shown), and in free text trailing
+# punctuation ("...@h:4222: refused").
+_HOSTS_AFTER_AT = re.compile(rf"(?:{_HOST}(?::\d*)?(?:,{_HOST}(?::\d*)?)*)?(?=[/?#]|$)")
 _HOSTS_AFTER_AT_IN_TEXT = re.compile(rf"{_HOST}(?::\d*)?(?:,{_HOST}(?::\d*)?)*(?=[/?#]|[.,:;!)\]]*$)")
 # What a URL parser may take for a URL's hosts and be right: none (a Unix socket) or host[:port] items (a ':'
 # with no port after it is a password's colon: u:/pa?ss@h).
@@ -242,6 +244,13 @@ def redact_url(url: str) -> str:
             url = masked + url[query:]
         return redact_text(url)
     return _mask_settings(_mask_urls(url, in_text=False))
+
+
+def redact_settings(text: str) -> str:
+    """``text`` (a URL's host, path and query, say) with every ``password=`` / ``sslpassword=`` setting and the
+    password of every embedded ``scheme://`` URL masked; a bare ``user:password@host`` is not looked for (in a URL's
+    ``h:5432/db?application_name=a@b`` it would take ``5432/db?application_name=a`` for one)."""
+    return _KV_SECRET.sub(lambda m: m.group("key") + MASK, _mask_urls(text, in_text=True))
 
 
 def redact_text(text: str) -> str:

@@ -75,7 +75,7 @@ from typing import Any
 
 from .. import _checks
 from ..errors import FactstreamError
-from ..redaction import MASK, redact_about, redact_text, redact_url, url_passwords, userinfo_ends
+from ..redaction import MASK, redact_about, redact_settings, redact_text, redact_url, url_passwords, userinfo_ends
 
 __all__ = [
     "CONNECT_TIMEOUT", "Database", "DatabaseError", "DatabaseURLError", "DatabaseUnavailable", "Transaction",
@@ -396,10 +396,58 @@ _PG_URL_FORM = "postgresql://<user>:<password>@<host>:<port>/<dbname>"
 def shown_url(url: str) -> str:
     """A database ``url`` as it may appear in output: its password masked, whatever characters it holds.
 
-    :func:`~factstream.redaction.redact_url`, plus the password wherever
-    else the URL shows it (see :func:`_scrub`).
+    A PostgreSQL URL libpq reads one way only (:func:`_libpq_password_span`)
+    is shown as libpq reads it, its password alone masked: the host, port
+    and database a message is about stay readable (``u:pa?ss@h/db?application_name=a@b``
+    was shown as ``u:***@b``, a host libpq never connects to). Any other URL:
+    :func:`~factstream.redaction.redact_url`, every reading of a password
+    masked, plus the password wherever else the URL shows it (see :func:`_scrub`).
     """
-    return _scrub(redact_url(url), url)
+    span = _libpq_password_span(url)
+    if span is None:
+        return _scrub(redact_url(url), url)
+    start, end = span
+    return url[:start] + (MASK if end > start else "") + redact_settings(url[end:])
+
+
+def _libpq_password_span(url: str) -> tuple[int, int] | None:
+    """Where in ``url`` the password libpq reads is, when libpq reads ``url`` one way only; None otherwise.
+
+    libpq's reading (``conninfo_uri_parse_options`` in fe-connect.c, which
+    :func:`psycopg.conninfo.conninfo_to_dict` runs): the userinfo ends at the
+    first '@', unless a '/' comes first (then there is none), the password
+    at the first ':' of it. "One way only": no later '@' could end a
+    user name or password (:func:`_password_end`, which passes over one in
+    a query's setting, ``application_name=a@b``), so no other reader may
+    take more of the URL for the password. An empty span: no password.
+    """
+    scheme, sep, run = url.partition("://")
+    if not sep or scheme.lower() not in ("postgresql", "postgres"):
+        return None
+    first = userinfo_ends(run)[0]
+    if _password_end(run) != first:
+        return None
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        parsed = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - a URL libpq cannot parse: masked every way (redact_url)
+        return None
+    begin = len(scheme) + 3
+    at = begin + max(first, 0)
+    colon = url.find(":", begin, at)
+    if colon < 0:
+        return (at, at) if "password" not in parsed else None
+    if parsed.get("password", "") != _percent_decoded(url[colon + 1 : at]):
+        return None  # not libpq's reading after all: mask every way
+    return colon + 1, at
+
+
+def _percent_decoded(text: str) -> str:
+    """``text`` percent-decoded as libpq decodes a URL's parts."""
+    from urllib.parse import unquote
+
+    return unquote(text)
 
 
 _shown = shown_url
@@ -430,7 +478,18 @@ def _scrub(text: str, url: str) -> str:
     ('invalid percent-encoded token: "pa%zz"'), or a piece of one a URL
     parser took for a port, named in a message of ours.
     """
-    return redact_about(text, url, also=_libpq_passwords(url))
+    span = _libpq_password_span(url)
+    if span is None:
+        return redact_about(text, url, also=_libpq_passwords(url))
+    # libpq reads url one way only: its password is the one secret, masked wherever it stands (a longer
+    # reading's pieces, masked otherwise, were the URL's host, port and database name: 'port ***').
+    password = url[span[0] : span[1]]
+    for secret in sorted({password, _percent_decoded(password)} - {""}, key=len, reverse=True):
+        for quoted in (f'"{secret}"', f"'{secret}'"):
+            text = text.replace(quoted, quoted[0] + MASK + quoted[0])
+        if len(secret) >= 3:
+            text = text.replace(secret, MASK)
+    return redact_text(text)
 
 
 def sever(conn: Any) -> None:
@@ -1129,29 +1188,50 @@ def _check_postgres_host(url: str) -> None:
     """
     run = url.split("://", 1)[1] if "://" in url else ""
     first, last, _ = userinfo_ends(run)
-    if 0 <= first < last and "/" not in run[first:last]:
-        # libpq ends the userinfo at the first '@': the rest of the password would be taken for the host
-        raise DatabaseURLError(
-            f"the user name or password in {_shown(url)} holds an '@': write it percent-encoded, %40 "
-            "(libpq ends the password at the first '@' and takes the rest for the host)"
-        )
-    if _cut_password(run):
-        raise DatabaseURLError(
-            f"the user name or password in {_shown(url)} holds a character that ends it early: {_ENCODE_PASSWORD} "
-            "(libpq ends it at its first '/' or '@' and reads the rest as host, port and database name)"
-        )
+    # An '@' in libpq's hosts (libpq ends the userinfo at the first '@': the rest of the password would be taken
+    # for the host), or a '/' or '@' that cuts the user name or password another way: one wording for all.
+    if (0 <= first < last and "/" not in run[first:last]) or _cut_password(run):
+        raise DatabaseURLError(f"the user name or password in {_shown(url)} {_CUT_PASSWORD}")
     faults = []
     for at in (first, last):
         hosts = re.split(r"[/?#]", run[at + 1 :], maxsplit=1)[0]
         fault = next(filter(None, (_host_fault(h) for h in hosts.split(",") if h)), None)  # host1:5432,host2
         if fault is None:
-            return
+            break
         faults.append(fault)
-    raise DatabaseURLError(_scrub(f"bad host or port in {_shown(url)}: {faults[-1]}", url))
+    else:
+        raise DatabaseURLError(_scrub(f"bad host or port in {_shown(url)}: {faults[-1]}", url))
+    _check_libpq_reads(url)
+
+
+def _check_libpq_reads(url: str) -> None:
+    """A PostgreSQL URL libpq itself cannot read, refused in its words (password masked) with what to write.
+
+    Before, ``postgresql://u@h?x`` (no '=' in the query), a space or a '%'
+    not followed by two hex digits in a part, or a query setting libpq does
+    not know passed here and failed at the connect: exit 1, "check that the
+    server is running".
+    """
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # pragma: no cover - psycopg is a dependency; the connect would say it is missing
+        return
+    try:
+        conninfo_to_dict(url)
+    except Exception as err:  # noqa: BLE001 - psycopg.ProgrammingError: libpq's parser said no
+        said = " ".join(str(err).split()).rstrip(".")
+        raise DatabaseURLError(_scrub(
+            f"libpq cannot read {_shown(url)} ({said}): write it as {_PG_URL_FORM}?<setting>=<value>&..., "
+            "with a '%' or a space in any part percent-encoded (%25, %20)", url)) from None
 
 
 #: How to write a password holding characters that end it in a URL (all named: which it holds is not said).
 _ENCODE_PASSWORD = "percent-encode '/', '?' and '#' in the password (%2F, %3F, %23), and '@' as %40"
+#: The one wording for a user name or password an unencoded '/' or '@' cuts short (what follows "... in URL").
+_CUT_PASSWORD = (
+    f"holds a character that ends it early: {_ENCODE_PASSWORD} (libpq ends it at its first '/' or '@' and reads "
+    "the rest as host, port and database name; an '@' that belongs to the database name is written %40 too)"
+)
 
 # One host of a URL (a name, an IPv4 or a bracketed IPv6 address, or a %-encoded socket directory), its port.
 _ONE_HOST = r"(?:[A-Za-z0-9._~%\-]+|\[[0-9A-Fa-f:.]+\])(?::\d*)?"
@@ -1193,9 +1273,11 @@ def _cut_password(run: str) -> bool:
     comes first: a '/' in the password leaves no password at all (what
     precedes it is read as host and port, the rest as the database name and
     query), an '@' leaves its first part (the rest read as the host). A '?'
-    or '#' alone is no cut: libpq reads such a password whole. Not refused:
-    a URL libpq reads as valid hosts, then a database name holding an '@'
-    (``postgresql://u:pw@h/db@x``; ``postgresql://u:1234/5678@h`` reads the
+    or '#' alone is no cut: libpq reads such a password whole. Refused too:
+    a password, then a database name holding an '@' that a host follows
+    (``postgresql://u:pw@h/db@x``; see the comment below). Not refused: no
+    password, then such a database name (``postgresql://u@h:5432/db@x``;
+    ``postgresql://u:1234/5678@h``, host u and port 1234 to libpq, reads the
     same way and cannot be told from it). A user name without a password
     is cut only where libpq's hosts then hold an '@' (``u@x@h/db@y``):
     ``host/a@b`` and ``u/x@h`` read as host and database name.
@@ -1205,6 +1287,13 @@ def _cut_password(run: str) -> bool:
     if not ("/" in info or "@" in info):
         return False
     first = userinfo_ends(run)[0]
+    if 0 <= first < at and ":" in run[:first]:
+        # libpq reads a password, then a database name holding '@' (u:pw@h/db@x, u:pw@h/a@b/c): a valid URL to
+        # libpq, refused all the same. It is written alike as the common mistake, a password holding '@' and
+        # '/' (u:Kq7@Wx4/Zp9@127.0.0.1/db), where libpq would look up a piece of the password as a host name and
+        # a message would show the rest; and no output could show the hosts libpq uses and be sure to hide that
+        # password. Written with %40 for the database name's '@' (or the password's), both read one way.
+        return True
     begin = first + 1  # libpq's hosts: after its userinfo, up to the path or the query ('#' is no end to it)
     stop = min((i for i in (run.find("/", begin), run.find("?", begin)) if i >= 0), default=len(run))
     if ":" not in info:  # no password: a host holds no '@', so one there is the rest of the user name
