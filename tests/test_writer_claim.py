@@ -193,3 +193,30 @@ def test_serve_refuses_a_second_writer_of_the_same_name(tmp_path: Any, engine: s
         stop(other)
     finally:
         stop(first)
+
+
+async def test_a_release_cancelled_during_close_is_reported_and_the_close_completes(
+    engine_db: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release that was cancelled (by another task, not by the close) was passed over in silence: gather's
+    return_exceptions hands back a CancelledError, which is no Exception. Now a warning names it; the
+    database still closes and the other claims are still released."""
+    other = await connect(engine_db.url)
+    try:
+        claim = await claim_writer(engine_db, "master")
+        gate = asyncio.Event()
+
+        async def held_release() -> None:
+            await gate.wait()  # a release stuck behind something another task then cancels
+
+        waiter = asyncio.ensure_future(held_release())
+        engine_db._on_close[id(waiter)] = lambda: waiter  # noqa: SLF001 - the hook a claim registers itself on
+        asyncio.get_running_loop().call_later(0.05, waiter.cancel)
+        with caplog.at_level("WARNING", logger="factstream.store.database"):
+            await engine_db.close()
+        assert "while closing the database was cancelled" in caplog.text, caplog.text
+        again = await claim_writer(other, "master")  # the real claim was released all the same
+        await again.release()
+        await claim.release()
+    finally:
+        await other.close()

@@ -260,7 +260,12 @@ class Database:
         self._on_close.clear()
         done = await asyncio.gather(*(release() for release in releases), return_exceptions=True)
         for release, result in zip(releases, done):
-            if isinstance(result, Exception):  # closing goes on; report it
+            # Closing goes on; report it. A release cancelled by someone else (not this close: that raises
+            # here) is said too: what it held may stay held until the server ends the session.
+            if isinstance(result, asyncio.CancelledError):
+                logger.warning("releasing %r while closing the database was cancelled; what it held is freed "
+                               "when the connection closes", release)
+            elif isinstance(result, BaseException):
                 logger.error("releasing %r while closing the database failed", release, exc_info=result)
 
     # -- the four verbs, outside an explicit transaction (autocommit)
