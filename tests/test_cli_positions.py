@@ -27,6 +27,15 @@ conn.commit()
 """
 
 
+def _insert_events(conn: sqlite3.Connection, orderings: tuple[int, ...], instance: str) -> None:
+    """One Synapse events row per stream ordering (negative: backfilled), written by ``instance``."""
+    conn.executemany(
+        "INSERT INTO events (stream_ordering, topological_ordering, event_id, type, room_id, content, "
+        "unrecognized_keys, processed, outlier, depth, origin_server_ts, received_ts, sender, contains_url, "
+        "instance_name) VALUES (?, 1, ?, 'm.room.message', '!r:hs', '{}', '', 1, 0, 1, 0, 0, '@u:hs', 0, ?)",
+        [(so, f"$e{so}", instance) for so in orderings])
+
+
 def test_a_missing_sqlite_file_is_an_error_and_is_not_created(tmp_path: Any) -> None:
     missing = tmp_path / "typo.db"
     out = cli("positions", "--db", f"sqlite:///{missing}")
@@ -65,12 +74,7 @@ def test_a_synapse_database_by_wire_names_with_ids_from_its_own_tables(tmp_path:
                          "VALUES (?, '@u:hs', 'D', 'master')", (sid,))
         conn.execute("INSERT INTO user_signature_stream (stream_id, from_user_id, user_ids, instance_name) "
                      "VALUES (12, '@u:hs', '[]', 'master')")
-        for so in (3, 10, -4, -2):
-            conn.execute(
-                "INSERT INTO events (stream_ordering, topological_ordering, event_id, type, room_id, content, "
-                "unrecognized_keys, processed, outlier, depth, origin_server_ts, received_ts, sender, contains_url, "
-                "instance_name) VALUES (?, 1, ?, 'm.room.message', '!r:hs', '{}', '', 1, 0, 1, 0, 0, '@u:hs', 0, "
-                "'master')", (so, f"$e{so}"))
+        _insert_events(conn, (3, 10, -4, -2), "master")
     out = cli("positions", "--db", f"sqlite:///{db}", "--json")
     assert out.returncode == 0, out.stderr
     rows = {(r["stream"], r["writer"]): r for r in json.loads(out.stdout)}
@@ -227,12 +231,7 @@ def test_a_stale_row_is_set_aside_as_synapse_sets_it_aside(tmp_path: Any) -> Non
         conn.executemany("INSERT INTO receipts_linearized (stream_id, room_id, receipt_type, user_id, event_id, data, "
                          "instance_name) VALUES (?, '!r:hs', 'm.read', ?, '$e', '{}', 'worker1')",
                          [(i, f"@u{i}:hs") for i in [*range(1, 11), *range(12, 23), 25]])
-        for so in (3, 10, -1, -2, -3, -4, -5, -6, -8):
-            conn.execute(
-                "INSERT INTO events (stream_ordering, topological_ordering, event_id, type, room_id, content, "
-                "unrecognized_keys, processed, outlier, depth, origin_server_ts, received_ts, sender, contains_url, "
-                "instance_name) VALUES (?, 1, ?, 'm.room.message', '!r:hs', '{}', '', 1, 0, 1, 0, 0, '@u:hs', 0, "
-                "'worker1')", (so, f"$e{so}"))
+        _insert_events(conn, (3, 10, -1, -2, -3, -4, -5, -6, -8), "worker1")
     unjudged = cli("positions", "--db", f"sqlite:///{db}", "--json")
     assert unjudged.returncode == 0, unjudged.stderr
     rows = {(r["stream"], r["writer"]): r for r in json.loads(unjudged.stdout)}
