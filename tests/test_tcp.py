@@ -138,6 +138,24 @@ async def test_client_keeps_connection_alive_with_pings(writer: Any) -> None:
     await client.stop()
 
 
+async def test_a_stall_of_our_own_loop_is_not_the_peers_silence(writer: Any) -> None:
+    """A loop that stood still longer than the timeout (a long synchronous call, a paused process) closed its
+    links at the next idle check, the peer's PINGs still unread in the socket (and here, both ends in one
+    loop, unsent): under a loaded CI a 100,000-row burst did it to tests/test_tcp_flood.py. The stall is
+    now taken off the silence: the link stays, as a link whose peer really goes quiet still closes (below)."""
+    import time
+
+    server, _ = writer
+    client = await TcpClient(ReplicationHub("r", follower=Follower()), "127.0.0.1", server.port, ping_interval=0.2,
+                             timeout=0.6).start()
+    await client.wait_connected(2)
+    await asyncio.sleep(0.3)
+    time.sleep(1.5)  # the loop stands still for more than twice the timeout
+    await asyncio.sleep(1.0)
+    assert client.connects == 1 and client.connected
+    await client.stop()
+
+
 async def test_client_detects_a_dead_server_by_timeout() -> None:
     # A server that says hello and pings once, then goes silent.
     async def mute(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:

@@ -214,6 +214,7 @@ class TcpConnection(asyncio.Protocol, Connection):
         self._peer_pinged = False
         self._last_recv = self._last_sent = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
+        self._tick_due = 0.0  # when the running idle check was due (a later run means our loop stood still)
         self._close_reason = "closed"
         #: the last ERROR the peer sent (a writer says why it drops a reader before it does)
         self.peer_error: str | None = None
@@ -624,12 +625,19 @@ class TcpConnection(asyncio.Protocol, Connection):
 
     def _schedule(self) -> None:
         interval = max(0.01, min(self.ping_interval, self.timeout) / 3)
+        self._tick_due = time.monotonic() + interval
         self._timer = asyncio.get_event_loop().call_later(interval, self._tick)
 
     def _tick(self) -> None:
         if self.state >= _CLOSING:
             return
         now = time.monotonic()
+        stalled = now - self._tick_due
+        if stalled > max(0.01, min(self.ping_interval, self.timeout) / 3):
+            # Our own loop stood still (a long synchronous call, a paused process): we could not read, and
+            # what the peer sent meanwhile waits in the socket. The stall is not the peer's silence.
+            self._last_recv = min(now, self._last_recv + stalled)
+            self._paused_at = min(now, self._paused_at + stalled)
         if self._peer_pinged and now - self._last_recv > self.timeout:
             log.warning("%s: nothing received for %.1fs, closing", self.who, now - self._last_recv)
             self._abort_with("timeout", f"no command received for {self.timeout:g}s")
