@@ -209,6 +209,26 @@ def test_a_reader_never_creates_the_sqlite_database_it_was_given(tmp_path: Any, 
     assert "sqlite:///:memory: is always empty" in line
 
 
+@pytest.mark.parametrize("cmd", [("tail", "127.0.0.1:1"), ("positions",)])
+def test_three_slashes_before_an_absolute_path_are_answered_with_four(tmp_path: Any, cmd: tuple[str, ...]) -> None:
+    """``sqlite:///tmp/x.db`` names tmp/x.db in the current directory; one who meant /tmp/x.db was told only
+    "no database at 'tmp/x.db'": now the directory it was looked in is named, and the URL of the file that exists."""
+    from cli_run import ENV, FACTSTREAM
+
+    meant = tmp_path / "w.db"
+    meant.write_bytes(b"")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    relative = str(meant).lstrip("/")
+    out = subprocess.run([FACTSTREAM, *cmd, "--db", f"sqlite:///{relative}"], capture_output=True, text=True,
+                         timeout=60, env=ENV, cwd=elsewhere)
+    assert out.returncode == 2, out
+    line = one_error_line(out, cmd[0])
+    assert f"no database at '{relative}' in {elsewhere} ({cmd[0]} never creates one)" in line, line
+    assert f"for the file {meant}, write sqlite:///{meant} (four slashes)" in line, line
+    assert not (elsewhere / relative).exists() and list(elsewhere.iterdir()) == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

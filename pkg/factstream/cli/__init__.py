@@ -216,8 +216,24 @@ def missing_sqlite(url: str, who: str) -> str | None:
     if os.path.isdir(path):
         return f"{path!r} is a directory, not a database file; give the writer's --db URL"
     if not os.path.isfile(path):
-        return f"no database at {path!r} ({who} never creates one); give the writer's --db URL"
+        return f"no database at {path!r}{_where(path)} ({who} never creates one); {_what_to_give(path)}"
     return None
+
+
+def _where(path: str) -> str:
+    """Where a relative path was looked for: ``sqlite:///tmp/x.db`` names ``tmp/x.db`` in the current directory."""
+    return "" if os.path.isabs(path) else f" in {os.getcwd()}"
+
+
+def _what_to_give(path: str) -> str:
+    """The URL of the absolute file a relative path was probably meant as (it exists), else the usual advice.
+
+    The third slash of ``sqlite:///tmp/x.db`` ends the URL's empty host, so
+    the path is relative; ``/tmp/x.db`` takes a fourth slash.
+    """
+    if not os.path.isabs(path) and os.path.isfile(os.sep + path):
+        return f"for the file /{path}, write sqlite:////{path} (four slashes)"
+    return "give the writer's --db URL"
 
 
 def silence_stdout() -> None:
