@@ -200,6 +200,7 @@ def test_a_lost_writer_fails_without_retry_and_warns_with_retry(tmp_path: Any) -
     out, err = plain.communicate(timeout=30)
     assert plain.returncode == 1 and out and "closed the connection" in err and no_traceback(err)
     assert "factstream tail: the server reported: server stopping" in err  # a tail that stops says it plainly
+    assert "dropped this tail" not in err, err  # the writer said it was stopping: no guess that it dropped us
     time.sleep(2)
     assert follower.poll() is None  # still trying
     proc2 = start("serve", "--db", db_url, "--port", str(port), "--produce", "--rate", "100", "--server-name", "hs1")
@@ -428,3 +429,31 @@ def test_redis_count_is_exact_under_a_flood(redis_url: str, channel_prefix: str)
             proc.kill()
     assert proc.returncode == 0, err
     assert out.splitlines() == ["POSITION caches w1 0 1", "POSITION caches w1 1 2"]
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+@pytest.mark.parametrize("filtered", [False, True])
+def test_a_read_handed_over_after_the_count_prints_nothing(json_output: bool, filtered: bool) -> None:
+    """``tail --count 3 --json`` printed 4 rows now and then: the reader task can hand over one more read
+    before it is cancelled, and the per-row path then printed its first row before checking the room left."""
+    import argparse
+    import asyncio
+    import io
+
+    from factstream.cli.tail import DEFAULT_FORMAT, Output, RawTail
+    from factstream.cli.tailformat import RowFormat
+
+    async def run() -> tuple[int, bytes]:  # the filter's watch keeps a timer on the running loop
+        sink = io.BytesIO()
+        output = Output(RowFormat(DEFAULT_FORMAT, json_output=json_output), 3, sink)
+        args = argparse.Namespace(streams=["caches"] if filtered else None, writers=None, retry=0)
+        tail = RawTail(args, output)
+        lines = b"".join(b'RDATA caches master %d ["k",null,%d]\n' % (i, i) for i in range(1, 6))
+        cut = lines.index(b"RDATA caches master 4")
+        tail.chunk(lines[:cut])  # three rows: the count is reached
+        assert output.full and output.seen == 3 and len(sink.getvalue().splitlines()) == 3
+        tail.chunk(lines[cut:])  # the read taken before the reader was cancelled
+        return output.seen, sink.getvalue()
+
+    seen, printed = asyncio.run(run())
+    assert seen == 3 and len(printed.splitlines()) == 3, printed

@@ -28,6 +28,7 @@ from .argtypes import duration, size_bytes
 from .capture import CaptureError, CaptureWriter, check_capture_name, prefix_lines
 from .link import LinkError, open_link, utc_stamp
 from .link import connect_within
+from .signals import stop_on_signals
 from .tail import add_link_options, link_options, parse_target
 
 log = logging.getLogger("factstream.record")
@@ -431,15 +432,8 @@ async def _record(args: argparse.Namespace, writer: CaptureWriter) -> int:
         log.warning("finished %s left behind by an earlier recorder (complete gzip members kept)", path)
     stop = asyncio.Event()
     rec = Recorder(writer, stop)
-    interrupted: list[int] = []
+    interrupted = stop_on_signals(stop)
     loop = asyncio.get_running_loop()
-
-    def on_signal(sig: int) -> None:
-        interrupted.append(sig)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
     if args.duration:
         loop.call_later(args.duration, stop.set)
 

@@ -46,6 +46,7 @@ from ..replication.written import WrittenRows
 from ..store.database import shown_url
 from ..status_lines import emit
 from .link import check_nats, check_redis, cli_exit
+from .signals import stop_on_signals
 from .argtypes import duration, fraction, number, port, whole_number
 
 log = logging.getLogger(__name__)
@@ -599,15 +600,7 @@ async def serve(args: argparse.Namespace) -> int:
         raise  # the CLI's error boundary prints it as one line (a traceback with --debug)
     settle()  # started: what start-up made is frozen, the collector and GIL set for rows (factstream.interpreter)
     stop = asyncio.Event()
-    interrupted: list[int] = []
-    loop = asyncio.get_running_loop()
-
-    def on_signal(sig: int) -> None:
-        interrupted.append(sig)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+    interrupted = stop_on_signals(stop)
     stdout_closed: list[bool] = []
 
     def status(obj: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from ..streams.rows import Row
 from . import dbtimeout, missing_sqlite
 from .argtypes import duration, whole_number
 from .link import LinkError, LinkOptions, connect_within, open_link, parse_target, utc_stamp
+from .signals import stop_on_signals
 from .tailformat import DEFAULT_FORMAT, FormatError, RowFormat, template
 
 __all__ = ["register", "run", "add_link_options", "link_options", "parse_target"]
@@ -303,7 +304,7 @@ class RawTail:
         self.fast = self.fmt.default and not self.streams and not self.writers
         self.batches: dict[tuple[bytes, bytes], list[bytes]] = {}
         self.errors = 0
-        self.hinted = False  # the drop hint was printed
+        self.hinted = False  # the drop hint was printed, or the writer said why it closed (it was stopping)
         self.retrying = bool(args.retry)  # a long-running tail: its notices are log lines with a time
         self.watch = FilterWatch(args.streams, args.writers, "the server announced")
 
@@ -318,10 +319,14 @@ class RawTail:
             self.hinted = True
             print(f"{PROG}: this tail read more slowly than the writer wrote (a slow pipe, say), so the writer "
                   f"dropped it; {_DROPPED_HINT}", file=sys.stderr)
+        elif said == _stopping():
+            self.hinted = True  # the close that follows is the writer stopping, not a drop: no hint about one
 
     def chunk(self, data: bytes) -> None:
         """Print the rows in ``data`` (complete lines)."""
         out = self.output
+        if out.full:  # the reader may hand over one more read before it is cancelled: --count is exact
+            return
         if self.fast and data.startswith(b"RDATA ") and b" batch " not in data:
             body = b"\n" + data
             n = data.count(b"\n")
@@ -395,7 +400,14 @@ class RawTail:
         self.output.write(b"".join(parts), len(parts))
 
 
-async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[bool]) -> int:
+def _stopping() -> str:
+    """The ERROR a stopping factstream writer closes with (imported here: the TCP module is not needed before)."""
+    from ..transport.tcp import STOPPING
+
+    return STOPPING
+
+
+async def tail_raw(args: argparse.Namespace, output: Output, signals: list[int]) -> int:
     """TCP without --db: connect (or fail), print rows, reconnect only with --retry."""
     opts = link_options(args, args.name)
     tail = RawTail(args, output)
@@ -429,7 +441,7 @@ async def tail_raw(args: argparse.Namespace, output: Output, interrupted: list[b
             await asyncio.wait({reader})  # collected here, whatever it ended with
         lost = reader.exception() if not reader.cancelled() else None
         if output.done.is_set():
-            return 130 if interrupted else 0
+            return 130 if signal.SIGINT in signals else 0
         if not isinstance(lost, LinkError):
             if lost is not None:
                 raise lost
@@ -717,16 +729,7 @@ async def tail(args: argparse.Namespace) -> int:
     except FormatError as err:
         usage(f"--format: {err}")
     output = Output(fmt, args.count)
-    interrupted: list[bool] = []
-    loop = asyncio.get_running_loop()
-
-    def on_signal(sig: int) -> None:
-        if sig == signal.SIGINT:
-            interrupted.append(True)
-        output.done.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+    signals = stop_on_signals(output.done)
     if args.nats:
         from .link import check_nats
 
@@ -740,10 +743,10 @@ async def tail(args: argparse.Namespace) -> int:
     elif args.db:
         status = await tail_follow(args, output)
     else:
-        status = await tail_raw(args, output, interrupted)
+        status = await tail_raw(args, output, signals)
     if output.broken:
         return 0
-    return 130 if interrupted else status
+    return 130 if signal.SIGINT in signals else status
 
 
 def run(args: argparse.Namespace) -> int:

@@ -94,12 +94,15 @@ __all__ = [
     "DEFAULT_MAX_BUFFERED",
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_MAX_HANDSHAKES",
+    "STOPPING",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 DEFAULT_MAX_HANDSHAKES = 256
+#: The ERROR a stopping server closes its connections with (a reader can tell it from being dropped).
+STOPPING = "server stopping"
 
 
 def _link_options(ping_interval: float, timeout: float, max_buffered: int, max_line_length: int,
@@ -267,7 +270,7 @@ class TcpServer:
         log.info("replication listening on %s:%d%s", self.host, self.port, " (TLS)" if self.ssl else "")
         return self
 
-    async def stop(self, reason: str = "server stopping") -> None:
+    async def stop(self, reason: str = STOPPING) -> None:
         """Stop listening, abort handshakes in progress and close every connection with ERROR ``reason``.
 
         Connections are closed together: the wait is one grace period in all,
