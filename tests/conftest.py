@@ -14,10 +14,13 @@ import importlib
 import importlib.util
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import Any, NoReturn, overload
 
@@ -162,6 +165,62 @@ def channel_prefix() -> str:
     return f"factstream-test-{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts connections and never says a word (a firewall, the wrong service)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(50)
+    listener.settimeout(0.2)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        done.set()
+        thread.join(2)
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(certificate, key) files of a self-signed certificate for localhost and 127.0.0.1, made by openssl."""
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = str(d / "cert.pem"), str(d / "key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    return cert, key
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """SIGTERM ``proc`` if it still runs, SIGKILL it if it has not exited ``timeout`` s later; close its pipes."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
 @pytest.fixture(scope="session")
 def heap_impl(impl: str) -> ModuleType:
     """The pending-completion heap twin under test (``PendingHeap``)."""
@@ -267,6 +326,18 @@ async def engine_db(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
         yield database
     finally:
         await database.close()
+
+
+@pytest.fixture(name="store")
+async def event_store(engine_db: Any) -> AsyncIterator[Any]:
+    """An :class:`~factstream.events.EventStore` opened on each engine's empty database (``engine_db``), closed after."""
+    from factstream.events import EventStore
+
+    s = await EventStore.open(engine_db)
+    try:
+        yield s
+    finally:
+        await s.close()
 
 
 #: Seconds a test marked ``slow`` (a Spark cluster, a real Synapse) may take before it counts as hung.

@@ -3,7 +3,10 @@
 The shared server (127.0.0.1:4222) gets a fresh deployment name per test and
 its stream is deleted afterwards. Private servers and clusters are started
 from the ``nats-server`` binary on free loopback ports with their own store
-directories, and only those processes are ever stopped or killed.
+directories, and only those processes are ever stopped or killed. Writer and
+Reader add a JetStream link (``.nats``) to the carrier-neutral ones of
+:mod:`replication_helpers`, whose helpers (start_all, settle, ...) are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -16,20 +19,28 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import replication_helpers
 from conftest import IN_CI, require_service
-from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
 from factstream.replication import MemoryUpdateSource
 from factstream.transport.nats import JetStreamLayout, NatsReplication
+from replication_helpers import (  # the NATS tests import these from here
+    STREAM as STREAM,
+    assert_exact as assert_exact,
+    random_fact as random_fact,
+    settle as settle,
+    start_all as start_all,
+    stop_all as stop_all,
+)
 
 NATS_SERVER = shutil.which("nats-server")
 SHARED_URL = "nats://127.0.0.1:4222"
-STREAM = "to_device"
 FAST: dict[str, Any] = dict(ack_timeout=1.0, heartbeat=0.5, consumer_heartbeat=0.25, connect_timeout=1.0,
                             api_timeout=2.0)
 
@@ -172,28 +183,17 @@ class Cluster:
             n.stop()
 
 
-class Writer:
+class Writer(replication_helpers.Writer):
     """One writer instance: a LocalStream over the shared source, its publisher, hub and JetStream link."""
 
     def __init__(self, name: str, url: str, server_name: str, source: MemoryUpdateSource, *,
                  start_token: int = 0, **options: Any) -> None:
-        self.name = name
-        self.source = source
-        self.stream = LocalStream(STREAM, name, source=source, start=start_token)
-        self.publisher = Publisher(name)
-        self.publisher.add_stream(STREAM, source, start_token)
-        self.stream.add_listener(self.publisher.notify)
-        self.hub = ReplicationHub(name, publisher=self.publisher)
+        super().__init__(name, source, start_token=start_token)
         self.nats = NatsReplication(self.hub, url, server_name, **{**FAST, **options})
-        self.written: list[tuple[int, list[Any]]] = []
 
-    def write(self, rows: list[Any] | None) -> int:
-        """Write one fact (None: a rolled-back hole)."""
-        token = self.stream.reserve()
-        self.stream.complete(token, rows)
-        if rows:
-            self.written.append((token, rows))
-        return token
+    @property
+    def link(self) -> NatsReplication:
+        return self.nats
 
 
 class CountingSource:
@@ -208,64 +208,31 @@ class CountingSource:
         return await self.inner.get_updates(instance_name, from_token, upto_token, limit)
 
 
-class Reader:
+class Reader(replication_helpers.Reader):
     """One reader instance whose follower catches up from the shared source only when it must."""
 
     def __init__(self, name: str, url: str, server_name: str, source: Any, *,
                  positions: dict[tuple[str, str], int] | None = None, start_position: int | None = 0,
                  got: dict[str, list[tuple[int, list[Any]]]] | None = None, **options: Any) -> None:
-        self.name = name
-        self.source = CountingSource(source)
-        self.follower = Follower(sources={STREAM: self.source}, positions=positions, start_position=start_position,
-                                 typed=False, page_limit=50)
-        self.got: dict[str, list[tuple[int, list[Any]]]] = got if got is not None else {}
-        self.follower.add_handler(lambda s, w, t, rows: self.got.setdefault(w, []).append((t, list(rows))))
-        self.hub = ReplicationHub(name, follower=self.follower)
+        super().__init__(name, CountingSource(source), positions=positions, start_position=start_position, got=got)
         self.nats = NatsReplication(self.hub, url, server_name, **{**FAST, **options})
 
-
-async def start_all(nodes: list[Any], timeout: float = 15.0) -> None:
-    for n in nodes:
-        await n.nats.start()
-    for n in nodes:
-        await n.nats.wait_connected(timeout)
+    @property
+    def link(self) -> NatsReplication:
+        return self.nats
 
 
-async def stop_all(nodes: list[Any]) -> None:
-    for n in nodes:
-        await n.nats.stop()
-    for n in nodes:
-        if isinstance(n, Reader):
-            await n.follower.close()
-        else:
-            n.publisher.close()
-
-
-async def settle(writers: list[Writer], readers: list[Reader], timeout: float = 30.0) -> None:
-    for w in writers:
-        final = w.stream.current_token()
-        for r in readers:
-            await r.follower.wait_for_position(STREAM, w.name, final, timeout)
-
-
-def assert_exact(writers: list[Writer], readers: list[Reader]) -> None:
-    for r in readers:
-        for w in writers:
-            got = r.got.get(w.name, [])
-            first = next((i for i, (a, b) in enumerate(zip(got, w.written)) if a != b), min(len(got), len(w.written)))
-            assert got == w.written, (
-                f"{r.name} from {w.name}: {len(got)} facts delivered, {len(w.written)} written; first difference at "
-                f"{first}: {got[first:first + 3]} vs {w.written[first:first + 3]}"
-            )
-
-
-def random_fact(rng: Any, writer: str, i: int) -> list[Any] | None:
-    """Mostly one row, sometimes several (a batch), sometimes none (a hole)."""
-    roll = rng.random()
-    if roll < 0.1:
-        return None
-    n = 1 if roll < 0.8 else rng.randint(2, 4)
-    return [[f"@{writer}-{i}-{k}:hs"] for k in range(n)]
+@asynccontextmanager
+async def writer_and_reader(url: str, server_name: str, **writer_options: Any) -> AsyncIterator[tuple[Writer, Reader]]:
+    """Writer ``w1`` and reader ``r1`` over a fresh shared source, started; both stopped on the way out."""
+    source = MemoryUpdateSource()
+    writer = Writer("w1", url, server_name, source, **writer_options)
+    reader = Reader("r1", url, server_name, source)
+    await start_all([writer, reader])
+    try:
+        yield writer, reader
+    finally:
+        await stop_all([writer, reader])
 
 
 def run_loop(loop_name: str, coro: Awaitable[Any], timeout: float = 90.0) -> Any:

@@ -5,11 +5,8 @@ given up on within the connect timeout instead of 130 s of silence, and Ctrl-C s
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,35 +15,6 @@ from cli_run import ENV, FACTSTREAM, cli, no_traceback, start
 from conftest import REDIS_HOST, REDIS_PORT
 
 SECRET = "dburl-s3cret"
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never says a word (a firewall, the wrong service)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    listener.settimeout(0.2)
-    held: list[socket.socket] = []
-    done = threading.Event()
-
-    def accept() -> None:
-        while not done.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield int(listener.getsockname()[1])
-    finally:
-        done.set()
-        thread.join(2)
-        for conn in held:
-            conn.close()
-        listener.close()
 
 
 def run_in(cwd: Any, *args: str) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,45 +27,13 @@ def no_traceback(text: str) -> bool:
     return "Traceback" not in text and "internal error" not in text
 
 
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never answers (a firewall, a hung process)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(50)
-    held: list[socket.socket] = []
-    stopping = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.2)
-        while not stopping.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield int(srv.getsockname()[1])
-    stopping.set()
-    t.join(2)
-    for c in held:
-        c.close()
-    srv.close()
-
-
 def interrupt_after(delay: float, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run factstream ARGS with SIGINT at its default (as at a terminal), Ctrl-C it after ``delay``."""
     proc = subprocess.Popen([FACTSTREAM, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(delay)
     sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
+    out, err = stop(proc, signal.SIGINT, timeout=30)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - sent
 
 

@@ -153,18 +153,6 @@ def test_a_wrong_server_name_fails_at_once(writer: tuple[str, int]) -> None:
     assert out.returncode == 1 and "is server 'hs1', not 'other.hs'" in out.stderr
 
 
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = str(d / "cert.pem"), str(d / "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )
-    return cert, key
-
-
 def test_tls_mistakes_fail_at_once_with_one_line(tmp_path: Any, tls_files: tuple[str, str]) -> None:
     cert, key = tls_files
     proc, port = serve(f"sqlite:///{tmp_path}/t.db", "--tls-cert", cert, "--tls-key", key, "--produce", "--rate", "100")

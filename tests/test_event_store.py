@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -28,17 +28,8 @@ ROOM = "!room:hs"
 
 @pytest.fixture
 def db(engine_db: Any) -> Any:
-    """An empty database of each engine (conftest's engine_db)."""
+    """An empty database of each engine (conftest's engine_db; conftest's ``store`` is an EventStore on it)."""
     return engine_db
-
-
-@pytest.fixture
-async def store(db: Any) -> AsyncIterator[EventStore]:
-    s = await EventStore.open(db)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 class Room:

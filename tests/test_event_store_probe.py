@@ -15,7 +15,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -41,13 +41,7 @@ def room_start() -> list[bytes]:
             ev("$join", ["$create"], 2, "m.room.member", state_key="@a:hs", content={"membership": "join"})]
 
 
-@pytest.fixture
-async def store(engine_db: Any) -> AsyncIterator[EventStore]:
-    s = await EventStore.open(engine_db)
-    try:
-        yield s
-    finally:
-        await s.close()
+# ``store``: conftest's EventStore on an empty database of each engine.
 
 
 async def test_persist_inside_an_open_transaction_is_refused(store: EventStore) -> None:

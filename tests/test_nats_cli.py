@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import subprocess_env
+from conftest import subprocess_env, terminate
 from factstream.replication import Follower, ReplicationHub
 from factstream.demo.tables import DEMO_TABLES
 from factstream.store.database import connect
@@ -56,19 +56,6 @@ def read_event(proc: subprocess.Popen[str], event: str, timeout: float = 60.0) -
     raise AssertionError(f"no {event!r} event within {timeout}s")
 
 
-def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("loop", "engine"), [("asyncio", "postgres"), ("uvloop", "postgres"), ("uvloop", "sqlite")])
 def test_writer_killed_mid_publish_and_restarted_leaves_no_duplicates_or_holes(
@@ -97,7 +84,7 @@ def test_writer_killed_mid_publish_and_restarted_leaves_no_duplicates_or_holes(
                 assert time.monotonic() < deadline, "the reader got too little before the kill"
                 await asyncio.sleep(0.05)
             writer.send_signal(signal.SIGKILL)  # mid-publish: it produces as fast as it can
-            stop(writer)
+            terminate(writer)
             writer = start_writer(nats_url, deployment, db, "--duration", "2", *flags)
             produced = read_event(writer, "produced")
             for stream, pos in produced["positions"].items():
@@ -114,7 +101,7 @@ def test_writer_killed_mid_publish_and_restarted_leaves_no_duplicates_or_holes(
             assert sum(s.queries for s in sources.values()) == 0, "a hole in the log sent the reader to the database"
             assert reader.stats.fallbacks == 0
         finally:
-            stop(writer)
+            terminate(writer)
             if rdb is not None:
                 await rdb.close()
 
@@ -160,7 +147,7 @@ def test_tail_prints_the_log_lines(nats_url: str, deployment: str, tmp_path: Pat
         objs = [json.loads(line) for line in js.stdout.splitlines()]
         assert len(objs) == 3 and all(o["stream_name"] == "caches" and o["seq"] > 0 for o in objs), objs
     finally:
-        stop(writer)
+        terminate(writer)
 
 
 def test_serve_short_max_age_and_refused_replicas(nats_url: str, deployment: str, tmp_path: Path) -> None:
@@ -171,7 +158,7 @@ def test_serve_short_max_age_and_refused_replicas(nats_url: str, deployment: str
     try:
         read_event(writer, "produced")
     finally:
-        stop(writer)
+        terminate(writer)
 
     async def config() -> Any:
         import nats

@@ -15,21 +15,17 @@ from typing import Any
 import pytest
 
 from factstream import wire
-from factstream.replication import MemoryUpdateSource
 from factstream.transport.nats import JetStreamLayout
 from factstream.transport.nats.pages import build_pages, decode_page, header_chain, page_top, parse_keys
 
 from nats_helpers import (
     STREAM,
-    Reader,
-    Writer,
     assert_exact,
     deployment,
     nats_url,
     random_fact,
     settle,
-    start_all,
-    stop_all,
+    writer_and_reader,
 )
 
 __all__ = ["deployment", "nats_url"]
@@ -92,12 +88,8 @@ def test_a_row_too_large_for_any_message_leaves_out_its_fact_and_the_chain_shows
 
 
 async def test_a_fact_larger_than_a_page_arrives_whole(nats_url: str, deployment: str) -> None:
-    source = MemoryUpdateSource()
     rng = random.Random(7)
-    writer = Writer("w1", nats_url, deployment, source, page_bytes=1024)
-    reader = Reader("r1", nats_url, deployment, source)
-    await start_all([writer, reader])
-    try:
+    async with writer_and_reader(nats_url, deployment, page_bytes=1024) as (writer, reader):
         for i in range(40):
             writer.write(random_fact(rng, "w1", i))
             if i % 10 == 0:
@@ -106,16 +98,10 @@ async def test_a_fact_larger_than_a_page_arrives_whole(nats_url: str, deployment
         assert_exact([writer], [reader])
         assert reader.source.queries == 0 and reader.nats.stats.broken_batches == 0
         assert writer.nats.stats.too_large == 0
-    finally:
-        await stop_all([writer, reader])
 
 
 async def test_a_row_too_large_is_counted_and_its_fact_comes_from_the_table(nats_url: str, deployment: str) -> None:
-    source = MemoryUpdateSource()
-    writer = Writer("w1", nats_url, deployment, source, page_bytes=1024)
-    reader = Reader("r1", nats_url, deployment, source)
-    await start_all([writer, reader])
-    try:
+    async with writer_and_reader(nats_url, deployment, page_bytes=1024) as (writer, reader):
         writer.write([["before"]])
         writer.write([["huge-" + "q" * 5000]])
         writer.write([["after"]])
@@ -123,8 +109,6 @@ async def test_a_row_too_large_is_counted_and_its_fact_comes_from_the_table(nats
         assert_exact([writer], [reader])
         assert writer.nats.stats.too_large == 1
         assert reader.nats.stats.fallbacks >= 1 and reader.source.queries >= 1
-    finally:
-        await stop_all([writer, reader])
 
 
 async def test_the_same_page_published_twice_is_stored_once(nats_url: str, deployment: str) -> None:
@@ -168,11 +152,7 @@ async def _publish_raw(url: str, server_name: str, payload: bytes) -> None:
                                      b"RDATA to_device w1 1 [\"a\"]\nRDATA to_device w2 2 [\"b\"]\n"])
 async def test_a_page_with_a_bad_or_foreign_line_is_skipped_whole(nats_url: str, deployment: str,
                                                                   payload: bytes) -> None:
-    source = MemoryUpdateSource()
-    writer = Writer("w1", nats_url, deployment, source)
-    reader = Reader("r1", nats_url, deployment, source)
-    await start_all([writer, reader])
-    try:
+    async with writer_and_reader(nats_url, deployment) as (writer, reader):
         writer.write([["x0"]])
         await writer.nats.flush(10)
         await _publish_raw(nats_url, deployment, payload)
@@ -180,19 +160,13 @@ async def test_a_page_with_a_bad_or_foreign_line_is_skipped_whole(nats_url: str,
         await settle([writer], [reader])
         assert_exact([writer], [reader])
         assert reader.nats.stats.invalid == 1
-    finally:
-        await stop_all([writer, reader])
 
 
 async def test_an_old_position_read_again_does_not_move_a_reader_back(nats_url: str, deployment: str) -> None:
     # A consumer restarted behind what it delivered (links cut again and again) reads old pages again:
     # their facts are skipped by token, and so must their POSITIONs be, or the follower would take
     # one for a writer going backwards and deliver everything after it a second time.
-    source = MemoryUpdateSource()
-    writer = Writer("w1", nats_url, deployment, source)
-    reader = Reader("r1", nats_url, deployment, source)
-    await start_all([writer, reader])
-    try:
+    async with writer_and_reader(nats_url, deployment) as (writer, reader):
         for i in range(4):
             writer.write([[f"x{i}"]])
         await settle([writer], [reader])
@@ -203,5 +177,3 @@ async def test_an_old_position_read_again_does_not_move_a_reader_back(nats_url: 
         assert_exact([writer], [reader])
         assert reader.follower.stats["resets"] == 0
         assert reader.nats.stats.skipped >= 1
-    finally:
-        await stop_all([writer, reader])

@@ -34,6 +34,7 @@ from nats_helpers import (
     settle,
     start_all,
     stop_all,
+    writer_and_reader,
 )
 
 __all__ = ["deployment", "nats_url"]  # fixtures re-exported for pytest
@@ -280,11 +281,7 @@ async def publish_bytes(url: str, server_name: str, subject_tail: str, payloads:
 
 
 async def test_bad_messages_are_counted_and_the_reader_continues(nats_url: str, deployment: str) -> None:
-    source = MemoryUpdateSource()
-    writer = Writer("w1", nats_url, deployment, source)
-    reader = Reader("r1", nats_url, deployment, source)
-    await start_all([writer, reader])
-    try:
+    async with writer_and_reader(nats_url, deployment) as (writer, reader):
         for i in range(20):
             writer.write([[f"x{i}"]])
         await writer.nats.flush(10)
@@ -298,8 +295,6 @@ async def test_bad_messages_are_counted_and_the_reader_continues(nats_url: str, 
         assert_exact([writer], [reader])
         assert reader.nats.stats.invalid == 6
         assert reader.source.queries == 0
-    finally:
-        await stop_all([writer, reader])
 
 
 async def test_reader_falls_back_to_the_table_when_retention_dropped_facts(nats_url: str, deployment: str) -> None:
@@ -331,11 +326,7 @@ async def test_reader_falls_back_to_the_table_when_retention_dropped_facts(nats_
 async def test_stats_report_sequence_pending_and_lag(nats_url: str, deployment: str) -> None:
     from prometheus_client import REGISTRY
 
-    source = MemoryUpdateSource()
-    writer = Writer("w1", nats_url, deployment, source)
-    reader = Reader("r1", nats_url, deployment, source)
-    await start_all([writer, reader])
-    try:
+    async with writer_and_reader(nats_url, deployment) as (writer, reader):
         for i in range(30):
             writer.write([[f"x{i}"]])
         await settle([writer], [reader])
@@ -353,8 +344,6 @@ async def test_stats_report_sequence_pending_and_lag(nats_url: str, deployment: 
         assert status["carrier"] == "nats" and status["stream"] == JetStreamLayout.for_server(deployment).stream
         assert REGISTRY.get_sample_value(
             "factstream_nats_sequence", {"side": "reader", "stream": STREAM, "writer": "w1"}) == r.sequence
-    finally:
-        await stop_all([writer, reader])
 
 
 def test_bad_url_is_a_clear_error() -> None:

@@ -10,6 +10,7 @@ facts delivered with the list written: nothing lost, duplicated or reordered.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import sys
 from pathlib import Path
@@ -35,90 +36,39 @@ from test_redis_carrier import (  # noqa: E402  (helpers and fixtures shared wit
     run,
 )
 from chaos_proxy import ChaosProxy  # noqa: E402
+import replication_helpers  # noqa: E402
+from replication_helpers import assert_exact, complete_at_random, random_fact, stop_all  # noqa: E402
 
 __all__ = ["private_redis", "run"]  # fixtures re-exported for pytest
 
 pytestmark = pytest.mark.redis
 
-STREAM = "to_device"
+
+class RedisNode:
+    """A writer's or a reader's Redis link (``.redis``), mixed into :mod:`replication_helpers`' Writer and Reader."""
+
+    hub: ReplicationHub
+
+    def __init__(self, name: str, url: str, server_name: str, source: MemoryUpdateSource, **options: Any) -> None:
+        super().__init__(name, source)  # type: ignore[call-arg]  # replication_helpers' Writer or Reader
+        self.redis = RedisReplication(self.hub, url, server_name, **{**FAST, **options})
+
+    @property
+    def link(self) -> RedisReplication:
+        return self.redis
 
 
-class Writer:
+class Writer(RedisNode, replication_helpers.Writer):
     """One writer instance: a LocalStream over the shared source, its publisher, hub and Redis link."""
 
-    def __init__(self, name: str, url: str, server_name: str, source: MemoryUpdateSource, **options: Any) -> None:
-        self.name = name
-        self.stream = LocalStream(STREAM, name, source=source)
-        self.publisher = Publisher(name)
-        self.publisher.add_stream(STREAM, source, 0)
-        self.stream.add_listener(self.publisher.notify)
-        self.hub = ReplicationHub(name, publisher=self.publisher)
-        self.redis = RedisReplication(self.hub, url, server_name, **{**FAST, **options})
-        self.written: list[tuple[int, list[Any]]] = []  # (token, rows) of every fact with rows
 
-    def write(self, rows: list[Any] | None) -> int:
-        """Write one fact (None: a rolled-back hole)."""
-        token = self.stream.reserve()
-        self.stream.complete(token, rows)
-        if rows:
-            self.written.append((token, rows))
-        return token
-
-
-class Reader:
+class Reader(RedisNode, replication_helpers.Reader):
     """One reader instance: a follower catching up from the shared source."""
 
-    def __init__(self, name: str, url: str, server_name: str, source: MemoryUpdateSource, **options: Any) -> None:
-        self.name = name
-        self.follower = Follower(sources={STREAM: source}, start_position=0, typed=False, page_limit=50)
-        self.got: dict[str, list[tuple[int, list[Any]]]] = {}
-        self.follower.add_handler(lambda s, w, t, rows: self.got.setdefault(w, []).append((t, list(rows))))
-        self.hub = ReplicationHub(name, follower=self.follower)
-        self.redis = RedisReplication(self.hub, url, server_name, **{**FAST, **options})
 
-
-def random_fact(rng: random.Random, writer: str, i: int) -> list[Any] | None:
-    """Mostly one row, sometimes several (a batch), sometimes none (a hole)."""
-    roll = rng.random()
-    if roll < 0.1:
-        return None
-    n = 1 if roll < 0.8 else rng.randint(2, 4)
-    return [[f"@{writer}-{i}-{k}:hs"] for k in range(n)]
-
-
-async def settle(writers: list[Writer], readers: list[Reader], timeout: float = 20.0) -> None:
-    """Wait until every reader reached every writer's final position."""
-    for w in writers:
-        final = w.stream.current_token()
-        for r in readers:
-            await r.follower.wait_for_position(STREAM, w.name, final, timeout)
-
-
-def assert_exact(writers: list[Writer], readers: list[Reader]) -> None:
-    for r in readers:
-        for w in writers:
-            got = r.got.get(w.name, [])
-            assert got == w.written, (
-                f"{r.name} from {w.name}: {len(got)} facts delivered, {len(w.written)} written; "
-                f"first difference at {next((i for i, (a, b) in enumerate(zip(got, w.written)) if a != b), min(len(got), len(w.written)))}"
-            )
-
-
-async def start_all(nodes: list[Any]) -> None:
-    for n in nodes:
-        await n.redis.start()
-    for n in nodes:
-        await n.redis.wait_connected(5)
-
-
-async def stop_all(nodes: list[Any]) -> None:
-    for n in nodes:
-        await n.redis.stop()
-    for n in nodes:
-        if isinstance(n, Reader):
-            await n.follower.close()
-        else:
-            n.publisher.close()
+# Redis links connect within 5 s; every reader reaches the writers' positions within 20 s.
+start_all = functools.partial(replication_helpers.start_all, timeout=5)
+settle = functools.partial(replication_helpers.settle, timeout=20.0)
 
 
 def test_two_writers_three_readers_with_a_killed_subscriber(run: Any, redis_url: str, channel_prefix: str) -> None:
@@ -290,19 +240,9 @@ def test_chaos_zero_lost_duplicated_or_reordered(run: Any, private_redis: RedisS
 
         async def produce(name: str, local: dict[str, LocalStream]) -> None:
             n = 0
+            mine = {s: committed[(name, s)] for s in streams}
             while not stop.is_set():
-                s = rng.choice(streams)
-                ls = local[s]
-                tokens = [ls.reserve() for _ in range(rng.randint(1, 4))]
-                rng.shuffle(tokens)  # complete out of order
-                for t in tokens:
-                    if rng.random() < 0.15:
-                        ls.complete(t, None)  # rollback: a hole
-                    else:
-                        rows = [[name, s, t, i, n] for i in range(rng.choice([1, 1, 1, 2, 5]))]
-                        n += 1
-                        committed[(name, s)][t] = rows
-                        ls.complete(t, rows)
+                n = complete_at_random(rng, streams, local, mine, n, name)
                 if rng.random() < 0.3:
                     await asyncio.sleep(rng.random() * 0.003)
 

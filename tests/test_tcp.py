@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import re
-import subprocess
 from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
@@ -465,18 +464,6 @@ async def test_fetch_failures_are_fetch_errors_naming_the_writer() -> None:
             RemoteUpdateSource("typing", "127.0.0.1", **{"port": 1, **bad})
     with pytest.raises(ValueError, match="max_limit"):
         FetchServer({}, max_limit=0)
-
-
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = str(d / "cert.pem"), str(d / "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )
-    return cert, key
 
 
 async def test_tls_with_verification(tls_files: tuple[str, str]) -> None:

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import socket
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -177,16 +176,6 @@ async def test_a_flood_of_refused_clients_is_a_few_log_lines_and_a_count(caplog:
         await server.stop()
 
 
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    d = tmp_path_factory.mktemp("abuse-tls")
-    key, crt = str(d / "key.pem"), str(d / "cert.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", crt,
-                    "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    return crt, key
-
-
 async def test_a_tls_client_on_a_plaintext_listener_is_named_as_such(caplog: pytest.LogCaptureFixture) -> None:
     """It was 'bad line ... line is not valid UTF-8 ... b'\\x16\\x03\\x01...', or nothing at all when the
     ClientHello held no newline byte."""
@@ -207,12 +196,12 @@ async def test_a_tls_client_on_a_plaintext_listener_is_named_as_such(caplog: pyt
 
 
 async def test_a_plaintext_client_on_a_tls_listener_is_a_warning_naming_it(
-    caplog: pytest.LogCaptureFixture, cert: tuple[str, str]
+    caplog: pytest.LogCaptureFixture, tls_files: tuple[str, str]
 ) -> None:
     """It was an INFO line (hidden under serve's default logging) saying '[SSL: WRONG_VERSION_NUMBER]'."""
     caplog.set_level(logging.INFO, LOGGER)
     hub, _ = _writer()
-    server = await TcpServer(hub, "hs.test", ssl=server_ssl_context(*cert)).start()
+    server = await TcpServer(hub, "hs.test", ssl=server_ssl_context(*tls_files)).start()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         writer.write(b"NAME plain\nPING 1\nREPLICATE\n")

@@ -16,6 +16,7 @@ from factstream.replication import Follower, LocalStream, Publisher, Replication
 from factstream.transport.tcp import TcpClient, TcpServer
 
 from chaos_proxy import ChaosProxy
+from replication_helpers import complete_at_random
 
 BOTH_EVENT_LOOPS = True
 
@@ -49,18 +50,7 @@ async def test_chaos_proxy_loses_duplicates_and_reorders_nothing(seed: int) -> N
     async def produce() -> None:
         n = 0
         for _ in range(1500):
-            s = rng.choice(streams)
-            ls = local[s]
-            tokens = [ls.reserve() for _ in range(rng.randint(1, 4))]
-            rng.shuffle(tokens)  # complete out of order
-            for t in tokens:
-                if rng.random() < 0.15:
-                    ls.complete(t, None)  # rollback: a hole
-                else:
-                    rows = [[s, t, i, n] for i in range(rng.choice([1, 1, 1, 2, 5]))]
-                    n += 1
-                    committed[s][t] = rows
-                    ls.complete(t, rows)
+            n = complete_at_random(rng, streams, local, committed, n)
             if rng.random() < 0.3:
                 await asyncio.sleep(rng.random() * 0.003)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import ssl
 import subprocess
@@ -26,7 +25,7 @@ import pytest
 from factstream.replication import Follower, LocalStream, Publisher, ReplicationHub
 from factstream.transport.tcp import TcpClient, TcpServer, client_ssl_context, server_ssl_context
 
-from conftest import IN_CI, subprocess_env
+from conftest import require, subprocess_env
 
 BOTH_EVENT_LOOPS = True
 FACTSTREAM = os.path.join(os.path.dirname(sys.executable), "factstream")
@@ -39,11 +38,7 @@ def _openssl(*args: str) -> None:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A CA, a server certificate for localhost/127.0.0.1 and a client certificate, all signed by the CA."""
-    if shutil.which("openssl") is None:
-        msg = "openssl is needed to make test certificates (apt-get install openssl)"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require(binary="openssl", how="apt-get install openssl (needed to make test certificates)")
     d = tmp_path_factory.mktemp("pki")
     f = {n: str(d / n) for n in ("ca.pem", "ca.key", "server.pem", "server.key", "server.csr", "client.pem",
                                   "client.key", "client.csr", "ext.cnf")}

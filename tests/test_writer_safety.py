@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
-import sys
 import uuid
 from typing import Any
 
@@ -24,11 +21,10 @@ from factstream.replication import ForeignStreamError, LocalStream, Publisher, R
 from factstream.replication.publisher import SYNAPSE_STREAM_NAMES
 from factstream.transport.tcp import TcpServer
 
-from conftest import subprocess_env, synapse_python
+from cli_run import ENV, FACTSTREAM, stop
+from conftest import synapse_python
 
 BOTH_EVENT_LOOPS = True
-FACTSTREAM = os.path.join(os.path.dirname(sys.executable), "factstream")
-ENV = subprocess_env()
 
 
 def test_foreign_stream_is_refused_with_the_reason() -> None:
@@ -131,12 +127,7 @@ def _produce(args: list[str], seconds: float = 1.0) -> tuple[dict[str, Any], str
                 produced = msg
                 break
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
+        _, err = stop(proc, timeout=20)
     return produced, err, proc.returncode
 
 

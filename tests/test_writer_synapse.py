@@ -11,8 +11,6 @@ Redis connection: the reason the publisher refuses such streams by default.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -27,7 +25,7 @@ from factstream.replication import ForeignStreamError, LocalStream, Publisher, R
 from factstream.streams import CachesRow
 from factstream.transport.redis import RedisReplication
 
-from conftest import IN_CI, synapse_python
+from conftest import require, synapse_python, terminate
 
 pytestmark = pytest.mark.slow
 
@@ -99,25 +97,11 @@ def _wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes], what: s
     raise RuntimeError(f"{what} did not listen on {port} within {timeout:g}s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A running Synapse main process on a private redis-server: {"redis_port", "log"}."""
     python = synapse_python()
-    if shutil.which("redis-server") is None:
-        msg = "redis-server is needed for a private Redis (apt-get install redis-server)"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require(binary="redis-server", how="apt-get install redis-server (needed for a private Redis)")
     d = tmp_path_factory.mktemp("synapse")
     redis_port, http_port = _free_port(), _free_port()
     redis = subprocess.Popen(
@@ -138,8 +122,8 @@ def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         yield {"redis_port": redis_port, "log": d / "homeserver.log"}
     finally:
         if hs is not None:
-            _stop(hs)
-        _stop(redis)
+            terminate(hs)
+        terminate(redis)
 
 
 def _synapse_subscribers(port: int) -> set[str]:
