@@ -167,7 +167,11 @@ def register(subparsers: Any) -> None:
 
 
 class UsageError(Exception):
-    """A mistake in the command line or its paths, found before the JVM starts (exit status 2)."""
+    """A mistake in the command line or its paths, found before any work starts (exit status 2)."""
+
+
+class SparkDidNotStart(RuntimeError):
+    """The Spark session could not be started (exit status 2): the message says why, with the end of its log."""
 
 
 def _conf(args: argparse.Namespace) -> dict[str, str]:
@@ -187,12 +191,24 @@ def _check_spark_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--ship-env {args.ship_env}: no such file")
 
 
+#: A file: URL of a local path as Hadoop reads it: the scheme in any case, an absolute path, no host (file:/x, file:///x).
+_FILE_URL = re.compile(r"(?i)file:(?://(?=/)|(?=/(?!/)))")
+
+
 def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
+    """Whether ``path`` names a local path that os.path can check: a plain path, or a file: URL without a host.
+
+    Anything else Spark is given is a URL of a Hadoop filesystem (hdfs://, s3a://, viewfs://, a file: URL
+    with a host or a relative path, which Hadoop refuses): see :class:`factstream.spark.pipeline.HadoopPath`.
+    """
+    if path[:5].lower() == "file:":
+        return _FILE_URL.match(path) is not None
+    return "://" not in path
 
 
 def _local(path: str) -> str:
-    return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+    found = _FILE_URL.match(path)
+    return os.path.abspath(path[found.end():] if found else path)
 
 
 class _SparkLog:
@@ -310,7 +326,7 @@ def _session(args: argparse.Namespace) -> Any:
             with open(log, "rb") as fh:
                 tail = [ln for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()][-5:]
             detail = "".join(f"\n  {ln}" for ln in tail)
-        raise RuntimeError(f"Spark did not start: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}{detail}") from err
+        raise SparkDidNotStart(f"Spark did not start: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}{detail}") from err
     finally:
         if saved_out is not None:
             os.dup2(saved_out, 1)
@@ -359,6 +375,27 @@ def _java_chain(err: BaseException) -> list[tuple[str, str]]:
     return chain
 
 
+#: Spark's words for a part file's Parquet column of another type than the dataset's: (path, column, expected, found)
+#: in that order (4.x: FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH; 3.5: "Parquet column cannot be converted").
+_TYPE_MISMATCHES = (
+    re.compile(r"Encountered error while reading file (\S+?)\.? Data type mismatches when reading Parquet column "
+               r"\[?([^\]\s]+?)\]?\. Expected Spark type (\S+?), actual Parquet type (\S+?)\.?(?:\s|$)"),
+    re.compile(r"Parquet column cannot be converted in file (\S+?)\.? Column: \[([^\]]+)\], Expected: (\S+?), "
+               r"Found: (\S+?)\.?(?:\s|$)"),
+)
+
+
+def _type_mismatch(chain: list[tuple[str, str]]) -> tuple[str, str, str, str] | None:
+    """(path, column, expected type, type found) if a Java error of ``chain`` is a part file's column of another type."""
+    for _, message in chain:
+        for pattern in _TYPE_MISMATCHES:
+            found = pattern.search(_clean(message))
+            if found:
+                path, column, expected, actual = found.groups()
+                return path, column, expected, actual
+    return None
+
+
 def _clean(message: str) -> str:
     """A Spark message without its query context ("== DataFrame ==" ...), SQLSTATE and line breaks."""
     message = re.split(r"\n== ", message)[0]
@@ -404,6 +441,15 @@ def _explain(err: BaseException, capture_pattern: str | None = None) -> tuple[st
     root = chain[last][1] or names[last]
     failed_read = re.match(r"\[FAILED_READ_FILE\.\w+\] Encountered error while reading file (\S+?)\.?(?:\s|$)(.*)",
                            main, re.S)
+    mismatch = _type_mismatch(chain)
+    if mismatch:
+        # One part file of other types than the one Spark took the dataset's types from
+        path, column, expected, actual = mismatch
+        return redact_text(
+            f"cannot read {re.sub(r'^file:(?://)?', '', path)}: its column {column} is {actual}, where another part file "
+            f"of the same dataset has {expected}: the part files of one dataset must agree on each column's type; move "
+            "that one out of the dataset's directory (another program wrote or rewrote it), or parse the archives "
+            "again into a new directory"[:2000]), True
     if failed_read:
         path = re.sub(r"^file:(?://)?", "", failed_read.group(1))
         detail = _clean(failed_read.group(2))
@@ -443,15 +489,21 @@ def _said(err: BaseException, args: argparse.Namespace) -> tuple[str, bool]:
 
 
 def _spark_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """``run`` with a Spark failure it does not catch itself said in one line (exit 2 if the user's to fix, else 1).
+    """``run`` with a refusal or a Spark failure it does not catch itself said in one line.
 
-    main() would call it an internal error, Java's stack on the same line.
-    With --debug it is left to main(): the traceback, Spark's log on stderr.
+    A refusal (:class:`UsageError`: options, paths; :class:`SparkDidNotStart`)
+    exits 2, for parse, report and stream alike: this is the one place that
+    says it. A Spark failure exits 2 if it is the user's to fix, else 1: main()
+    would call it an internal error, Java's stack on the same line. With
+    --debug a Spark failure is left to main(): the traceback, Spark's log on stderr.
     """
     @functools.wraps(run)
     def guarded(args: argparse.Namespace) -> int:
         try:
             return run(args)
+        except (UsageError, SparkDidNotStart) as err:
+            print(f"factstream logs: {err}", file=sys.stderr)
+            return 2
         except Exception as err:
             if getattr(args, "debug", False) or not _from_spark(err):
                 raise
@@ -478,46 +530,111 @@ def _check_parse(args: argparse.Namespace) -> tuple[list[tuple[str, int]], list[
     if _is_local(args.out):
         out = _local(args.out)
         if os.path.exists(out):
-            if not os.path.isdir(out):
-                raise UsageError(f"--out {args.out} is a file, not a directory: name a new directory for the Parquet, "
-                                 "or the output of an earlier 'logs parse' with --mode append or overwrite")
-            if args.mode == "error":
-                raise UsageError(f"{args.out} already exists; use --mode overwrite or --mode append")
-            _check_existing_out(args.out, out, args.mode)
+            _check_existing_out(args, "dir" if os.path.isdir(out) else "file", out)
         elif not os.path.isdir(os.path.dirname(out)):
             raise UsageError(f"--out {args.out}: directory {os.path.dirname(out)} does not exist")
+    elif args.out[:5].lower() == "file:":  # Hadoop refuses a host (Wrong FS) and a relative path (no URI)
+        raise UsageError(f"--out {args.out}: a file: URL names a local path, absolute and without a host: "
+                         "file:///PATH, or the path itself")
     try:
         return list_inputs(args.inputs, quiet=True)  # the parse lists them again, and says what it skipped
     except (FileNotFoundError, OSError) as err:
         raise UsageError(str(err)) from err
 
 
-def _check_existing_out(given: str, out: str, mode: str) -> None:
+def _check_out_through_spark(spark: Any, args: argparse.Namespace) -> None:
+    """A --out os.path cannot see (hdfs://, s3a://, viewfs://...) checked as _check_parse checks a local one, before the job.
+
+    Asked of the filesystem Spark writes it with, through the driver's JVM;
+    a --out Hadoop cannot reach or resolve is refused here too, not after
+    the job has been planned.
+    """
+    from ..spark.pipeline import HadoopPath
+
+    try:
+        where = HadoopPath(spark, args.out)
+        kind = where.kind()
+    except Exception as err:
+        if not _from_spark(err):
+            raise
+        raise UsageError(f"--out {args.out}: {_explain(err)[0]} (nothing was written)") from err
+    if kind is not None:
+        _check_existing_out(args, kind, args.out, where.entries)
+
+
+def _shown(given: str, paths: list[str]) -> str:
+    """Paths relative to ``given`` as the user would type them: the first three, and how many in all."""
+    named = ", ".join(os.path.join(given, p) for p in paths[:3])
+    return named + (f" ... ({len(paths)} in all)" if len(paths) > 3 else "")
+
+
+def _check_existing_out(
+    args: argparse.Namespace, kind: str, out: str, entries: Callable[[str], list[tuple[str, bool]]] | None = None
+) -> None:
     """Refuse an existing --out whose contents Spark would destroy or spoil: only 'logs parse' output is added to.
 
-    Spark deletes a regular file where it puts a partition directory, without
-    a word (append and overwrite alike), and writes partitions beside anything
-    else, which then makes the directory unreadable as one dataset. Neither
-    mode is asked to do that: overwrite replaces partitions, nothing more.
+    ``kind`` is "dir" or "file"; ``out`` is listed locally, or with
+    ``entries`` (:meth:`.HadoopPath.entries`). Spark deletes a regular file
+    where it puts a partition directory, without a word (append and
+    overwrite alike), and writes partitions beside anything else, which then
+    makes the directory unreadable as one dataset. Neither mode is asked to
+    do that: overwrite replaces partitions, nothing more. Nor to add part
+    files to ones whose columns are of other types (read locally).
     """
     from ..spark.pipeline import output_clashes
 
+    given, mode = args.out, args.mode
+    if kind != "dir":
+        raise UsageError(f"--out {given} is a file, not a directory: name a new directory for the Parquet, "
+                         "or the output of an earlier 'logs parse' with --mode append or overwrite")
+    if mode == "error":
+        raise UsageError(f"{given} already exists; use --mode overwrite or --mode append")
     try:
-        files, others = output_clashes(out)
+        files, others = output_clashes(out, entries)
     except OSError as err:
         raise UsageError(f"--out {given}: cannot list {err.filename or out}: {err.strerror or err}") from err
-
-    def shown(paths: list[str]) -> str:
-        named = ", ".join(os.path.join(given, p) for p in paths[:3])
-        return named + (f" ... ({len(paths)} in all)" if len(paths) > 3 else "")
+    except Exception as err:
+        if not _from_spark(err):
+            raise
+        raise UsageError(f"--out {given}: cannot list it: {_explain(err)[0]}") from err
 
     if files:
         what, it = ("is a file", "it") if len(files) == 1 else ("are files", "them")
-        raise UsageError(f"{shown(files)} {what} where 'logs parse' writes a partition directory: move {it} out of "
-                         f"{given}, or choose another --out (nothing was written)")
+        raise UsageError(f"{_shown(given, files)} {what} where 'logs parse' writes a partition directory: move {it} "
+                         f"out of {given}, or choose another --out (nothing was written)")
     if others:
-        raise UsageError(f"--out {given} is not the output of 'logs parse' (it holds {shown(others)}): --mode {mode} "
-                         "adds only to such a directory; choose a new --out, or move those out of it (nothing was written)")
+        raise UsageError(f"--out {given} is not the output of 'logs parse' (it holds {_shown(given, others)}): --mode "
+                         f"{mode} adds only to such a directory; choose a new --out, or move those out of it "
+                         "(nothing was written)")
+    if entries is None:
+        from ..spark.report import odd_part_files
+
+        total, odd = odd_part_files(out)
+        if odd:
+            column, kinds = _first_odd(odd)
+            raise UsageError(f"--out {given} holds part files that 'logs parse' did not write as it writes them now: "
+                             f"{_odd_said(given, column, kinds, total)}: --mode {mode} would mix in part files that "
+                             "disagree with them, which 'logs report' cannot read together; move those out of "
+                             f"{given}, or choose a new --out (nothing was written)")
+
+
+def _first_odd(odd: dict[str, dict[str, list[str]]]) -> tuple[str, dict[str, list[str]]]:
+    """The first column (in the report's order) of :func:`.report.odd_part_files`' answer, and its odd files."""
+    from ..spark.report import COLUMN_TYPES
+
+    column = min(odd, key=list(COLUMN_TYPES).index)
+    return column, odd[column]
+
+
+def _odd_said(given: str, column: str, kinds: dict[str, list[str]], total: int) -> str:
+    """"column token is string in 1 of the 4 part files (DIR/...), where 'logs parse' writes an integer"."""
+    from ..spark.report import COLUMN_TYPES
+
+    counts = " and ".join(f"missing from {len(paths)}" if kind == "missing" else f"{kind} in {len(paths)}"
+                          for kind, paths in sorted(kinds.items()))
+    paths = sorted(p for ps in kinds.values() for p in ps)
+    return (f"column {column} is {counts} of the {total} part files ({_shown(given, paths)}), "
+            f"where 'logs parse' writes {COLUMN_TYPES[column][0]}")
 
 
 def _unreadable(files: list[tuple[str, int]]) -> list[tuple[str, str]]:
@@ -574,25 +691,19 @@ def run_parse(args: argparse.Namespace) -> int:
     import shutil
     import signal
 
-    try:
-        files, unlisted = _check_parse(args)
-    except UsageError as err:
-        print(f"factstream logs: {err}", file=sys.stderr)
-        return 2
+    files, unlisted = _check_parse(args)
 
     from ..spark.lines import ParseOptions
     from ..spark.damage import DamagedInputs, gzip_problems, what_was_parsed
     from ..spark.pipeline import parse_archives, write_parquet
     from ..spark.progress import task_progress
 
-    try:
-        spark = _session(args)
-    except RuntimeError as err:
-        print(f"factstream logs: {err}", file=sys.stderr)
-        return 2
+    spark = _session(args)
+    local = _is_local(args.out)
+    if not local:
+        _check_out_through_spark(spark, args)  # what _check_parse checks of a local --out, asked of Hadoop
     # A new OUT is written beside it under a hidden name and renamed when complete: an interrupted
     # or failed run leaves nothing behind that blocks the next one.
-    local = _is_local(args.out)
     out = _local(args.out) if local else args.out
     fresh = local and not os.path.exists(out)
     target = _temporary_sibling(out) if fresh else out
@@ -755,6 +866,20 @@ def _check_report(args: argparse.Namespace) -> None:
             f"{args.dir} holds no Parquet files (archives?): parse them first with "
             f"'factstream logs parse {args.dir} --out PARQUET_DIR', then report on PARQUET_DIR"
         )
+    if os.path.isdir(path):
+        from ..spark.report import odd_part_files
+
+        # Spark takes the types of one part file: another one of other types fails the report or, a column
+        # missing, reads as nulls. Part files that all hold a column otherwise are someone else's Parquet: said
+        # once Spark has read it (_not_ours).
+        total, odd = odd_part_files(path)
+        mixed = {column: kinds for column, kinds in odd.items() if sum(map(len, kinds.values())) < total}
+        if mixed:
+            column, kinds = _first_odd(mixed)
+            raise UsageError(f"the part files of {args.dir} disagree on a column: "
+                             f"{_odd_said(args.dir, column, kinds, total)}, as the others hold it: move those out of "
+                             f"{args.dir} (another program wrote or rewrote them), or parse the archives again into "
+                             "a new directory")
 
 
 def _unmatched_pattern(df: Any, pattern: str, where: str) -> str | None:
@@ -786,6 +911,10 @@ def _not_ours(df: Any, where: str) -> str | None:
         # Spark (token as a string: a cast error, its log kept as if the job were at fault): named here instead.
         wrong = wrong_types(df.dtypes)
         if wrong:
+            # (a local directory whose part files disagree was refused before Spark started)
+            mixed = None if _is_local(where) else _disagreeing(df.sparkSession, where, wrong)
+            if mixed:
+                return mixed
             return (f"{where} is not the output of 'factstream logs parse' or 'logs stream': "
                     + "; ".join(f"its column {name} is {kind}, not {wanted}" for name, kind, wanted in wrong))
         return None
@@ -794,25 +923,40 @@ def _not_ours(df: Any, where: str) -> str | None:
             f"column(s) {', '.join(missing)} (it has {has or 'none'})")
 
 
+def _disagreeing(spark: Any, where: str, wrong: list[tuple[str, str, str]]) -> str | None:
+    """Why ``where`` is refused when the part file Spark took its types from is another program's, but not all are.
+
+    ``wrong``: (column, type, type wanted) of that part file. For a
+    directory os.path cannot read (a local one's part files are read before
+    Spark starts: :func:`.report.odd_part_files`); Spark's schema merge, which
+    reads every part file's types, names the types that clash. None when they all agree (the directory is someone
+    else's Parquet) or the merge does not say.
+    """
+    try:
+        spark.read.option("mergeSchema", "true").parquet(where)
+        return None
+    except Exception as err:  # noqa: BLE001 - CANNOT_MERGE_SCHEMAS has no stable import path
+        text = str(err)
+    for column, _, wanted in wrong:
+        kinds = sorted({kind.lower() for kind in re.findall(rf"[<,]\s*{re.escape(column)}: (\w+)", text)})
+        if len(kinds) > 1:
+            return (f"the part files of {where} disagree on a column: column {column} is {' in some, '.join(kinds)} "
+                    f"in others, where 'logs parse' writes {wanted}: move the ones that do not hold it so out of "
+                    f"{where} (another program wrote or rewrote them), or parse the archives again into a new directory")
+    return None
+
+
 #: Spark's setting that reads partition values such as stream=1 as numbers (default true).
 _PARTITION_TYPES = "spark.sql.sources.partitionColumnTypeInference.enabled"
 
 
 def run_report(args: argparse.Namespace) -> int:
-    try:
-        _check_report(args)
-    except UsageError as err:
-        print(f"factstream logs: {err}", file=sys.stderr)
-        return 2
+    _check_report(args)
 
     from ..spark.progress import task_progress
-    from ..spark.report import MAX_BUCKETS, build_report, render_json, render_text
+    from ..spark.report import MAX_BUCKETS, build_report, narrower_integers, render_json, render_text
 
-    try:
-        spark = _session(args)
-    except RuntimeError as err:
-        print(f"factstream logs: {err}", file=sys.stderr)
-        return 2
+    spark = _session(args)
     if _PARTITION_TYPES not in _conf(args):
         # Partition values are names: a stream called "1" is "1", not an integer the type check would refuse.
         spark.conf.set(_PARTITION_TYPES, "false")
@@ -828,6 +972,13 @@ def run_report(args: argparse.Namespace) -> int:
     if problem:
         print(f"factstream logs: {problem}", file=sys.stderr)
         return 2
+    narrower = narrower_integers(df.dtypes)
+    if narrower:
+        # The types came from one part file: read as 'logs parse' writes them, every file of integers reads.
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        df = spark.read.schema(StructType([StructField(f.name, LongType()) if f.name in narrower else f
+                                           for f in df.schema.fields])).parquet(args.dir)
     if args.capture_pattern is not None:
         problem = _unmatched_pattern(df, args.capture_pattern, args.dir)
         if problem:
@@ -926,11 +1077,7 @@ def run_stream(args: argparse.Namespace) -> int:
 
     from ..redaction import redact_url
 
-    try:
-        tables, streams = _check_stream(args)
-    except UsageError as err:
-        print(f"factstream logs: {err}", file=sys.stderr)
-        return 2
+    tables, streams = _check_stream(args)
     if args.db:
         from ..spark.streaming import SourceProblem, check_source
         from ..replication.tables import tables_from_json
@@ -943,11 +1090,7 @@ def run_stream(args: argparse.Namespace) -> int:
     # A checkpoint this run creates is removed again if the query fails before finishing a batch:
     # it holds nothing, and a leftover would make the next run look like a resumption.
     fresh_checkpoint = _is_local(args.checkpoint) and not os.path.exists(_local(args.checkpoint))
-    try:
-        spark = _session(args)
-    except RuntimeError as err:
-        print(f"factstream logs: {err}", file=sys.stderr)
-        return 2
+    spark = _session(args)
     from ..spark.streaming import CheckpointMismatch, run_stream as wait_for, start_stream
 
     if not getattr(args, "debug", False):

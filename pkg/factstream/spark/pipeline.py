@@ -8,12 +8,13 @@ Arrow pandas UDF: BENCHMARKS.md). Columns are described in docs/spark.md.
 
 from __future__ import annotations
 
+import functools
 import gc
 import heapq
 import os
 from contextlib import contextmanager
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .lines import SPARK_DDL, ParseOptions, parse_block, parse_file_blocks
 from .sources import (
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 
     from .damage import DamagedInputs
 
-__all__ = ["parse_archives", "parse_text_column", "write_parquet", "plan", "TASK_DDL", "PARTITION_COLUMNS", "output_clashes"]
+__all__ = ["parse_archives", "parse_text_column", "write_parquet", "plan", "TASK_DDL", "PARTITION_COLUMNS", "output_clashes",
+           "HadoopPath"]
 
 #: One row per Spark task: a chunk, where its line numbering starts, its format.
 TASK_DDL = "path string, start bigint, end bigint, size bigint, newlines_before bigint, format string"
@@ -260,13 +262,17 @@ def write_parquet(df: DataFrame, out: str, mode: str = "errorifexists") -> None:
 
     ``mode`` is Spark's save mode: errorifexists (default), overwrite
     (replaces the dates/streams written again), append, ignore. Check an
-    existing local ``out`` with :func:`output_clashes` first.
+    existing ``out`` with :func:`output_clashes` first.
     """
     df.write.mode(mode).partitionBy(*PARTITION_COLUMNS).parquet(out)
 
 
-def output_clashes(out: str) -> tuple[list[str], list[str]]:
-    """What in the existing local directory ``out`` is not this layout: (files in its places, other names).
+#: The entries of a directory of OUT given relative to OUT ("" is OUT itself): (name, whether it is a directory).
+Entries = Callable[[str], "list[tuple[str, bool]]"]
+
+
+def output_clashes(out: str, entries: Entries | None = None) -> tuple[list[str], list[str]]:
+    """What in the existing directory ``out`` is not this layout: (files in its places, other names).
 
     Spark's commit puts a partition directory where a regular file of that
     name is (``date=X`` or ``date=X/stream=Y``) by deleting the file, in
@@ -276,24 +282,67 @@ def output_clashes(out: str) -> tuple[list[str], list[str]]:
     to ``out``, sorted; names starting with '.' or '_' (``_SUCCESS``, checksum
     files, 'logs stream' notes) are ignored as Spark ignores them, and so is
     what the partition directories hold (data files, replaced only by an
-    overwrite of their partition). Raises OSError if a directory cannot be listed.
+    overwrite of their partition). ``out`` is a local directory, listed with
+    os.scandir, unless ``entries`` lists it (:meth:`HadoopPath.entries`: any
+    filesystem Spark writes to). Raises OSError if a local directory cannot
+    be listed.
     """
     files: list[str] = []
     others: list[str] = []
+    listed = entries or functools.partial(_local_entries, out)
 
     def walk(rel: str, level: int) -> None:
-        with os.scandir(os.path.join(out, rel)) as found:
-            entries = sorted(found, key=lambda e: e.name)
-        for entry in entries:
-            if entry.name.startswith((".", "_")):
+        for name, is_dir in sorted(listed(rel)):
+            if name.startswith((".", "_")):
                 continue
-            path = os.path.join(rel, entry.name)
-            if not entry.name.startswith(f"{PARTITION_COLUMNS[level]}="):
+            path = f"{rel}/{name}" if rel else name
+            if not name.startswith(f"{PARTITION_COLUMNS[level]}="):
                 others.append(path)
-            elif not entry.is_dir():  # follows links: a link to a directory is one
+            elif not is_dir:
                 files.append(path)
             elif level + 1 < len(PARTITION_COLUMNS):
                 walk(path, level + 1)
 
     walk("", 0)
     return files, others
+
+
+def _local_entries(out: str, rel: str) -> list[tuple[str, bool]]:
+    with os.scandir(os.path.join(out, rel)) as found:
+        return [(entry.name, entry.is_dir()) for entry in found]  # is_dir follows links: a link to a directory is one
+
+
+class HadoopPath:
+    """A path as Spark's Hadoop FileSystem sees it (any scheme Spark writes to: hdfs://, s3a://, viewfs://, file:).
+
+    What os.path tells of a local path, asked through the driver's JVM:
+    whether it exists and is a directory, and what a directory holds. The
+    JVM's exceptions (py4j's Py4JJavaError) come through: no filesystem for
+    the scheme, a host that does not answer, a directory that cannot be listed.
+    """
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        jvm = spark._jvm
+        assert jvm is not None
+        self._path = jvm.org.apache.hadoop.fs.Path(path)
+        self._fs = self._path.getFileSystem(spark._jsc.hadoopConfiguration())
+        self._dirs: dict[str, Any] = {"": self._path}  # directories listed or seen, relative to this path
+
+    def kind(self) -> str | None:
+        """"dir", "file", or None when nothing is there."""
+        if not self._fs.exists(self._path):
+            return None
+        return "dir" if self._fs.getFileStatus(self._path).isDirectory() else "file"
+
+    def entries(self, rel: str = "") -> list[tuple[str, bool]]:
+        """(name, is a directory) of what the directory ``rel`` holds: this path (""), or one listed here before.
+
+        (A name is never parsed back into a Hadoop path: "date=12:00" is no URI.)
+        """
+        found = []
+        for status in self._fs.listStatus(self._dirs[rel]):
+            name, is_dir = str(status.getPath().getName()), bool(status.isDirectory())
+            if is_dir:
+                self._dirs[f"{rel}/{name}" if rel else name] = status.getPath()
+            found.append((name, is_dir))
+        return found

@@ -66,13 +66,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["build_report", "render_text", "render_json", "MAX_MARKS", "MAX_BUCKETS", "REQUIRED_COLUMNS", "COLUMN_TYPES",
-           "wrong_types"]
+           "wrong_types", "narrower_integers", "odd_part_files"]
 
 #: Gaps and backwards tokens listed with their time in ``marks`` (the figures count them all).
 MAX_MARKS = 1000
@@ -99,6 +100,85 @@ def wrong_types(dtypes: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
     """(column, its type, the type wanted) for each column of ``dtypes`` (``DataFrame.dtypes``) the report cannot read."""
     return [(name, kind, COLUMN_TYPES[name][0]) for name, kind in dtypes
             if name in COLUMN_TYPES and kind not in COLUMN_TYPES[name][1]]
+
+
+def narrower_integers(dtypes: list[tuple[str, str]]) -> list[str]:
+    """The integer columns the report reads that ``dtypes`` (``DataFrame.dtypes``) has narrower than bigint.
+
+    Spark takes a dataset's types from one of its part files: a 32-bit
+    ``token`` there (another program's file) makes every 64-bit one fail to
+    read, though both are integers. Read as bigint, each of them reads.
+    """
+    return [name for name, kind in dtypes
+            if COLUMN_TYPES.get(name) == _INTEGER and kind in _INTEGER[1] and kind != "bigint"]
+
+
+def _type_name(arrow_type: Any, physical: str | None) -> str:
+    """The Spark type (by name) a Parquet column pyarrow reads as ``arrow_type``, stored as ``physical``, is read as."""
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_timestamp(arrow_type):
+        if physical == "INT96":  # Spark's default timestamp storage (pyarrow: nanoseconds, no zone)
+            return "timestamp"
+        if arrow_type.unit == "ns":
+            return "timestamp in nanoseconds"  # Spark refuses them (PARQUET_TYPE_ILLEGAL)
+        return "timestamp" if arrow_type.tz is not None else "timestamp_ntz"
+    if t.is_string(arrow_type) or t.is_large_string(arrow_type) or str(arrow_type) == "string_view":
+        return "string"
+    names = {pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint",
+             pa.uint8(): "smallint", pa.uint16(): "int", pa.uint32(): "bigint", pa.uint64(): "decimal(20,0)",
+             pa.float32(): "float", pa.float64(): "double", pa.bool_(): "boolean", pa.binary(): "binary",
+             pa.large_binary(): "binary", pa.date32(): "date", pa.null(): "void"}
+    return names.get(arrow_type, str(arrow_type))
+
+
+def odd_part_files(root: str) -> tuple[int, dict[str, dict[str, list[str]]]]:
+    """The part files under the local directory ``root`` that hold a column the report reads otherwise than wanted.
+
+    (Parquet files read, {column: {its type there, or "missing": the part
+    files (relative to ``root``, sorted)}}), only columns some file holds
+    otherwise (a column the report can do without, ``data``, is never
+    missing); a column a part file's directories name (``stream=x``) is a
+    partition value, not looked for in the file. Every file Spark reads as
+    part of the dataset is read (its Parquet footer only; names starting
+    with '.' or '_' are skipped, as Spark skips them); one that is no
+    Parquet is left to Spark, which names it. Spark itself takes the types
+    of one part file and fails on (or, for a column missing, reads nulls
+    from) the others: one odd file among a dataset's files either stops a
+    report with Spark's words or leaves its figures wrong.
+    """
+    import pyarrow.parquet as pq
+
+    odd: dict[str, dict[str, list[str]]] = {}
+    read = 0
+    for where, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        for name in sorted(names):
+            if name.startswith((".", "_")):
+                continue
+            path = os.path.join(where, name)
+            rel = os.path.relpath(path, root)
+            try:
+                parquet = pq.read_metadata(path).schema
+                schema = parquet.to_arrow_schema()
+            except Exception:  # noqa: BLE001 - not Parquet, or unreadable: Spark says so, naming the file
+                continue
+            read += 1
+            physical = {parquet.column(i).path: parquet.column(i).physical_type for i in range(len(parquet))}
+            partitions = {part.partition("=")[0] for part in rel.split(os.sep)[:-1] if "=" in part}
+            for column, (_, accepted) in COLUMN_TYPES.items():
+                if column in partitions:
+                    continue
+                index = schema.get_field_index(column)
+                if index < 0:
+                    if column in REQUIRED_COLUMNS:
+                        odd.setdefault(column, {}).setdefault("missing", []).append(rel)
+                    continue
+                kind = _type_name(schema.field(index).type, physical.get(column))
+                if kind not in accepted:
+                    odd.setdefault(column, {}).setdefault(kind, []).append(rel)
+    return read, odd
 
 
 def fitting_bucket(requested: int, first: float, last: float, limit: int = MAX_BUCKETS) -> int:
