@@ -115,7 +115,13 @@ def test_a_file_as_out_on_another_filesystem_and_a_scheme_hadoop_lacks(mine: Pat
                            "overwrite\n")
     done = parse(tmp_path, "nofs:///data/x")
     refused(done, tmp_path)
-    assert done.stderr == 'factstream logs: --out nofs:///data/x: No FileSystem for scheme "nofs" (nothing was written)\n'
+    assert done.stderr == ('factstream logs: --out nofs:///data/x: No FileSystem for scheme "nofs"; this Spark has no '
+                           "filesystem for nofs://: add its Hadoop connector with --conf "
+                           "spark.jars.packages=GROUP:ARTIFACT:VERSION (nothing was written)\n")
+    done = parse(tmp_path, "s3a://bucket/x")  # a scheme Hadoop knows, whose connector is not on Spark's classpath
+    refused(done, tmp_path)
+    assert "S3AFileSystem not found; this Spark has no filesystem for s3a://" in done.stderr, done.stderr
+    assert "org.apache.hadoop:hadoop-aws" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
     assert (tmp_path / "mine" / "notes.txt").read_text() == "my notes\n"
 
 

@@ -557,9 +557,24 @@ def _check_out_through_spark(spark: Any, args: argparse.Namespace) -> None:
     except Exception as err:
         if not _from_spark(err):
             raise
-        raise UsageError(f"--out {args.out}: {_explain(err)[0]} (nothing was written)") from err
+        said = _explain(err)[0]
+        raise UsageError(f"--out {args.out}: {said}{_connector_hint(args.out, said)} (nothing was written)") from err
     if kind is not None:
         _check_existing_out(args, kind, args.out, where.entries)
+
+
+#: Hadoop's words for a scheme it has no filesystem class for, or one whose class is not on the classpath.
+_NO_FILESYSTEM = re.compile(r'No FileSystem for scheme|Class \S+FileSystem not found')
+
+
+def _connector_hint(out: str, said: str) -> str:
+    """What to do when Spark has no filesystem for ``out``'s scheme: its connector goes on Spark's classpath."""
+    if not _NO_FILESYSTEM.search(said):
+        return ""
+    scheme = out.split(":", 1)[0].lower()
+    example = " (for s3a: org.apache.hadoop:hadoop-aws of Spark's Hadoop version)" if scheme.startswith("s3") else ""
+    return (f"; this Spark has no filesystem for {scheme}://: add its Hadoop connector with --conf "
+            f"spark.jars.packages=GROUP:ARTIFACT:VERSION{example}")
 
 
 def _shown(given: str, paths: list[str]) -> str:
