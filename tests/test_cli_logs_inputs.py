@@ -167,3 +167,19 @@ def test_decode_names_other_compressions_and_what_to_do(tmp_path: Path) -> None:
     piped = subprocess.run([FACTSTREAM, "decode", "-"], input=path.read_bytes(), capture_output=True, env=ENV, timeout=60)
     assert piped.returncode == 2, piped.stderr
     assert b"-: compressed with xz" in piped.stderr and b"pipe it through unxz" in piped.stderr, piped.stderr
+
+
+@pytest.mark.parametrize(("uri", "said"), [
+    ("s3a://bucket/in.log", "no filesystem for s3a://: write s3:// for s3a://"),
+    ("gopher://host/in.log", "no filesystem for gopher:// (it reads s3://, gs://, hdfs:// and local paths)"),
+    ("hdfs://127.0.0.1:1/in.log", "pyarrow reads hdfs:// through a JVM and Hadoop's libhdfs; set JAVA_HOME"),
+])
+def test_an_input_uri_pyarrow_cannot_open_is_one_line_before_the_jvm(tmp_path: Path, uri: str, said: str) -> None:
+    """Inputs are read with pyarrow.fs: Hadoop's s3a:// was "Unrecognized filesystem type in URI" (exit 1), and
+    hdfs:// without a JVM and libhdfs printed 88 lines of dlopen attempts."""
+    out = cli("logs", "parse", uri, "--out", str(tmp_path / "pq"), *SPARK, JAVA_HOME="/nonexistent/java-home",
+              timeout=120)
+    assert out.returncode == 2 and no_traceback(out.stderr), out
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"factstream logs: {uri}: "), out.stderr
+    assert said in out.stderr and "dlopen" not in out.stderr, out.stderr
+    assert not (tmp_path / "pq").exists()

@@ -161,3 +161,15 @@ def test_a_file_url_is_written_where_it_says(tmp_path: Path) -> None:
     assert done.stderr.endswith(f"wrote 2 lines (0 malformed) to file:{tmp_path}/pq\n"), done.stderr
     assert len(list((tmp_path / "pq").rglob("part-*.parquet"))) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pq", "tmp", "wire.log"]
+
+
+def test_a_report_on_a_scheme_whose_connector_spark_lacks_says_to_add_it(tmp_path: Path) -> None:
+    """``logs report s3a://...`` without hadoop-aws said only Java's "Class ...S3AFileSystem not found"."""
+    require_spark_cli()
+    done = subprocess.run([FACTSTREAM, "logs", "report", "s3a://bucket/parsed", *LOCAL_SPARK], capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path, env={**ENV, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 2 and no_traceback(done.stderr), done
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("factstream logs: cannot read Parquet from s3a://bucket/parsed: "), done.stderr
+    assert "this Spark has no filesystem for s3a://: add its Hadoop connector with --conf spark.jars.packages=" \
+        in done.stderr and "hadoop-aws" in done.stderr, done.stderr

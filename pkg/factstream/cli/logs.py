@@ -981,7 +981,7 @@ def run_report(args: argparse.Namespace) -> int:
         # Spark's reason (a corrupt footer: "cannot read FILE: not a Parquet file ..."), not py4j's "calling o46.parquet"
         line = _explain(err)[0]
         said = line if line.startswith("cannot read ") else f"cannot read Parquet from {args.dir}: {line}"
-        print(f"factstream logs: {said}", file=sys.stderr)
+        print(f"factstream logs: {said}{_connector_hint(args.dir, said)}", file=sys.stderr)
         return 2
     problem = _not_ours(df, args.dir)
     if problem:

@@ -44,6 +44,8 @@ from .formats import (
 from .gunzip import Gunzip
 
 __all__ = [
+    "NoFilesystem",
+    "filesystem_of",
     "CHUNKS_PER_CORE",
     "MAX_CHUNK_BYTES",
     "Chunk",
@@ -105,7 +107,7 @@ def _compression(path: str, size: int | None = None) -> str | None:
     key = (path, -1 if size is None else size)
     if size is not None and key in _COMPRESSION:
         return _COMPRESSION[key]
-    fs, local = _fs(path)
+    fs, local = filesystem_of(path)
     if isinstance(fs, pafs.LocalFileSystem):
         with open(local, "rb") as fh:  # Python's own errors: "Permission denied", not pyarrow's paragraph
             head = fh.read(MAGIC_BYTES)
@@ -144,12 +146,44 @@ def input_problem(path: str, size: int | None = None) -> str | None:
     return None
 
 
-def _fs(path: str) -> tuple[pafs.FileSystem, str]:
+class NoFilesystem(OSError):
+    """pyarrow.fs, which reads the inputs, cannot open a URI's filesystem (a scheme it lacks, no libhdfs)."""
+
+
+def filesystem_of(path: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem ``path`` (a local path, ``file://``, or a URI) is read with, and the path within it.
+
+    Raises :class:`NoFilesystem` saying what to do where pyarrow cannot open
+    it (its own words are "Unrecognized filesystem type", or 88 lines of
+    dlopen attempts for hdfs:// without a JVM).
+    """
     if "://" in path and not path.startswith("file://"):
-        return cast("tuple[pafs.FileSystem, str]", pafs.FileSystem.from_uri(path))
+        try:
+            return cast("tuple[pafs.FileSystem, str]", pafs.FileSystem.from_uri(path))
+        except (ValueError, OSError) as err:  # pyarrow.ArrowInvalid is a ValueError
+            raise NoFilesystem(_no_filesystem(path, err)) from err
     if path.startswith("file://"):
         path = path[len("file://"):]
     return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+#: Hadoop's names of schemes that pyarrow knows by another.
+_PYARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}
+
+
+def _no_filesystem(uri: str, err: BaseException) -> str:
+    """Why pyarrow cannot read ``uri``, in one line, and what to do."""
+    said = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
+    scheme = uri.split("://", 1)[0].lower()
+    if "Unrecognized filesystem type" in said:
+        alias = _PYARROW_SCHEMES.get(scheme)
+        instead = f": write {alias}:// for {scheme}://" if alias else " (it reads s3://, gs://, hdfs:// and local paths)"
+        return f"{uri}: archives are read with pyarrow.fs, which has no filesystem for {scheme}://{instead}"
+    if "libjvm" in said or "libhdfs" in said:
+        return (f"{uri}: {said}: pyarrow reads hdfs:// through a JVM and Hadoop's libhdfs; set JAVA_HOME to a JDK "
+                "and HADOOP_HOME (or ARROW_LIBHDFS_DIR, the folder of libhdfs.so), or copy the archives to a path "
+                "every node reads")
+    return f"{uri}: {said}"
 
 
 def _has_glob(path: str) -> bool:
@@ -215,7 +249,7 @@ def list_inputs(inputs: Sequence[str], *, quiet: bool = False) -> tuple[list[tup
                 missing.append(item + _only_hidden(walk.hidden_dirs, hidden_before))
             found.update(files)
             continue
-        _, path = _fs(item)
+        _, path = filesystem_of(item)
         before = len(walk.files) + walk.seen_again
         unreadable_before = len(walk.unreadable)
         if os.path.lexists(path):
@@ -264,7 +298,7 @@ def _remote_files(item: str, hidden: set[str]) -> dict[str, int]:
 
     Hidden directories inside a listed one are left out and added to ``hidden``.
     """
-    fs, path = _fs(item)
+    fs, path = filesystem_of(item)
     prefix = item.split("://", 1)[0] + "://"
     matches: list[tuple[pafs.FileInfo, str]] = []  # (file, the directory it was listed under)
     if _has_glob(path):
@@ -429,7 +463,7 @@ def plan_chunks(
 
 def count_newlines(chunk: Chunk) -> int:
     """Newlines in the chunk's byte range (the driver turns these into first line numbers)."""
-    fs, path = _fs(chunk.path)
+    fs, path = filesystem_of(chunk.path)
     total = 0
     with fs.open_input_file(path) as fh:
         pos = chunk.start
@@ -449,7 +483,7 @@ def read_head(path: str, nbytes: int = 65536, size: int | None = None) -> list[b
     (perhaps none): detection looks at what is there, the parse reports the damage.
     A UTF-8 byte-order mark at the start is left out, as the parse leaves it out.
     """
-    fs, local = _fs(path)
+    fs, local = filesystem_of(path)
     gzipped = is_gzip(path, size)
     with fs.open_input_stream(local, compression=None) as raw:
         if gzipped:
@@ -552,7 +586,7 @@ def _chunk_stream(
     chunk: Chunk, newlines_before: int, block_bytes: int, on_damage: Callable[[str, str], None] | None = None,
 ) -> Iterator[int | bytes]:
     """The first line number, then the blocks (see read_chunk_blocks); nothing if no line starts in the chunk."""
-    fs, path = _fs(chunk.path)
+    fs, path = filesystem_of(chunk.path)
     if chunk.gzip:
         with fs.open_input_stream(path, compression=None) as raw:
             yield 1
@@ -596,7 +630,7 @@ def gzip_problem(path: str, size: int | None = None) -> str | None:
     ``size``: read only the first ``size`` bytes (the length a listing saw,
     for a file that may still grow); None or 0: to the end.
     """
-    fs, local = _fs(path)
+    fs, local = filesystem_of(path)
     lines = 0
     try:
         with fs.open_input_stream(local, compression=None) as raw:

@@ -387,12 +387,9 @@ def read_range(
 
 
 def _fs(path: str) -> tuple[Any, str]:
-    import pyarrow.fs as pafs
+    from .sources import filesystem_of
 
-    if "://" in path and not path.startswith("file://"):
-        fs, rel = pafs.FileSystem.from_uri(path)
-        return fs, rel
-    return pafs.LocalFileSystem(), os.path.abspath(path.removeprefix("file://"))
+    return filesystem_of(path)
 
 
 #: The file in a query's staging directory naming the files its latest batch published (see publish_batch).
