@@ -31,11 +31,25 @@ class ChaosProxy:
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def _accept(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        # Tracked with the pipes: stop() cancels a link still connecting upstream, which then closes its client
+        # side (left waiting, it was never resumed once the loop closed, and its socket was collected unclosed).
+        accepting = asyncio.current_task()
+        assert accepting is not None
+        self._tasks.add(accepting)
+        try:
+            await self._link(cr, cw)
+        finally:
+            self._tasks.discard(accepting)
+
+    async def _link(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         try:
             ur, uw = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
             cw.transport.abort()
             return
+        except asyncio.CancelledError:
+            cw.transport.abort()
+            raise
         if self._stopping:  # connected upstream while stopping: drop it
             cw.transport.abort()
             uw.transport.abort()
